@@ -1,0 +1,33 @@
+# Everything sets itself up from nothing: `make test` and `make demo` on a fresh machine.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+OUT    := out
+
+.PHONY: setup lint typecheck test demo bench clean
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "Python 3.11 is required (set PYTHON=...)"'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+setup: $(STAMP)
+
+lint: setup
+	$(BIN)/ruff check .
+
+typecheck: setup
+	$(BIN)/mypy
+
+test: lint typecheck
+	$(BIN)/pytest
+
+demo: setup
+	$(BIN)/python -m time2clock profile --device sim:titanrtx --requests-per-clock 20 -o $(OUT)/demo/profile
+	$(BIN)/python -m time2clock clock $(OUT)/demo/profile/table.json --slo-ms 25 --queue 2
+
+clean:
+	rm -rf $(VENV) $(OUT) .mypy_cache .ruff_cache .pytest_cache *.egg-info

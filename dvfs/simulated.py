@@ -1,0 +1,237 @@
+"""A simulated GPU: clock ladder, latency with spread, power, energy counter, clock-change delay.
+
+Time and randomness are injected: the simulator passes its virtual clock and a seeded generator;
+the live stack passes ``time.monotonic`` (the same clock in every process on the host), so the
+sidecar and the emulated Triton model agree on when things happened.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from dvfs.device import Device, DeviceIdentity
+from dvfs.profiles import GpuProfile, get_profile
+from dvfs.state import DeviceState, FileStateStore, MemoryStateStore, StateStore
+
+TimeSource = Callable[[], float]
+
+
+@dataclass(frozen=True)
+class SimulatedStats:
+    """Counters of a simulated GPU, for reports and tests."""
+
+    energy_j: float
+    busy_energy_j: float
+    busy_s: float
+    clock_changes: int
+    completed: int
+    active: int
+
+
+class SimulatedDevice(Device):
+    """A physical model of one GPU (see :mod:`dvfs.profiles` for the laws and their sources).
+
+    Locked (after :meth:`set_clock_mhz`), the GPU runs at the locked clock, reached
+    ``clock_change_delay_s`` after the call. Unlocked (initially, and after :meth:`reset`), it
+    behaves like the GPU's own boost logic: top clock while any work is running, bottom clock once
+    it has been idle for ``idle_downclock_s``.
+    """
+
+    def __init__(
+        self,
+        profile: GpuProfile | str,
+        *,
+        index: int = 0,
+        time_source: TimeSource = time.monotonic,
+        rng: np.random.Generator | None = None,
+        state_path: Path | None = None,
+        _store: StateStore | None = None,
+    ) -> None:
+        self.profile = get_profile(profile) if isinstance(profile, str) else profile
+        self._index = index
+        self._now = time_source
+        self._rng = rng if rng is not None else np.random.default_rng(0)
+        if _store is not None:
+            self._store = _store
+        else:
+            initial = DeviceState(
+                clock_mhz=self.profile.min_clock_mhz,
+                target_clock_mhz=self.profile.min_clock_mhz,
+                last_t_s=self._now(),
+            )
+            self._store = (
+                FileStateStore(state_path, self.profile.name, initial)
+                if state_path is not None
+                else MemoryStateStore(self.profile.name, initial)
+            )
+        self._clocks = list(self.profile.clocks_mhz)
+
+    @classmethod
+    def attach(
+        cls,
+        state_path: Path,
+        *,
+        time_source: TimeSource = time.monotonic,
+        rng: np.random.Generator | None = None,
+    ) -> SimulatedDevice:
+        """Open the device another process created at ``state_path`` (same GPU, same state)."""
+        store = FileStateStore(Path(state_path))
+        return cls(store.profile_name, time_source=time_source, rng=rng, _store=store)
+
+    # -- the Device interface -------------------------------------------------------------
+
+    @property
+    def identity(self) -> DeviceIdentity:
+        return DeviceIdentity(
+            index=self._index,
+            name=f"{self.profile.full_name} (simulated)",
+            uuid=f"SIM-{self.profile.name}-{self._index}",
+        )
+
+    def supported_clocks_mhz(self) -> list[int]:
+        return list(self._clocks)
+
+    def clock_mhz(self) -> int:
+        with self._store.transaction() as st:
+            self._advance(st, self._now())
+            return int(st.clock_mhz)
+
+    def set_clock_mhz(self, clock_mhz: int) -> None:
+        self.check_clock_mhz(clock_mhz)
+        now = self._now()
+        with self._store.transaction() as st:
+            if st.locked and st.target_clock_mhz == clock_mhz:
+                return
+            self._advance(st, now)
+            st.locked = 1.0
+            st.target_clock_mhz = clock_mhz
+            st.clock_changes += 1
+            self._move_to(st, clock_mhz, now)
+
+    def reset(self) -> None:
+        now = self._now()
+        with self._store.transaction() as st:
+            self._advance(st, now)
+            if not st.locked:
+                return
+            st.locked = 0.0
+            if st.active:
+                self._move_to(st, self.profile.max_clock_mhz, now)
+            else:
+                st.pending_at_s = math.inf
+
+    def power_w(self) -> float:
+        with self._store.transaction() as st:
+            self._advance(st, self._now())
+            return self._power(st)
+
+    def energy_j(self) -> float:
+        with self._store.transaction() as st:
+            self._advance(st, self._now())
+            return st.energy_j
+
+    # -- work, as the emulated model or the simulator reports it -----------------------------
+
+    def begin_work(self) -> int:
+        """A request starts on the GPU; returns the clock it starts at."""
+        now = self._now()
+        with self._store.transaction() as st:
+            self._advance(st, now)
+            st.active += 1
+            if not st.locked and st.clock_mhz < self.profile.max_clock_mhz:
+                self._move_to(st, self.profile.max_clock_mhz, now)
+            return int(st.clock_mhz)
+
+    def end_work(self) -> None:
+        """A request finished on the GPU."""
+        now = self._now()
+        with self._store.transaction() as st:
+            self._advance(st, now)
+            if st.active <= 0:
+                raise RuntimeError("end_work() without a matching begin_work()")
+            st.active -= 1
+            st.completed += 1
+            if not st.active:
+                st.last_busy_end_s = now
+
+    def sample_latency_ms(self, clock_mhz: float | None = None) -> float:
+        """One request's inference time at ``clock_mhz`` (default: the clock now).
+
+        Mean ``1/(m·f+b)``; a right-skewed (gamma) spread of the profile's std, so slow outliers
+        are rarer but farther than fast ones, as in seed 003's measurements.
+        """
+        f = self.clock_mhz() if clock_mhz is None else clock_mhz
+        mean = self.profile.mean_latency_ms(f)
+        theta, shift = self.profile.noise_gamma_params_ms()
+        noise = float(self._rng.gamma(self.profile.noise_shape, theta)) - shift
+        return max(mean + noise, 0.3 * mean)
+
+    def stats(self) -> SimulatedStats:
+        with self._store.transaction() as st:
+            self._advance(st, self._now())
+            return SimulatedStats(
+                energy_j=st.energy_j,
+                busy_energy_j=st.busy_energy_j,
+                busy_s=st.busy_s,
+                clock_changes=int(st.clock_changes),
+                completed=int(st.completed),
+                active=int(st.active),
+            )
+
+    def is_locked(self) -> bool:
+        with self._store.transaction() as st:
+            return bool(st.locked)
+
+    def close(self) -> None:
+        """Release the state file (the file itself stays for other processes)."""
+        self._store.close()
+
+    # -- the physics ----------------------------------------------------------------------
+
+    def _power(self, st: DeviceState) -> float:
+        if st.active:
+            return self.profile.busy_power_w(st.clock_mhz)
+        return self.profile.idle_power_w(st.clock_mhz)
+
+    def _move_to(self, st: DeviceState, clock_mhz: float, now: float) -> None:
+        if clock_mhz == st.clock_mhz:
+            st.pending_at_s = math.inf
+            return
+        st.pending_clock_mhz = clock_mhz
+        st.pending_at_s = now + self.profile.clock_change_delay_s
+
+    def _next_switch(self, st: DeviceState) -> tuple[float, float]:
+        """When the clock next changes by itself, and to what."""
+        if st.pending_at_s < math.inf:
+            return st.pending_at_s, st.pending_clock_mhz
+        if not st.locked and not st.active and st.clock_mhz > self.profile.min_clock_mhz:
+            return st.last_busy_end_s + self.profile.idle_downclock_s, self.profile.min_clock_mhz
+        return math.inf, st.clock_mhz
+
+    def _integrate(self, st: DeviceState, until: float) -> None:
+        dt = until - st.last_t_s
+        if dt <= 0:
+            return
+        joules = self._power(st) * dt
+        st.energy_j += joules
+        if st.active:
+            st.busy_energy_j += joules
+            st.busy_s += dt
+        st.last_t_s = until
+
+    def _advance(self, st: DeviceState, now: float) -> None:
+        """Integrate energy up to ``now``, applying any clock change that fell due on the way."""
+        while True:
+            at, clock = self._next_switch(st)
+            if at > now:
+                break
+            self._integrate(st, max(at, st.last_t_s))
+            st.clock_mhz = clock
+            st.pending_at_s = math.inf
+        self._integrate(st, now)

@@ -1,0 +1,81 @@
+"""A stand-in for ``pynvml`` on machines with no GPU: records calls, raises real NVMLError types."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pynvml
+
+
+class FakeNvml:
+    """Looks like the ``pynvml`` module as :mod:`dvfs.nvml` uses it."""
+
+    NVMLError = pynvml.NVMLError
+    NVML_CLOCK_GRAPHICS = pynvml.NVML_CLOCK_GRAPHICS
+
+    def __init__(self, *, gpus: int = 1, energy_counter: bool = True) -> None:
+        for name in dir(pynvml):
+            if name.startswith("NVML_ERROR_"):
+                setattr(self, name, getattr(pynvml, name))
+        self.gpus = gpus
+        self.energy_counter = energy_counter
+        self.calls: list[tuple[Any, ...]] = []
+        self.fail: dict[str, int] = {}
+        self.clock = 1380
+        self.power_mw = 250_000
+        self.energy_mj = 1_000_000
+        self.inits = 0
+
+    def _maybe_fail(self, name: str) -> None:
+        self.calls.append((name,))
+        if name in self.fail:
+            raise pynvml.NVMLError(self.fail[name])
+
+    def nvmlInit(self) -> None:
+        self._maybe_fail("nvmlInit")
+        self.inits += 1
+
+    def nvmlShutdown(self) -> None:
+        self._maybe_fail("nvmlShutdown")
+        self.inits -= 1
+
+    def nvmlDeviceGetCount(self) -> int:
+        self._maybe_fail("nvmlDeviceGetCount")
+        return self.gpus
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> str:
+        self._maybe_fail("nvmlDeviceGetHandleByIndex")
+        return f"handle{index}"
+
+    def nvmlDeviceGetName(self, handle: str) -> str:
+        return "NVIDIA H200"
+
+    def nvmlDeviceGetUUID(self, handle: str) -> bytes:
+        return b"GPU-1234"
+
+    def nvmlDeviceGetSupportedMemoryClocks(self, handle: str) -> list[int]:
+        return [405, 2619, 1593]
+
+    def nvmlDeviceGetSupportedGraphicsClocks(self, handle: str, mem_mhz: int) -> list[int]:
+        assert mem_mhz == 2619, "graphics clocks must be read at the highest memory clock"
+        return [1980, 1965, 1200, 345, 1200]
+
+    def nvmlDeviceGetClockInfo(self, handle: str, kind: int) -> int:
+        return self.clock
+
+    def nvmlDeviceSetGpuLockedClocks(self, handle: str, lo: int, hi: int) -> None:
+        self._maybe_fail("nvmlDeviceSetGpuLockedClocks")
+        self.calls[-1] = ("lock", handle, lo, hi)
+        self.clock = lo
+
+    def nvmlDeviceResetGpuLockedClocks(self, handle: str) -> None:
+        self._maybe_fail("nvmlDeviceResetGpuLockedClocks")
+        self.calls[-1] = ("reset", handle)
+
+    def nvmlDeviceGetPowerUsage(self, handle: str) -> int:
+        return self.power_mw
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: str) -> int:
+        if not self.energy_counter:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return self.energy_mj

@@ -1,0 +1,140 @@
+"""Fit a time2clock table from per-request measurements (seed 003's method).
+
+At each clock, drop the lowest and highest ``trim`` fraction of samples and average the rest;
+then fit ``y = 1/(m·x + b)`` by least squares of ``1/y`` on ``x``. The trim is what makes the fit
+robust: a few slow outliers (GC pauses, a context switch, a copy that waited) would otherwise pull
+``1/y`` down at their clock and bend the line.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from time2clock.table import (
+    TAIL_QUANTILES,
+    ClockPoint,
+    InverseLinearFit,
+    TableError,
+    Time2ClockTable,
+)
+
+REQUIRED_COLUMNS = ("clock_mhz", "latency_ms")
+
+
+def read_measurements(path: Path) -> dict[int, list[float]]:
+    """Read a measurements CSV (header with at least ``clock_mhz`` and ``latency_ms``)."""
+    if not Path(path).is_file():
+        raise TableError(f"no measurements file at {path}")
+    samples: dict[int, list[float]] = defaultdict(list)
+    with Path(path).open(newline="") as handle:
+        reader = csv.DictReader(handle)
+        found = list(reader.fieldnames or [])
+        missing = [c for c in REQUIRED_COLUMNS if c not in found]
+        if missing:
+            raise TableError(
+                f"{path}: missing column(s) {', '.join(missing)}; the header needs "
+                f"{', '.join(REQUIRED_COLUMNS)} (found: {', '.join(found) or 'none'})"
+            )
+        for line, row in enumerate(reader, start=2):
+            try:
+                clock = float(row["clock_mhz"])
+                latency = float(row["latency_ms"])
+            except (TypeError, ValueError):
+                raise TableError(
+                    f"{path}:{line}: clock_mhz and latency_ms must be numbers, got "
+                    f"{row['clock_mhz']!r}, {row['latency_ms']!r}"
+                ) from None
+            if clock <= 0 or not np.isfinite(clock) or latency <= 0 or not np.isfinite(latency):
+                raise TableError(
+                    f"{path}:{line}: clock_mhz and latency_ms must be positive and finite"
+                )
+            samples[round(clock)].append(latency)
+    return dict(samples)
+
+
+def write_measurements(path: Path, samples: Mapping[int, Sequence[float]]) -> None:
+    """Write samples in the format :func:`read_measurements` reads."""
+    with Path(path).open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(REQUIRED_COLUMNS)
+        for clock in sorted(samples):
+            for latency in samples[clock]:
+                writer.writerow((clock, f"{latency:.6f}"))
+
+
+def trimmed_mean(values: Sequence[float] | np.ndarray[Any, Any], trim: float) -> float:
+    """Mean after dropping ``floor(n·trim)`` samples from each end (at least one sample kept)."""
+    if not 0.0 <= trim < 0.5:
+        raise ValueError(f"trim must be in [0, 0.5), got {trim}")
+    data = np.sort(np.asarray(values, dtype=float))
+    k = min(int(len(data) * trim), (len(data) - 1) // 2)
+    return float(data[k : len(data) - k].mean())
+
+
+def fit_inverse_linear(
+    clocks_mhz: Iterable[float], latency_ms: Iterable[float]
+) -> InverseLinearFit:
+    """Least squares of ``1/y`` on ``x``; R² is that regression's."""
+    x = np.asarray(list(clocks_mhz), dtype=float)
+    inv = 1.0 / np.asarray(list(latency_ms), dtype=float)
+    if len(np.unique(x)) < 2:
+        raise TableError("fitting needs measurements at two or more distinct clocks")
+    m, b = np.polyfit(x, inv, 1)
+    residual = float(np.sum((inv - (m * x + b)) ** 2))
+    total = float(np.sum((inv - inv.mean()) ** 2))
+    r2 = 1.0 - residual / total if total > 0 else 1.0
+    return InverseLinearFit(m=float(m), b=float(b), r2=r2)
+
+
+def fit_table(
+    samples: Mapping[int, Sequence[float]],
+    *,
+    trim: float = 0.2,
+    gpu: str = "unknown",
+    model: str = "unknown",
+    concurrency: int = 2,
+) -> Time2ClockTable:
+    """Build a :class:`Time2ClockTable` from latencies (ms) grouped by clock (MHz)."""
+    if not 0.0 <= trim < 0.5:
+        raise TableError(f"--trim must be in [0, 0.5), got {trim}")
+    if concurrency < 1:
+        raise TableError(f"concurrency must be >= 1, got {concurrency}")
+    points = []
+    for clock in sorted(samples):
+        data = np.asarray(samples[clock], dtype=float)
+        if data.size == 0:
+            continue
+        points.append(
+            ClockPoint(
+                clock_mhz=int(clock),
+                n=int(data.size),
+                trimmed_mean_ms=trimmed_mean(data, trim),
+                p50_ms=float(np.quantile(data, 0.5)),
+                p90_ms=float(np.quantile(data, 0.9)),
+                p99_ms=float(np.quantile(data, 0.99)),
+                std_ms=float(data.std(ddof=1)) if data.size > 1 else 0.0,
+                min_ms=float(data.min()),
+                max_ms=float(data.max()),
+            )
+        )
+    clocks = [p.clock_mhz for p in points]
+    mean_fit = fit_inverse_linear(clocks, [p.trimmed_mean_ms for p in points])
+    tails = {
+        q: fit_inverse_linear(clocks, [getattr(p, f"{q}_ms") for p in points])
+        for q in TAIL_QUANTILES
+    }
+    return Time2ClockTable(
+        gpu=gpu,
+        model=model,
+        trim=trim,
+        concurrency=concurrency,
+        mean_fit=mean_fit,
+        points=tuple(points),
+        tail_fits=tails,
+    )
