@@ -32,6 +32,7 @@ class SimulatedStats:
     clock_changes: int
     completed: int
     active: int
+    clock_mhz_s: float
 
 
 class SimulatedDevice(Device):
@@ -172,6 +173,30 @@ class SimulatedDevice(Device):
         noise = float(self._rng.gamma(self.profile.noise_shape, theta)) - shift
         return max(mean + noise, 0.3 * mean)
 
+    def pending_change(self) -> tuple[float, int] | None:
+        """``(when_s, clock_mhz)`` of the clock change on its way, if any."""
+        with self._store.transaction() as st:
+            self._advance(st, self._now())
+            at, clock = self._next_switch(st)
+            return None if at == math.inf else (at, int(clock))
+
+    def sample_service_ms(self) -> float:
+        """One request's time if it starts now, counting a clock change that lands mid-request.
+
+        The request progresses at ``1/latency`` per ms at the clock in force; when a pending
+        change lands before it is done, the rest runs at the new clock (same noise draw).
+        """
+        now = self._now()
+        with self._store.transaction() as st:
+            self._advance(st, now)
+            clock, pending_at, pending_clock = st.clock_mhz, st.pending_at_s, st.pending_clock_mhz
+        first_ms = self.sample_latency_ms(clock)
+        change_in_ms = (pending_at - now) * 1000.0
+        if change_in_ms >= first_ms:
+            return first_ms
+        ratio = self.profile.mean_latency_ms(pending_clock) / self.profile.mean_latency_ms(clock)
+        return change_in_ms + (1.0 - change_in_ms / first_ms) * first_ms * ratio
+
     def stats(self) -> SimulatedStats:
         with self._store.transaction() as st:
             self._advance(st, self._now())
@@ -182,6 +207,7 @@ class SimulatedDevice(Device):
                 clock_changes=int(st.clock_changes),
                 completed=int(st.completed),
                 active=int(st.active),
+                clock_mhz_s=st.clock_mhz_s,
             )
 
     def is_locked(self) -> bool:
@@ -220,6 +246,7 @@ class SimulatedDevice(Device):
             return
         joules = self._power(st) * dt
         st.energy_j += joules
+        st.clock_mhz_s += st.clock_mhz * dt
         if st.active:
             st.busy_energy_j += joules
             st.busy_s += dt

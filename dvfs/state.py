@@ -20,7 +20,7 @@ from typing import Protocol
 
 _MAGIC = b"SIMGPU01"
 _HEADER = struct.Struct("<8s16s")
-_FIELDS = struct.Struct("<" + "d" * 13)
+_FIELDS = struct.Struct("<" + "d" * 14)
 
 
 @dataclass
@@ -40,6 +40,7 @@ class DeviceState:
     last_busy_end_s: float = float("-inf")
     clock_changes: float = 0.0
     completed: float = 0.0
+    clock_mhz_s: float = 0.0
 
 
 class StateStore(Protocol):

@@ -103,7 +103,7 @@ def _cmd_profile(args: argparse.Namespace, console: Console) -> int:
         transient=False,
     ) as bar:
         task = bar.add_task(f"{model} on {gpu}", total=len(clocks))
-        samples = sweep(
+        result = sweep(
             device,
             measurer,
             clocks,
@@ -111,10 +111,18 @@ def _cmd_profile(args: argparse.Namespace, console: Console) -> int:
             concurrency=args.concurrency,
             progress=lambda done, _total: bar.update(task, completed=done),
         )
+    samples = result.samples
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_measurements(out / "measurements.csv", samples)
-    table = fit_table(samples, trim=args.trim, gpu=gpu, model=model, concurrency=args.concurrency)
+    table = fit_table(
+        samples,
+        trim=args.trim,
+        gpu=gpu,
+        model=model,
+        concurrency=args.concurrency,
+        energy_j=result.energy_per_inference_j,
+    )
     table.save(out / "table.json")
     plot_table(table, out / "fit.png", samples)
     _print_table(console, table)

@@ -6,6 +6,7 @@ import heapq
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -137,6 +138,14 @@ def select_clocks(ladder: Sequence[int], count: int | None) -> list[int]:
     return [clocks[i] for i in idx]
 
 
+@dataclass
+class SweepResult:
+    """Latencies (ms) per clock, and energy per inference (J) per clock as the device counted it."""
+
+    samples: dict[int, list[float]] = field(default_factory=dict)
+    energy_per_inference_j: dict[int, float] = field(default_factory=dict)
+
+
 def sweep(
     device: Device,
     measurer: Measurer,
@@ -145,20 +154,23 @@ def sweep(
     requests_per_clock: int = 10,
     concurrency: int = 2,
     progress: ProgressFn | None = None,
-) -> dict[int, list[float]]:
+) -> SweepResult:
     """Lock each clock in turn, measure, and give the clock back at the end whatever happens."""
     if requests_per_clock < 1 or concurrency < 1:
         raise ValueError("requests per clock and concurrency must both be >= 1")
-    samples: dict[int, list[float]] = {}
+    result = SweepResult()
     try:
         for i, clock in enumerate(clocks_mhz):
             device.set_clock_mhz(clock)
             settle = getattr(measurer, "settle", None)
             if settle is not None:
                 settle()
-            samples[clock] = measurer.measure(requests_per_clock, concurrency)
+            before_j = device.energy_j()
+            latencies = measurer.measure(requests_per_clock, concurrency)
+            result.samples[clock] = latencies
+            result.energy_per_inference_j[clock] = (device.energy_j() - before_j) / len(latencies)
             if progress is not None:
                 progress(i + 1, len(clocks_mhz))
     finally:
         device.reset()
-    return samples
+    return result

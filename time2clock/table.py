@@ -64,6 +64,7 @@ class ClockPoint:
     std_ms: float
     min_ms: float
     max_ms: float
+    energy_per_inference_j: float | None = None
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,13 @@ class Time2ClockTable:
             raise TableError(
                 f"table has no {quantile!r} fit; it has: mean, {', '.join(sorted(self.tail_fits))}"
             ) from None
+
+    def energy_optimal_clock_mhz(self) -> int | None:
+        """The measured clock with the least energy per inference, if energy was measured."""
+        measured = [p for p in self.points if p.energy_per_inference_j is not None]
+        if not measured:
+            return None
+        return min(measured, key=lambda p: (p.energy_per_inference_j, p.clock_mhz)).clock_mhz
 
     def predict_ms(self, clock_mhz: float, quantile: str | None = None) -> float:
         return self.fit_for(quantile).predict_ms(clock_mhz)

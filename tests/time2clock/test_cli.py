@@ -74,6 +74,9 @@ def test_profile_simulated_writes_csv_table_and_plot(tmp_path: Path) -> None:
     )
     table = Time2ClockTable.load(out / "table.json")
     assert len(table.clocks_mhz) == 12 and table.concurrency == 2
+    # Energy per inference was measured at every clock; its minimum lies inside the ladder.
+    best = table.energy_optimal_clock_mhz()
+    assert best is not None and table.clocks_mhz[0] < best < table.clocks_mhz[-1]
     assert (out / "fit.png").read_bytes()[:4] == b"\x89PNG"
     assert (
         main(
@@ -100,7 +103,7 @@ def test_simulated_sweep_is_seeded_and_recovers_the_profile() -> None:
             sim,
             select_clocks(sim.device.supported_clocks_mhz(), 25),
             requests_per_clock=20,
-        )
+        ).samples
 
     assert run(1) == run(1)
     assert run(1) != run(2)

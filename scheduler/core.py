@@ -1,0 +1,170 @@
+"""The scheduling core: no I/O and no clock of its own, so one code path serves the live gateway
+and the simulator. Callers pass the time (``now_s``) into every call and carry out the decisions
+it returns (send this request, set this clock)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from scheduler.policies import ClockPolicy
+from scheduler.queue import PriorityCfsQueue
+from scheduler.request import Completion, Dispatch, EnqueueResult, Request
+from scheduler.weights import NICE_MAX, NICE_MIN
+from time2clock.table import Time2ClockTable
+
+MIN_WORK_LEFT = 0.05
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Bounds of one GPU's scheduler.
+
+    ``priority_levels``: levels 1..N (1 highest); a request with priority 0 goes to
+    ``default_priority_level`` (default: N, the lowest), as in Triton's model configuration.
+    """
+
+    max_inflight: int = 2
+    max_queue: int = 1000
+    priority_levels: int = 2
+    default_priority_level: int | None = None
+    default_slo_ms: float = 100.0
+
+    def __post_init__(self) -> None:
+        if self.max_inflight < 1 or self.max_queue < 1 or self.priority_levels < 1:
+            raise ValueError("max_inflight, max_queue and priority_levels must all be >= 1")
+        level = self.default_level
+        if not 1 <= level <= self.priority_levels:
+            raise ValueError(f"default_priority_level must be in 1..{self.priority_levels}")
+
+    @property
+    def default_level(self) -> int:
+        return (
+            self.priority_levels
+            if self.default_priority_level is None
+            else self.default_priority_level
+        )
+
+
+def validate_hints(priority: int, nice: int, slo_ms: float, config: SchedulerConfig) -> str | None:
+    """The problem with a request's scheduling hints, or None; names the field and its range."""
+    if not 0 <= priority <= config.priority_levels:
+        return (
+            f"priority must be in 0..{config.priority_levels} (0 = the default level), "
+            f"got {priority}"
+        )
+    if not NICE_MIN <= nice <= NICE_MAX:
+        return f"nice must be in {NICE_MIN}..{NICE_MAX}, got {nice}"
+    if not (slo_ms > 0 and math.isfinite(slo_ms)):
+        return f"slo_ms must be a positive number of milliseconds, got {slo_ms}"
+    return None
+
+
+class Scheduler:
+    """One GPU's queue, in-flight set and clock policy."""
+
+    def __init__(
+        self, table: Time2ClockTable, policy: ClockPolicy, config: SchedulerConfig | None = None
+    ) -> None:
+        self.table = table
+        self.policy = policy
+        self.config = config or SchedulerConfig()
+        self.queue = PriorityCfsQueue()
+        self.inflight: dict[int, Request] = {}
+        self.clock_target_mhz: int | None = policy.initial_clock_mhz()
+        self._seq = 0
+
+    # -- what policies read ---------------------------------------------------------------
+
+    @property
+    def queue_len(self) -> int:
+        return len(self.queue)
+
+    def expected_ms(self, request: Request) -> float:
+        """Expected service time at the clock now targeted (the top clock when unmanaged)."""
+        clock = self.clock_target_mhz or self.policy.clocks_mhz[-1]
+        return self.table.predict_ms(clock)
+
+    def iter_queue(self, limit: int) -> Iterator[Request]:
+        return self.queue.iter_order(limit, self.expected_ms)
+
+    def earliest_deadline_s(self) -> float | None:
+        return self.queue.earliest_deadline_s()
+
+    def inflight_work_left(self, now_s: float) -> list[tuple[float, float]]:
+        """``(work left, deadline_s)`` of each in-flight request, least work first.
+
+        Work is in requests: 1.0 just dispatched, 0 done. It is estimated from the time since
+        dispatch against the time predicted at dispatch (so work left is over- rather than
+        under-estimated when the clock went up meanwhile), and never taken below
+        ``MIN_WORK_LEFT``: a request past its predicted end is still running.
+        """
+        return sorted(
+            (
+                max(MIN_WORK_LEFT, 1.0 - (now_s - r.dispatch_s) * 1000.0 / r.predicted_ms),
+                r.deadline_s,
+            )
+            for r in self.inflight.values()
+        )
+
+    # -- events ---------------------------------------------------------------------------
+
+    def _clock(self, proposed: int | None) -> int | None:
+        """Record a policy's proposal; report it only when it changes the target."""
+        if proposed is None or proposed == self.clock_target_mhz:
+            return None
+        self.clock_target_mhz = proposed
+        return proposed
+
+    def enqueue(self, request: Request, now_s: float) -> EnqueueResult:
+        """Admit ``request`` (or refuse it, with the reason) and say whether to change the clock."""
+        problem = validate_hints(request.priority, request.nice, request.slo_ms, self.config)
+        if problem is not None:
+            return EnqueueResult(accepted=False, reason=problem)
+        if len(self.queue) >= self.config.max_queue:
+            return EnqueueResult(
+                accepted=False,
+                reason=f"queue full ({self.config.max_queue} requests waiting); retry later",
+            )
+        request.seq = self._seq
+        self._seq += 1
+        request.level = request.priority or self.config.default_level
+        self.queue.push(request)
+        return EnqueueResult(
+            accepted=True, clock_mhz=self._clock(self.policy.on_enqueue(self, request, now_s))
+        )
+
+    def next_dispatch(self, now_s: float) -> Dispatch | None:
+        """The next request to send, if a slot is free and one is waiting."""
+        if len(self.inflight) >= self.config.max_inflight:
+            return None
+        request = self.queue.pop(self.expected_ms)
+        if request is None:
+            return None
+        request.dispatch_s = now_s
+        request.predicted_ms = self._predicted_ms()
+        self.inflight[request.seq] = request
+        clock = self._clock(self.policy.on_dispatch(self, request, now_s))
+        request.predicted_ms = self._predicted_ms()
+        return Dispatch(request=request, clock_mhz=clock)
+
+    def _predicted_ms(self) -> float:
+        """The policy's prediction of one request's time at the clock now targeted."""
+        return self.policy.fit.predict_ms(self.clock_target_mhz or self.policy.clocks_mhz[-1])
+
+    def on_complete(self, request: Request, service_s: float, now_s: float) -> Completion:
+        """``request`` finished after ``service_s`` on the GPU."""
+        if self.inflight.pop(request.seq, None) is None:
+            raise KeyError(f"request {request.seq} is not in flight")
+        self.queue.settle(request, service_s * 1000.0)
+        return Completion(
+            request=request, clock_mhz=self._clock(self.policy.on_complete(self, request, now_s))
+        )
+
+    def poll(self, now_s: float) -> int | None:
+        """Run the policy's timer (hysteresis); a clock to set, if any."""
+        return self._clock(self.policy.poll(self, now_s))
+
+    def wake_at_s(self) -> float | None:
+        return self.policy.wake_at_s()

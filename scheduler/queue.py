@@ -1,0 +1,187 @@
+"""The run queue: strict priority levels, and CFS over client flows inside each level.
+
+Order, in full:
+
+1. The lowest level number with work goes first (level 1 is the highest priority).
+2. Inside a level, the flow (one per ``client_id``) with the smallest virtual runtime goes next;
+   inside a flow, requests go first-in first-out.
+3. Ties in virtual runtime go to the flow whose oldest waiting request arrived first (the
+   scheduler's arrival sequence number, unique, so the order is total and deterministic).
+
+Virtual runtime: a dispatched request charges its flow ``expected_ms × 1024 / weight(nice)`` at
+once (so a flow cannot take every free slot on a stale key); when it completes, the difference
+between its real and expected service time is charged the same way. A flow that wakes up (had
+nothing queued) is placed at ``max(its own vruntime, the level's min_vruntime)``: it neither
+jumps ahead of flows that kept working (no credit for sleeping) nor starts behind them (no
+starvation). The level's ``min_vruntime`` only moves forward, as in Linux.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Callable, Iterator
+
+from scheduler.request import Request
+from scheduler.weights import NICE_0_WEIGHT, weight_for_nice
+
+ChargeFn = Callable[[Request], float]
+
+
+class _Flow:
+    __slots__ = ("client_id", "inflight", "requests", "version", "vruntime")
+
+    def __init__(self, client_id: str, vruntime: float) -> None:
+        self.client_id = client_id
+        self.requests: deque[Request] = deque()
+        self.vruntime = vruntime
+        self.version = 0
+        self.inflight = 0
+
+
+class _Level:
+    __slots__ = ("flows", "heap", "min_vruntime", "size")
+
+    def __init__(self) -> None:
+        self.flows: dict[str, _Flow] = {}
+        # (vruntime, head seq, version, flow); stale entries (old version) are skipped on pop.
+        self.heap: list[tuple[float, int, int, _Flow]] = []
+        self.min_vruntime = 0.0
+        self.size = 0
+
+    def push_key(self, flow: _Flow) -> None:
+        flow.version += 1
+        heapq.heappush(self.heap, (flow.vruntime, flow.requests[0].seq, flow.version, flow))
+
+    def leftmost(self) -> _Flow | None:
+        heap = self.heap
+        while heap:
+            _, _, version, flow = heap[0]
+            if version == flow.version and flow.requests:
+                return flow
+            heapq.heappop(heap)
+        return None
+
+    def advance_min(self) -> None:
+        flow = self.leftmost()
+        if flow is not None and flow.vruntime > self.min_vruntime:
+            self.min_vruntime = flow.vruntime
+
+
+def vruntime_charge(service_ms: float, nice: int) -> float:
+    """Virtual runtime for ``service_ms`` of GPU time at ``nice``."""
+    return service_ms * NICE_0_WEIGHT / weight_for_nice(nice)
+
+
+class PriorityCfsQueue:
+    """Priority levels, CFS flows inside each; see the module docstring for the exact order."""
+
+    def __init__(self) -> None:
+        self._levels: dict[int, _Level] = {}
+        self._order: list[int] = []
+        self._size = 0
+        self._deadlines: list[tuple[float, int]] = []
+        self._queued: set[int] = set()
+
+    def __len__(self) -> int:
+        return self._size
+
+    def level_sizes(self) -> dict[int, int]:
+        return {n: lvl.size for n, lvl in sorted(self._levels.items()) if lvl.size}
+
+    def push(self, request: Request) -> None:
+        level = self._levels.get(request.level)
+        if level is None:
+            level = self._levels[request.level] = _Level()
+            self._order = sorted(self._levels)
+        flow = level.flows.get(request.client_id)
+        if flow is None:
+            flow = level.flows[request.client_id] = _Flow(request.client_id, level.min_vruntime)
+        was_idle = not flow.requests
+        flow.requests.append(request)
+        if was_idle:
+            flow.vruntime = max(flow.vruntime, level.min_vruntime)
+            level.push_key(flow)
+        level.size += 1
+        self._size += 1
+        heapq.heappush(self._deadlines, (request.deadline_s, request.seq))
+        self._queued.add(request.seq)
+
+    def pop(self, expected_ms: ChargeFn) -> Request | None:
+        """Take the next request in order and charge its flow the expected service time."""
+        for n in self._order:
+            level = self._levels[n]
+            if not level.size:
+                continue
+            flow = level.leftmost()
+            assert flow is not None, "a non-empty level has a runnable flow"
+            heapq.heappop(level.heap)
+            request = flow.requests.popleft()
+            request.charged_ms = expected_ms(request)
+            flow.vruntime += vruntime_charge(request.charged_ms, request.nice)
+            flow.inflight += 1
+            if flow.requests:
+                level.push_key(flow)
+            level.size -= 1
+            self._size -= 1
+            level.advance_min()
+            self._queued.discard(request.seq)
+            return request
+        return None
+
+    def settle(self, request: Request, service_ms: float) -> None:
+        """Charge the difference between ``request``'s real and expected service time."""
+        level = self._levels[request.level]
+        flow = level.flows.get(request.client_id)
+        if flow is None:
+            return
+        flow.inflight -= 1
+        flow.vruntime += vruntime_charge(service_ms - request.charged_ms, request.nice)
+        if flow.requests:
+            level.push_key(flow)
+            level.advance_min()
+        elif not flow.inflight and flow.vruntime <= level.min_vruntime:
+            del level.flows[flow.client_id]  # it would be placed at min_vruntime anyway
+
+    def earliest_deadline_s(self) -> float | None:
+        """The earliest deadline among queued requests (None when empty)."""
+        heap = self._deadlines
+        while heap and heap[0][1] not in self._queued:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
+
+    def iter_order(self, limit: int, expected_ms: ChargeFn) -> Iterator[Request]:
+        """The first ``limit`` requests in the order :meth:`pop` would give them, read-only."""
+        left = limit
+        for n in self._order:
+            level = self._levels[n]
+            if not level.size or left <= 0:
+                continue
+            runnable = [f for f in level.flows.values() if f.requests]
+            if len(runnable) == 1:
+                for request in runnable[0].requests:
+                    if left <= 0:
+                        return
+                    yield request
+                    left -= 1
+                continue
+            sim = [(f.vruntime, f.requests[0].seq, i, 0) for i, f in enumerate(runnable)]
+            heapq.heapify(sim)
+            while sim and left > 0:
+                vruntime, _, i, pos = heapq.heappop(sim)
+                request = runnable[i].requests[pos]
+                yield request
+                left -= 1
+                if pos + 1 < len(runnable[i].requests):
+                    nxt = runnable[i].requests[pos + 1]
+                    vruntime += vruntime_charge(expected_ms(request), request.nice)
+                    heapq.heappush(sim, (vruntime, nxt.seq, i, pos + 1))
+
+    def flow_vruntimes(self, level: int) -> dict[str, float]:
+        """Virtual runtime per flow of a level (for tests and the admin view)."""
+        lvl = self._levels.get(level)
+        return {} if lvl is None else {c: f.vruntime for c, f in lvl.flows.items()}
+
+    def min_vruntime(self, level: int) -> float:
+        lvl = self._levels.get(level)
+        return 0.0 if lvl is None else lvl.min_vruntime
