@@ -15,6 +15,7 @@ from scheduler.weights import NICE_MAX, NICE_MIN
 from time2clock.table import Time2ClockTable
 
 MIN_WORK_LEFT = 0.05
+RATE_WINDOW_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,9 @@ class Scheduler:
         self.inflight: dict[int, Request] = {}
         self.clock_target_mhz: int | None = policy.initial_clock_mhz()
         self._seq = 0
+        self._rate_rps = 0.0
+        self._rate_at_s: float | None = None
+        self.last_slo_ms = self.config.default_slo_ms
 
     # -- what policies read ---------------------------------------------------------------
 
@@ -92,30 +96,47 @@ class Scheduler:
     def earliest_deadline_s(self) -> float | None:
         return self.queue.earliest_deadline_s()
 
+    def arrival_rate_rps(self, now_s: float) -> float:
+        """Arrivals per second, an exponentially decayed count over ``RATE_WINDOW_S``."""
+        if self._rate_at_s is None:
+            return 0.0
+        return self._rate_rps * math.exp(-(now_s - self._rate_at_s) / RATE_WINDOW_S)
+
+    def _count_arrival(self, now_s: float) -> None:
+        self._rate_rps = self.arrival_rate_rps(now_s) + 1.0 / RATE_WINDOW_S
+        self._rate_at_s = now_s
+
     def inflight_work_left(self, now_s: float) -> list[tuple[float, float]]:
         """``(work left, deadline_s)`` of each in-flight request, least work first.
 
-        Work is in requests: 1.0 just dispatched, 0 done. It is estimated from the time since
-        dispatch against the time predicted at dispatch (so work left is over- rather than
-        under-estimated when the clock went up meanwhile), and never taken below
-        ``MIN_WORK_LEFT``: a request past its predicted end is still running.
+        Work is in requests: 1.0 just dispatched, 0 done, progressing at the policy's predicted
+        speed of the clock targeted at each moment (rebased at every change), and never taken
+        below ``MIN_WORK_LEFT``: a request past its predicted end is still running.
         """
-        return sorted(
-            (
-                max(MIN_WORK_LEFT, 1.0 - (now_s - r.dispatch_s) * 1000.0 / r.predicted_ms),
-                r.deadline_s,
-            )
-            for r in self.inflight.values()
-        )
+        return sorted((self._work_left(r, now_s), r.deadline_s) for r in self.inflight.values())
 
     # -- events ---------------------------------------------------------------------------
 
-    def _clock(self, proposed: int | None) -> int | None:
-        """Record a policy's proposal; report it only when it changes the target."""
+    def _clock(self, proposed: int | None, now_s: float) -> int | None:
+        """Record a policy's proposal; report it only when it changes the target.
+
+        In-flight requests are rebased: what they have left is taken at the old clock's speed
+        up to now, and goes at the new clock's speed from now on.
+        """
         if proposed is None or proposed == self.clock_target_mhz:
             return None
+        for request in self.inflight.values():
+            request.work_left = self._work_left(request, now_s)
+            request.work_left_at_s = now_s
         self.clock_target_mhz = proposed
+        for request in self.inflight.values():
+            request.predicted_ms = self._predicted_ms()
         return proposed
+
+    @staticmethod
+    def _work_left(request: Request, now_s: float) -> float:
+        done = (now_s - request.work_left_at_s) * 1000.0 / request.predicted_ms
+        return max(MIN_WORK_LEFT, request.work_left - done)
 
     def enqueue(self, request: Request, now_s: float) -> EnqueueResult:
         """Admit ``request`` (or refuse it, with the reason) and say whether to change the clock."""
@@ -129,10 +150,13 @@ class Scheduler:
             )
         request.seq = self._seq
         self._seq += 1
+        self._count_arrival(now_s)
+        self.last_slo_ms = request.slo_ms
         request.level = request.priority or self.config.default_level
         self.queue.push(request)
         return EnqueueResult(
-            accepted=True, clock_mhz=self._clock(self.policy.on_enqueue(self, request, now_s))
+            accepted=True,
+            clock_mhz=self._clock(self.policy.on_enqueue(self, request, now_s), now_s),
         )
 
     def next_dispatch(self, now_s: float) -> Dispatch | None:
@@ -142,11 +166,11 @@ class Scheduler:
         request = self.queue.pop(self.expected_ms)
         if request is None:
             return None
-        request.dispatch_s = now_s
+        request.dispatch_s = request.work_left_at_s = now_s
+        request.work_left = 1.0
         request.predicted_ms = self._predicted_ms()
         self.inflight[request.seq] = request
-        clock = self._clock(self.policy.on_dispatch(self, request, now_s))
-        request.predicted_ms = self._predicted_ms()
+        clock = self._clock(self.policy.on_dispatch(self, request, now_s), now_s)
         return Dispatch(request=request, clock_mhz=clock)
 
     def _predicted_ms(self) -> float:
@@ -159,12 +183,13 @@ class Scheduler:
             raise KeyError(f"request {request.seq} is not in flight")
         self.queue.settle(request, service_s * 1000.0)
         return Completion(
-            request=request, clock_mhz=self._clock(self.policy.on_complete(self, request, now_s))
+            request=request,
+            clock_mhz=self._clock(self.policy.on_complete(self, request, now_s), now_s),
         )
 
     def poll(self, now_s: float) -> int | None:
         """Run the policy's timer (hysteresis); a clock to set, if any."""
-        return self._clock(self.policy.poll(self, now_s))
+        return self._clock(self.policy.poll(self, now_s), now_s)
 
     def wake_at_s(self) -> float | None:
         return self.policy.wake_at_s()

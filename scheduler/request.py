@@ -28,7 +28,9 @@ class Request:
     level: int = 0
     dispatch_s: float = math.nan
     charged_ms: float = 0.0
-    predicted_ms: float = 0.0
+    predicted_ms: float = 0.0  # one request's whole time at the clock now targeted
+    work_left: float = 1.0  # requests' worth of work left at work_left_at_s
+    work_left_at_s: float = math.nan
 
     @property
     def deadline_s(self) -> float:

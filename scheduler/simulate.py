@@ -21,7 +21,7 @@ from dvfs.simulated import SimulatedDevice
 from dvfs.timesource import VirtualTime
 from scheduler.core import Scheduler, SchedulerConfig
 from scheduler.oracle import oracle_energy
-from scheduler.policies import make_policy
+from scheduler.policies import SlackParams, make_policy
 from scheduler.request import Request
 from scheduler.workload import (
     ClientSpec,
@@ -58,6 +58,7 @@ class SimConfig:
     priority_levels: int = 2
     profile_requests_per_clock: int = 20
     with_oracle: bool = True
+    slack: SlackParams = field(default_factory=SlackParams)
 
     def rate(self, profile: GpuProfile) -> float:
         if self.rate_rps is not None:
@@ -252,7 +253,7 @@ def simulate(cfg: SimConfig, table: Time2ClockTable | None = None) -> SimResult:
     table = table or profiled_table(cfg.gpu, 0, cfg.profile_requests_per_clock)
     vt = VirtualTime()
     device = SimulatedDevice(profile, time_source=vt, rng=device_rng)
-    policy = make_policy(cfg.policy, table, device.supported_clocks_mhz())
+    policy = make_policy(cfg.policy, table, device.supported_clocks_mhz(), cfg.slack)
     sched = Scheduler(
         table,
         policy,

@@ -102,15 +102,21 @@ def tail_fits(
     across clocks (seed 003 reports one std per GPU), so the residuals around the mean fit are
     pooled, their quantile added to the mean fit at each clock, and the law fitted to that.
     """
+    clocks = sorted(c for c, v in samples.items() if len(v))
+    return {
+        name: fit_inverse_linear(clocks, [mean_fit.predict_ms(c) + shift_ms for c in clocks])
+        for name, shift_ms in residual_quantiles(samples, mean_fit).items()
+    }
+
+
+def residual_quantiles(
+    samples: Mapping[int, Sequence[float]], mean_fit: InverseLinearFit
+) -> dict[str, float]:
+    """Quantiles (ms) of latency minus the mean fit, pooled over every clock."""
     residuals = np.concatenate(
         [np.asarray(v, dtype=float) - mean_fit.predict_ms(c) for c, v in samples.items() if len(v)]
     )
-    clocks = sorted(c for c, v in samples.items() if len(v))
-    out = {}
-    for name in TAIL_QUANTILES:
-        shift_ms = float(np.quantile(residuals, int(name[1:]) / 100.0))
-        out[name] = fit_inverse_linear(clocks, [mean_fit.predict_ms(c) + shift_ms for c in clocks])
-    return out
+    return {q: float(np.quantile(residuals, int(q[1:]) / 100.0)) for q in TAIL_QUANTILES}
 
 
 def fit_table(
@@ -160,4 +166,5 @@ def fit_table(
         mean_fit=mean_fit,
         points=tuple(points),
         tail_fits=tails,
+        residual_quantiles_ms=residual_quantiles(samples, mean_fit),
     )

@@ -78,6 +78,7 @@ class Time2ClockTable:
     mean_fit: InverseLinearFit
     points: tuple[ClockPoint, ...]
     tail_fits: dict[str, InverseLinearFit] = field(default_factory=dict)
+    residual_quantiles_ms: dict[str, float] = field(default_factory=dict)
 
     @property
     def m(self) -> float:
@@ -112,6 +113,13 @@ class Time2ClockTable:
         if not measured:
             return None
         return min(measured, key=lambda p: (p.energy_per_inference_j, p.clock_mhz)).clock_mhz
+
+    def tail_margin_ms(self, quantile: str) -> float:
+        """How far the ``quantile`` of one request's time lies above the mean fit (ms)."""
+        if quantile in self.residual_quantiles_ms:
+            return self.residual_quantiles_ms[quantile]
+        top = self.clocks_mhz[-1]
+        return self.fit_for(quantile).predict_ms(top) - self.mean_fit.predict_ms(top)
 
     def predict_ms(self, clock_mhz: float, quantile: str | None = None) -> float:
         return self.fit_for(quantile).predict_ms(clock_mhz)
@@ -153,6 +161,7 @@ class Time2ClockTable:
             "r2": self.r2,
             "clocks_mhz": self.clocks_mhz,
             "tail_fits": {q: asdict(f) for q, f in self.tail_fits.items()},
+            "residual_quantiles_ms": dict(self.residual_quantiles_ms),
             "points": [asdict(p) for p in self.points],
         }
 
@@ -170,6 +179,9 @@ class Time2ClockTable:
                 tail_fits={
                     q: InverseLinearFit(float(f["m"]), float(f["b"]), float(f["r2"]))
                     for q, f in data.get("tail_fits", {}).items()
+                },
+                residual_quantiles_ms={
+                    q: float(v) for q, v in data.get("residual_quantiles_ms", {}).items()
                 },
             )
         except (KeyError, TypeError, ValueError) as err:
