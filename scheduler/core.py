@@ -11,10 +11,12 @@ from dataclasses import dataclass
 from scheduler.policies import ClockPolicy
 from scheduler.queue import PriorityCfsQueue
 from scheduler.request import Completion, Dispatch, EnqueueResult, Request
-from scheduler.weights import NICE_MAX, NICE_MIN
+from scheduler.weights import NICE_MAX, NICE_MIN, weight_for_nice
 from time2clock.table import Time2ClockTable
 
 MIN_WORK_LEFT = 0.05
+FAIR_FROM = 0.5
+RESERVE = 0.1
 RATE_WINDOW_S = 1.0
 
 
@@ -85,13 +87,13 @@ class Scheduler:
     def queue_len(self) -> int:
         return len(self.queue)
 
-    def expected_ms(self, request: Request) -> float:
+    def expected_ms(self) -> float:
         """Expected service time at the clock now targeted (the top clock when unmanaged)."""
         clock = self.clock_target_mhz or self.policy.clocks_mhz[-1]
         return self.table.predict_ms(clock)
 
     def iter_queue(self, limit: int) -> Iterator[Request]:
-        return self.queue.iter_order(limit, self.expected_ms)
+        return self.queue.iter_order(limit, self.expected_ms())
 
     def earliest_deadline_s(self) -> float | None:
         return self.queue.earliest_deadline_s()
@@ -143,11 +145,9 @@ class Scheduler:
         problem = validate_hints(request.priority, request.nice, request.slo_ms, self.config)
         if problem is not None:
             return EnqueueResult(accepted=False, reason=problem)
-        if len(self.queue) >= self.config.max_queue:
-            return EnqueueResult(
-                accepted=False,
-                reason=f"queue full ({self.config.max_queue} requests waiting); retry later",
-            )
+        refusal = self._admission(request)
+        if refusal is not None:
+            return EnqueueResult(accepted=False, reason=refusal)
         request.seq = self._seq
         self._seq += 1
         self._count_arrival(now_s)
@@ -159,11 +159,38 @@ class Scheduler:
             clock_mhz=self._clock(self.policy.on_enqueue(self, request, now_s), now_s),
         )
 
+    def _admission(self, request: Request) -> str | None:
+        """Why ``request`` cannot be queued, or None.
+
+        The queue holds at most ``max_queue``. Past ``FAIR_FROM`` of that, a flow that already
+        has requests waiting may hold only its weight's share of ``(1 − RESERVE)·max_queue``,
+        shared with the other flows that are waiting; the reserve is room for flows with
+        nothing waiting (a new client, a higher priority). Without this, under overload the
+        queue fills in arrival order and refusals, not CFS, decide who gets the GPU.
+        Accepted requests are never evicted.
+        """
+        limit, waiting = self.config.max_queue, len(self.queue)
+        if waiting >= limit:
+            return f"queue full ({limit} requests waiting); retry later"
+        level = request.priority or self.config.default_level
+        mine = self.queue.queued_for(level, request.client_id)
+        if not mine or waiting < FAIR_FROM * limit:
+            return None
+        weight = weight_for_nice(request.nice)
+        share = weight / self.queue.backlogged_weight()
+        cap = (1.0 - RESERVE) * limit * share
+        if mine >= cap:
+            return (
+                f"client {request.client_id!r} has its fair share of the queue waiting "
+                f"({mine} of {limit}, share {share:.0%} by nice {request.nice}); retry later"
+            )
+        return None
+
     def next_dispatch(self, now_s: float) -> Dispatch | None:
         """The next request to send, if a slot is free and one is waiting."""
         if len(self.inflight) >= self.config.max_inflight:
             return None
-        request = self.queue.pop(self.expected_ms)
+        request = self.queue.pop(self.expected_ms())
         if request is None:
             return None
         request.dispatch_s = request.work_left_at_s = now_s

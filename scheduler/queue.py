@@ -20,16 +20,14 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 from scheduler.request import Request
-from scheduler.weights import NICE_0_WEIGHT, weight_for_nice
-
-ChargeFn = Callable[[Request], float]
+from scheduler.weights import NICE_0_WEIGHT, NICE_MIN, SCHED_PRIO_TO_WEIGHT, weight_for_nice
 
 
 class _Flow:
-    __slots__ = ("client_id", "inflight", "requests", "version", "vruntime")
+    __slots__ = ("client_id", "inflight", "requests", "version", "vruntime", "weight")
 
     def __init__(self, client_id: str, vruntime: float) -> None:
         self.client_id = client_id
@@ -37,6 +35,7 @@ class _Flow:
         self.vruntime = vruntime
         self.version = 0
         self.inflight = 0
+        self.weight = NICE_0_WEIGHT
 
 
 class _Level:
@@ -68,6 +67,9 @@ class _Level:
             self.min_vruntime = flow.vruntime
 
 
+_CHARGE_PER_MS = tuple(NICE_0_WEIGHT / w for w in SCHED_PRIO_TO_WEIGHT)
+
+
 def vruntime_charge(service_ms: float, nice: int) -> float:
     """Virtual runtime for ``service_ms`` of GPU time at ``nice``."""
     return service_ms * NICE_0_WEIGHT / weight_for_nice(nice)
@@ -82,6 +84,7 @@ class PriorityCfsQueue:
         self._size = 0
         self._deadlines: list[tuple[float, int]] = []
         self._queued: set[int] = set()
+        self._backlogged_weight = 0  # sum of the weights of flows with requests queued
 
     def __len__(self) -> int:
         return self._size
@@ -98,6 +101,12 @@ class PriorityCfsQueue:
         if flow is None:
             flow = level.flows[request.client_id] = _Flow(request.client_id, level.min_vruntime)
         was_idle = not flow.requests
+        weight = weight_for_nice(request.nice)
+        if was_idle:
+            self._backlogged_weight += weight
+        else:
+            self._backlogged_weight += weight - flow.weight
+        flow.weight = weight
         flow.requests.append(request)
         if was_idle:
             flow.vruntime = max(flow.vruntime, level.min_vruntime)
@@ -107,7 +116,7 @@ class PriorityCfsQueue:
         heapq.heappush(self._deadlines, (request.deadline_s, request.seq))
         self._queued.add(request.seq)
 
-    def pop(self, expected_ms: ChargeFn) -> Request | None:
+    def pop(self, expected_ms: float) -> Request | None:
         """Take the next request in order and charge its flow the expected service time."""
         for n in self._order:
             level = self._levels[n]
@@ -117,11 +126,13 @@ class PriorityCfsQueue:
             assert flow is not None, "a non-empty level has a runnable flow"
             heapq.heappop(level.heap)
             request = flow.requests.popleft()
-            request.charged_ms = expected_ms(request)
+            request.charged_ms = expected_ms
             flow.vruntime += vruntime_charge(request.charged_ms, request.nice)
             flow.inflight += 1
             if flow.requests:
                 level.push_key(flow)
+            else:
+                self._backlogged_weight -= flow.weight
             level.size -= 1
             self._size -= 1
             level.advance_min()
@@ -143,6 +154,16 @@ class PriorityCfsQueue:
         elif not flow.inflight and flow.vruntime <= level.min_vruntime:
             del level.flows[flow.client_id]  # it would be placed at min_vruntime anyway
 
+    def queued_for(self, level: int, client_id: str) -> int:
+        """How many requests of this flow are waiting."""
+        lvl = self._levels.get(level)
+        flow = None if lvl is None else lvl.flows.get(client_id)
+        return 0 if flow is None else len(flow.requests)
+
+    def backlogged_weight(self) -> int:
+        """Sum of the CFS weights of the flows that have requests waiting."""
+        return self._backlogged_weight
+
     def earliest_deadline_s(self) -> float | None:
         """The earliest deadline among queued requests (None when empty)."""
         heap = self._deadlines
@@ -150,7 +171,7 @@ class PriorityCfsQueue:
             heapq.heappop(heap)
         return heap[0][0] if heap else None
 
-    def iter_order(self, limit: int, expected_ms: ChargeFn) -> Iterator[Request]:
+    def iter_order(self, limit: int, expected_ms: float) -> Iterator[Request]:
         """The first ``limit`` requests in the order :meth:`pop` would give them, read-only."""
         left = limit
         for n in self._order:
@@ -174,7 +195,7 @@ class PriorityCfsQueue:
                 left -= 1
                 if pos + 1 < len(runnable[i].requests):
                     nxt = runnable[i].requests[pos + 1]
-                    vruntime += vruntime_charge(expected_ms(request), request.nice)
+                    vruntime += _CHARGE_PER_MS[request.nice - NICE_MIN] * expected_ms
                     heapq.heappush(sim, (vruntime, nxt.seq, i, pos + 1))
 
     def flow_vruntimes(self, level: int) -> dict[str, float]:

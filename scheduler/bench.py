@@ -1,0 +1,90 @@
+"""Benchmarks, printed and never asserted: the core's cost per decision, the simulator's speed."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from scheduler.core import Scheduler, SchedulerConfig
+from scheduler.policies import POLICIES, make_policy
+from scheduler.request import Request
+from scheduler.simulate import SimConfig, profiled_table, simulate
+
+
+@dataclass(frozen=True)
+class CoreCost:
+    policy: str
+    queue_len: int
+    flows: int
+    us_per_enqueue_and_dispatch: float
+
+
+def core_cost(
+    policy: str, *, queue_len: int = 1000, flows: int = 3, rounds: int = 3000, gpu: str = "v100"
+) -> CoreCost:
+    """Mean µs for one enqueue plus one dispatch (and its completion) at a steady queue length."""
+    table = profiled_table(gpu)
+    sched = Scheduler(
+        table,
+        make_policy(policy, table, table.clocks_mhz),
+        SchedulerConfig(max_queue=queue_len + 10, default_slo_ms=10_000.0),
+    )
+    now = 0.0
+
+    def make(i: int) -> Request:
+        return Request(
+            model="m",
+            arrival_s=now,
+            slo_ms=10_000.0,
+            nice=(i % flows) * 5 - 5,
+            client_id=f"c{i % flows}",
+        )
+
+    for i in range(queue_len):
+        sched.enqueue(make(i), now)
+    start = time.perf_counter()
+    for i in range(rounds):
+        now += 0.001
+        sched.enqueue(make(i), now)
+        d = sched.next_dispatch(now)
+        assert d is not None
+        sched.on_complete(d.request, 0.007, now)
+    elapsed = time.perf_counter() - start
+    return CoreCost(policy, queue_len, flows, elapsed / rounds * 1e6)
+
+
+def simulator_speed(
+    gpu: str = "v100", policy: str = "slack", duration_s: float = 30.0
+) -> dict[str, float]:
+    """Wall time, events per second and simulated seconds per wall second for one run."""
+    profiled_table(gpu)
+    start = time.perf_counter()
+    result = simulate(
+        SimConfig(gpu=gpu, policy=policy, load=0.5, slo_ms=35.0, duration_s=duration_s)
+    )
+    wall = time.perf_counter() - start
+    return {
+        "wall_s": wall,
+        "events": float(result.events),
+        "events_per_s": result.events / wall,
+        "simulated_s_per_wall_s": result.span_s / wall,
+        "requests": float(result.requests),
+    }
+
+
+def run() -> list[str]:
+    lines = ["core cost (enqueue + dispatch + completion), queue held at 1000, 3 flows:"]
+    for name in POLICIES:
+        c = core_cost(name)
+        lines.append(f"  {name:8s} {c.us_per_enqueue_and_dispatch:7.1f} µs per request")
+    for name in ("slack",):
+        c = core_cost(name, queue_len=10)
+        lines.append(
+            f"  {name:8s} {c.us_per_enqueue_and_dispatch:7.1f} µs per request at a queue of 10"
+        )
+    s = simulator_speed()
+    lines.append(
+        f"simulator: {s['requests']:.0f} requests, {s['events']:.0f} events in {s['wall_s']:.2f} s "
+        f"({s['events_per_s']:.0f} events/s, {s['simulated_s_per_wall_s']:.0f}× real time)"
+    )
+    return lines
