@@ -11,6 +11,8 @@ from rich.table import Table
 from dvfs.errors import DeviceError, NoDeviceError
 from dvfs.profiles import PROFILES
 
+PIPE_WIDTH = 160  # rich's 80-column default truncates tables in logs and pipes
+
 
 def _cmd_list(console: Console) -> int:
     from dvfs.nvml import NvmlDevice, nvml_device_count
@@ -108,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     p_set.add_argument("--gpu", type=int, default=0)
     p_set.add_argument("--clock-mhz", type=int, required=True)
     args = parser.parse_args(argv)
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else PIPE_WIDTH)
     try:
         if args.cmd == "list":
             return _cmd_list(console)

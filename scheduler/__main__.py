@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from dvfs.__main__ import PIPE_WIDTH
 from scheduler.compare import Matrix, plot, run_all, tabulate, tune, write_csv
 from scheduler.policies import POLICIES
 from scheduler.simulate import SimConfig, simulate
@@ -265,7 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.cmd == "simulate" and args.load is None and args.rate is None:
         args.load = 0.5
-    console = Console(stderr=True) if getattr(args, "json", False) else Console()
+    to_stderr = bool(getattr(args, "json", False))
+    stream = sys.stderr if to_stderr else sys.stdout
+    console = Console(stderr=to_stderr, width=None if stream.isatty() else PIPE_WIDTH)
     try:
         return int(args.run(args, console))
     except (ValueError, KeyError, FileNotFoundError) as err:

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from dvfs.__main__ import PIPE_WIDTH
 from dvfs.errors import DeviceError
 from time2clock.fit import fit_table, read_measurements, write_measurements
 from time2clock.table import TableError, Time2ClockTable
@@ -194,7 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    console = Console(stderr=args.cmd == "clock")
+    stream = sys.stderr if args.cmd == "clock" else sys.stdout
+    console = Console(stderr=args.cmd == "clock", width=None if stream.isatty() else PIPE_WIDTH)
     try:
         return int(args.run(args, console))
     except (TableError, DeviceError, ValueError, KeyError) as err:

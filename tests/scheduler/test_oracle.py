@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dvfs.profiles import get_profile
+from scheduler.oracle import energy_hull, oracle_energy, taut_string
+from scheduler.simulate import SimConfig, simulate
+
+
+def test_hull_is_convex_from_idle_and_below_every_clock() -> None:
+    p = get_profile("v100")
+    xs, ys = energy_hull(p, 2)
+    assert (xs[0], ys[0]) == (0.0, 0.0)
+    slopes = np.diff(ys) / np.diff(xs)
+    assert np.all(np.diff(slopes) >= -1e-9)
+    idle = p.idle_power_w(p.min_clock_mhz)
+    for f in p.clocks_mhz:
+        speed = 2000.0 / p.mean_latency_ms(f)
+        assert np.interp(speed, xs, ys) <= p.busy_power_w(f) - idle + 1e-9
+
+
+def test_taut_string_by_hand() -> None:
+    # Two requests at 0 due at 1, one at 1 due at 2: 2 units in [0,1], 1 in [1,2].
+    assert taut_string(np.array([0.0, 0.0, 1.0]), np.array([1.0, 1.0, 2.0])) == [
+        (0.0, 1.0, 2.0),
+        (1.0, 2.0, 1.0),
+    ]
+    # One request, all the time in the world: as slow as allowed.
+    assert taut_string(np.array([0.0]), np.array([2.0])) == [(0.0, 2.0, 1.0)]
+    # Mixed deadlines: the tight one bends the string.
+    assert taut_string(np.array([0.0, 0.5]), np.array([2.0, 0.6])) == [
+        (0.0, 0.6, 1.0),
+        (0.6, 2.0, 1.0),
+    ]
+    # The string never runs ahead of arrivals: work waits for the second request.
+    segs = taut_string(np.array([0.0, 1.0]), np.array([0.1, 1.1]))
+    assert segs[0] == (0.0, 0.1, 1.0)
+    assert segs[-1][1] == pytest.approx(1.1)
+
+
+def test_oracle_energy_of_one_request_by_hand() -> None:
+    p = get_profile("v100")
+    res = oracle_energy(p, np.array([0.0]), np.array([0.5]), duration_s=1.0, concurrency=2)
+    xs, ys = energy_hull(p, 2)
+    idle = p.idle_power_w(p.min_clock_mhz)
+    assert res.energy_j == pytest.approx(idle * 1.0 + np.interp(2.0, xs, ys) * 0.5)
+    assert res.infeasible_requests == 0
+
+
+def test_oracle_marks_impossible_deadlines() -> None:
+    p = get_profile("v100")
+    res = oracle_energy(p, np.zeros(10), np.full(10, 0.001), duration_s=1.0)
+    assert res.infeasible_requests == 10
+
+
+@pytest.mark.parametrize("policy", ["max", "slack", "default"])
+def test_oracle_is_below_what_policies_spend(policy: str) -> None:
+    r = simulate(SimConfig(gpu="v100", policy=policy, load=0.3, slo_ms=40.0, duration_s=10.0))
+    assert r.oracle_energy_j is not None
+    assert r.oracle_energy_j < r.energy_j

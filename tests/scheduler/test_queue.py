@@ -1,0 +1,117 @@
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+from scheduler.queue import PriorityCfsQueue, vruntime_charge
+from scheduler.request import Request
+from tests.scheduler.helpers import make_request
+
+_seq = iter(range(1_000_000))
+
+
+def push(q: PriorityCfsQueue, **kw: object) -> Request:
+    r = make_request(**kw)  # type: ignore[arg-type]
+    r.seq = next(_seq)
+    r.level = r.priority or 2
+    q.push(r)
+    return r
+
+
+def test_strict_priority_then_fifo_within_a_flow() -> None:
+    q = PriorityCfsQueue()
+    low1 = push(q, priority=2)
+    low2 = push(q, priority=0)  # the default level is 2 here
+    high = push(q, priority=1)
+    assert [q.pop(5.0), q.pop(5.0), q.pop(5.0), q.pop(5.0)] == [high, low1, low2, None]
+
+
+def test_cfs_shares_follow_nice_weights() -> None:
+    q = PriorityCfsQueue()
+    for _ in range(2000):
+        push(q, client_id="a", nice=0)
+        push(q, client_id="b", nice=5)
+    served: Counter[str] = Counter()
+    for _ in range(1000):
+        r = q.pop(7.0)
+        assert r is not None
+        q.settle(r, 7.0)  # real == expected
+        served[r.client_id] += 1
+    assert abs(served["a"] / served["b"] - 1024 / 335) < 0.05
+
+
+def test_waking_flow_is_placed_at_min_vruntime() -> None:
+    q = PriorityCfsQueue()
+    for _ in range(50):
+        push(q, client_id="busy")
+    for _ in range(20):
+        q.pop(10.0)
+    busy_vr = q.flow_vruntimes(2)["busy"]
+    assert busy_vr == vruntime_charge(200.0, 0)
+    newcomer = push(q, client_id="new")
+    # Placed at the level's min vruntime, not at 0: it cannot run 20 times in a row.
+    assert q.flow_vruntimes(2)["new"] == q.min_vruntime(2) > 0
+    order = [q.pop(10.0) for _ in range(3)]
+    assert newcomer in order[:2]
+    assert sum(r is not None and r.client_id == "busy" for r in order) >= 1
+
+
+def test_sleeper_gets_no_credit_for_sleeping() -> None:
+    q = PriorityCfsQueue()
+    push(q, client_id="sleeper")
+    q.pop(10.0)
+    for _ in range(30):
+        push(q, client_id="worker")
+    for _ in range(25):
+        q.pop(10.0)
+    push(q, client_id="sleeper")
+    assert q.flow_vruntimes(2)["sleeper"] == q.min_vruntime(2)
+
+
+def test_ties_go_to_the_oldest_request() -> None:
+    q = PriorityCfsQueue()
+    first = push(q, client_id="x")
+    second = push(q, client_id="y")
+    assert q.pop(1.0) is first
+    q.settle(first, 1.0)
+    assert q.pop(1.0) is second
+
+
+def test_settle_charges_real_minus_expected() -> None:
+    q = PriorityCfsQueue()
+    r = push(q, client_id="a", nice=5)
+    push(q, client_id="a", nice=5)
+    q.pop(10.0)
+    before = q.flow_vruntimes(2)["a"]
+    q.settle(r, 25.0)  # took 25 ms, 10 were charged
+    assert q.flow_vruntimes(2)["a"] == before + vruntime_charge(15.0, 5)
+
+
+def test_iter_order_is_exactly_the_pop_order() -> None:
+    rng = random.Random(4)
+    q = PriorityCfsQueue()
+    for _ in range(300):
+        push(
+            q,
+            client_id=rng.choice("abcd"),
+            nice=rng.choice([-5, 0, 5]),
+            priority=rng.choice([0, 1, 2]),
+            slo_ms=rng.uniform(10, 100),
+        )
+    preview = [r.seq for r in q.iter_order(300, 7.0)]
+    popped = []
+    while (r := q.pop(7.0)) is not None:
+        popped.append(r.seq)
+    assert preview == popped
+    assert len(popped) == 300 and len(q) == 0
+
+
+def test_earliest_deadline_tracks_pops() -> None:
+    q = PriorityCfsQueue()
+    a = push(q, slo_ms=50.0, client_id="a")
+    push(q, slo_ms=20.0, client_id="a", arrival_s=0.01)
+    assert q.earliest_deadline_s() == 0.03
+    q.pop(1.0)
+    q.pop(1.0)
+    assert q.earliest_deadline_s() is None
+    assert a.deadline_s == 0.05

@@ -1,0 +1,183 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from scheduler.__main__ import main
+from scheduler.simulate import SimConfig, simulate
+from scheduler.workload import ClientSpec, bursty_arrivals, parse_clients, trace_arrivals
+
+NICE_MIX = parse_clients("a:nice=-5,share=0.34;b:nice=0,share=0.33;c:nice=5,share=0.33")
+
+
+def test_a_seeded_simulation_is_exactly_reproducible() -> None:
+    cfg = SimConfig(gpu="rtx3090", policy="slack", load=0.5, slo_ms=30.0, duration_s=5.0, seed=7)
+    first, again = simulate(cfg).to_json(), simulate(cfg).to_json()
+    assert first == again
+    other = simulate(SimConfig(**{**cfg.__dict__, "seed": 8})).to_json()
+    assert other["energy_j"] != first["energy_j"]
+
+
+def test_json_has_every_documented_field() -> None:
+    out = simulate(SimConfig(duration_s=2.0)).to_json()
+    for key in (
+        "policy",
+        "gpu",
+        "requests",
+        "completed",
+        "rejected",
+        "throughput_rps",
+        "energy_j",
+        "energy_per_inference_j",
+        "oracle_energy_j",
+        "p50_ms",
+        "p90_ms",
+        "p99_ms",
+        "slo_attainment",
+        "clock_changes",
+        "mean_clock_mhz",
+        "clients",
+    ):
+        assert key in out
+    for key in ("completed", "p99_ms", "slo_attainment", "service_ms"):
+        assert key in out["clients"]["default"]
+
+
+def test_saturated_clients_get_gpu_time_in_the_ratio_of_their_weights() -> None:
+    out = simulate(
+        SimConfig(
+            gpu="v100",
+            policy="slack",
+            load=3.0,
+            slo_ms=200.0,
+            duration_s=20.0,
+            clients=tuple(NICE_MIX),
+        )
+    ).to_json()
+    service = {k: v["service_ms"] for k, v in out["clients"].items()}
+    total = sum(service.values())
+    weights = {"a": 3121, "b": 1024, "c": 335}
+    for name, w in weights.items():
+        assert service[name] / total == pytest.approx(w / sum(weights.values()), rel=0.03)
+        assert out["clients"][name]["completed"] > 0  # nobody starves
+
+
+def test_a_priority_client_keeps_its_tail_while_another_floods() -> None:
+    clients = parse_clients("vip:priority=1,share=0.1;flood:share=0.9")
+    out = simulate(
+        SimConfig(
+            gpu="v100",
+            policy="slack",
+            rate_rps=400.0,
+            slo_ms=30.0,
+            duration_s=20.0,
+            clients=tuple(clients),
+        )
+    ).to_json()
+    vip, flood = out["clients"]["vip"], out["clients"]["flood"]
+    assert vip["rejected"] == 0
+    assert vip["p99_ms"] <= 30.0 and vip["slo_attainment"] >= 0.99
+    assert flood["completed"] > 0 and flood["rejected"] > 0
+
+
+def test_slack_saves_energy_against_max_and_meets_the_slo() -> None:
+    base = dict(gpu="titanrtx", load=0.5, slo_ms=37.5, duration_s=20.0)
+    slack = simulate(SimConfig(policy="slack", **base)).to_json()  # type: ignore[arg-type]
+    top = simulate(SimConfig(policy="max", **base)).to_json()  # type: ignore[arg-type]
+    assert slack["p99_ms"] <= 37.5
+    assert slack["energy_per_inference_j"] < 0.85 * top["energy_per_inference_j"]
+    assert slack["oracle_energy_j"] < slack["energy_j"]
+
+
+def test_arrival_processes(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    bursty = bursty_arrivals(100.0, 60.0, rng)
+    assert len(bursty) == pytest.approx(6000, rel=0.15)
+    counts = np.histogram(bursty, bins=600)[0]
+    assert counts.var() > 3 * counts.mean()  # burstier than Poisson (variance = mean)
+    trace = tmp_path / "trace.txt"
+    trace.write_text("# seconds\n0.5\n0.1\n\n0.2\n")
+    assert list(trace_arrivals(trace)) == [0.1, 0.2, 0.5]
+    out = simulate(SimConfig(arrival="trace", trace=trace, duration_s=1.0, with_oracle=False))
+    assert out.requests == out.completed == 3
+    trace.write_text("0.1\nsoon\n")
+    with pytest.raises(ValueError, match=r"trace.txt:2: not a number of seconds"):
+        trace_arrivals(trace)
+
+
+def test_client_specs() -> None:
+    assert NICE_MIX[0] == ClientSpec("a", 0.34, 0, -5, None)
+    assert parse_clients("x:slo_ms=80,priority=1")[0].slo_ms == 80.0
+    for bad, msg in [
+        ("a:nice=30", "nice must be in"),
+        ("a:speed=1", "is not one of"),
+        ("a:share=0", "share must be > 0"),
+        (":nice=1", "a name comes before"),
+        ("a:nice=x", "must be a number"),
+        ("a:;a:", "unique"),
+    ]:
+        with pytest.raises(ValueError, match=msg):
+            parse_clients(bad)
+
+
+def test_cli_simulate_json_last_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        main(
+            [
+                "simulate",
+                "--gpu",
+                "v100",
+                "--policy",
+                "seed",
+                "--load",
+                "0.3",
+                "--slo-ms",
+                "30",
+                "--duration-s",
+                "3",
+                "--seed",
+                "1",
+                "--json",
+            ]
+        )
+        == 0
+    )
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    out = json.loads(last)
+    assert (out["policy"], out["gpu"], out["seed"]) == ("seed", "v100", 1)
+    assert main(["simulate", "--policy", "fast"]) == 2
+    assert "unknown policy" in capsys.readouterr().err
+    assert main(["simulate", "--clients", "a:nice=99"]) == 2
+
+
+def test_cli_compare_writes_table_csv_and_plot(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert (
+        main(
+            [
+                "compare",
+                "--gpus",
+                "v100",
+                "--loads",
+                "0.3",
+                "--slo-multipliers",
+                "4",
+                "--duration-s",
+                "3",
+                "--jobs",
+                "1",
+                "-o",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
+    header = (tmp_path / "compare.csv").read_text().splitlines()[0]
+    assert header.startswith("gpu,load,slo_ms,policy,")
+    assert len((tmp_path / "compare.csv").read_text().splitlines()) == 5  # 4 policies
+    assert (tmp_path / "compare.png").read_bytes()[:4] == b"\x89PNG"
+    assert "slack" in capsys.readouterr().out
