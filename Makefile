@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 OUT    := out
 
-.PHONY: setup lint typecheck test demo bench clean
+.PHONY: setup lint typecheck test demo compare bench clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "Python 3.11 is required (set PYTHON=...)"'
@@ -27,7 +27,13 @@ test: lint typecheck
 
 demo: setup
 	$(BIN)/python -m time2clock profile --device sim:titanrtx --requests-per-clock 20 -o $(OUT)/demo/profile
-	$(BIN)/python -m time2clock clock $(OUT)/demo/profile/table.json --slo-ms 25 --queue 2
+	$(BIN)/python -m scheduler compare --gpus v100,rtx3090,titanrtx --loads 0.2,0.5 --slo-multipliers 3,5 --duration-s 30 -o $(OUT)/demo/compare
+
+compare: setup
+	$(BIN)/python -m scheduler compare -o $(OUT)/compare
+
+bench: setup
+	$(BIN)/python -m scheduler bench
 
 clean:
 	rm -rf $(VENV) $(OUT) .mypy_cache .ruff_cache .pytest_cache *.egg-info
