@@ -106,15 +106,19 @@ def _cmd_simulate(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def _cmd_compare(args: argparse.Namespace, console: Console) -> int:
-    matrix = Matrix(
+def _matrix(args: argparse.Namespace, **extra: object) -> Matrix:
+    """The matrix the shared ``compare``/``tune`` options describe."""
+    return Matrix(
         gpus=args.gpus,
         loads=args.loads,
         slo_multipliers=args.slo_multipliers,
-        policies=args.policies,
         duration_s=args.duration_s,
-        seed=args.seed,
+        **extra,  # type: ignore[arg-type]
     )
+
+
+def _cmd_compare(args: argparse.Namespace, console: Console) -> int:
+    matrix = _matrix(args, policies=args.policies, seed=args.seed)
     configs = matrix.configs()
     with _progress(console) as bar:
         task = bar.add_task("simulating", total=len(configs))
@@ -161,12 +165,7 @@ def _cmd_compare(args: argparse.Namespace, console: Console) -> int:
 
 
 def _cmd_tune(args: argparse.Namespace, console: Console) -> int:
-    matrix = Matrix(
-        gpus=args.gpus,
-        loads=args.loads,
-        slo_multipliers=args.slo_multipliers,
-        duration_s=args.duration_s,
-    )
+    matrix = _matrix(args)
     total = len(args.seeds) * len(matrix.configs()) // len(matrix.policies) * (1 + len(args.values))
     with _progress(console) as bar:
         task = bar.add_task(f"tuning {args.param}", total=total)
