@@ -54,6 +54,9 @@ class Device(ABC):
     def energy_j(self) -> float:
         """Energy used since an arbitrary origin, in joules; never decreases."""
 
+    def close(self) -> None:  # noqa: B027 (optional for implementations)
+        """Release what the device holds (the default holds nothing)."""
+
     def max_clock_mhz(self) -> int:
         """The top of the ladder."""
         return self.supported_clocks_mhz()[-1]

@@ -81,6 +81,11 @@ class Scheduler:
         self._rate_at_s: float | None = None
         self.last_slo_ms = self.config.default_slo_ms
 
+    def set_policy(self, policy: ClockPolicy) -> None:
+        """Swap the clock policy (the admin API does this); its initial clock becomes the target."""
+        self.policy = policy
+        self.clock_target_mhz = policy.initial_clock_mhz()
+
     # -- what policies read ---------------------------------------------------------------
 
     @property

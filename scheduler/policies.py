@@ -68,6 +68,24 @@ class MaxPolicy(ClockPolicy):
         return self.clocks_mhz[-1]
 
 
+class FixedPolicy(ClockPolicy):
+    """One clock, forced by an operator (the admin API's ``/admin/clock``)."""
+
+    name = "fixed"
+
+    def __init__(self, table: Time2ClockTable, clocks_mhz: list[int], clock_mhz: int) -> None:
+        super().__init__(table, clocks_mhz)
+        if clock_mhz not in self.clocks_mhz:
+            raise ValueError(
+                f"{clock_mhz} MHz is not a supported clock "
+                f"({self.clocks_mhz[0]}..{self.clocks_mhz[-1]} MHz, {len(self.clocks_mhz)} steps)"
+            )
+        self.clock_mhz = clock_mhz
+
+    def initial_clock_mhz(self) -> int | None:
+        return self.clock_mhz
+
+
 class DefaultPolicy(ClockPolicy):
     """Leave clocks to the GPU's own boost logic (simulated: top while busy, bottom when idle)."""
 

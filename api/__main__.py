@@ -1,0 +1,36 @@
+"""``python -m api serve``: run the sidecar."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from api.config import add_arguments, from_args
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m api", description=__doc__)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    serve = sub.add_parser("serve", help="run the sidecar (flags or SIDECAR_* variables)")
+    add_arguments(serve)
+    args = parser.parse_args(argv)
+    try:
+        config = from_args(args)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    import uvicorn
+
+    from api.app import create_app
+
+    logging.basicConfig(
+        level=config.log_level.upper(), format="%(levelname)s %(name)s: %(message)s"
+    )
+    uvicorn.run(create_app(config), host=config.host, port=config.port,
+                log_level=config.log_level, access_log=False)  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+"""The sidecar's FastAPI application: ``create_app(config)``; resources live in the lifespan."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from prometheus_client import CollectorRegistry
+
+from api import errors
+from api.config import GatewayConfig
+from api.metrics import GatewayMetrics
+from api.routes import admin, health, inference, metrics
+from api.runtime import Runtime
+
+
+def create_app(config: GatewayConfig, *, registry: CollectorRegistry | None = None) -> FastAPI:
+    """Build the app; the device, Triton and dispatcher open when it starts and close after."""
+    runtime = Runtime(config, GatewayMetrics(registry))
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await runtime.start()
+        try:
+            yield
+        finally:
+            await runtime.stop()
+
+    app = FastAPI(
+        title="energy-aware scheduling sidecar",
+        description="KServe v2 / Triton HTTP in front of Triton: priority and nice-weighted "
+        "queueing, and GPU clocks just fast enough for each request's SLO.",
+        version="0.1.0",
+        lifespan=lifespan,
+    )
+    app.state.runtime = runtime
+    errors.install(app)
+    for module in (inference, health, metrics, admin):
+        app.include_router(module.router)
+    return app

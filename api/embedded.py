@@ -1,0 +1,224 @@
+"""The embedded default: a real Triton (PyTriton's bundled server) hosting emulated-GPU models.
+
+``simnet`` (``INPUT0`` FP32 ``[-1, 16]`` → ``OUTPUT0 = 2·INPUT0``) takes as long as the simulated
+GPU says at the clock the sidecar set (read from the device's shared state file), speeding up or
+slowing down mid-request when the clock changes, and adds its busy time to that GPU's energy.
+``noop`` answers at once (for measuring the sidecar's own cost).
+
+Triton runs in a child process that the sidecar starts, waits for, and stops on every exit path;
+the child also stops Triton when its parent disappears, so a killed sidecar leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing as mp
+import os
+import signal
+import socket
+import sys
+import sysconfig
+import time
+from dataclasses import dataclass
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+log = logging.getLogger(__name__)
+Floats = npt.NDArray[np.float32]
+
+SIMNET = "simnet"
+NOOP = "noop"
+INPUT_WIDTH = 16
+STEP_S = 0.002  # how often a running request re-reads the clock
+
+
+@dataclass(frozen=True)
+class EmbeddedPorts:
+    http: int
+    grpc: int
+    metrics: int
+
+    @property
+    def url(self) -> str:
+        return f"127.0.0.1:{self.http}"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def emulate_request(device: Any, rng: np.random.Generator) -> None:
+    """Occupy the simulated GPU for one request, following the clock while it runs."""
+    profile = device.profile
+    device.begin_work()
+    try:
+        clock = device.clock_mhz()
+        work_ms = device.sample_latency_ms(clock) / profile.mean_latency_ms(clock)
+        done = 0.0
+        while done < 1.0:
+            clock = device.clock_mhz()
+            total_s = work_ms * profile.mean_latency_ms(clock) / 1000.0
+            step_s = min((1.0 - done) * total_s, STEP_S)
+            time.sleep(step_s)
+            done += step_s / total_s
+    finally:
+        device.end_work()
+
+
+def _serve(state_path: str, ports: EmbeddedPorts, instances: int) -> None:
+    """Child process: run PyTriton until SIGTERM or until the sidecar is gone.
+
+    It starts its own session, so a Ctrl-C or a signal to the sidecar's process group does not
+    kill Triton under PyTriton's feet: only the sidecar stops it, in order. No lock is shared
+    with the parent (a process killed while holding one would deadlock the other).
+    """
+    os.setsid()
+    stopping = [False]
+    signal.signal(signal.SIGTERM, lambda *_: stopping.__setitem__(0, True))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Pitfall 1 (shared/ENVIRONMENT.md): the Python backend stub must load this interpreter's
+    # libpython, not the system's.
+    libdir = sysconfig.get_config_var("LIBDIR") or ""
+    os.environ["LD_LIBRARY_PATH"] = f"{libdir}:{os.environ.get('LD_LIBRARY_PATH', '')}"
+    from pytriton.decorators import batch
+    from pytriton.model_config import ModelConfig, Tensor
+    from pytriton.triton import Triton, TritonConfig, TritonSecurityConfig
+
+    from dvfs.simulated import SimulatedDevice
+
+    parent = os.getppid()
+
+    def make_simnet(seed: int) -> Any:
+        device = SimulatedDevice.attach(Path(state_path), rng=np.random.default_rng(seed))
+        rng = np.random.default_rng(seed)
+
+        @batch  # type: ignore[untyped-decorator]
+        def simnet(INPUT0: Floats) -> dict[str, Floats]:  # noqa: N803 (the tensor's name)
+            emulate_request(device, rng)
+            return {"OUTPUT0": (INPUT0 * 2).astype(np.float32)}
+
+        return simnet
+
+    @batch  # type: ignore[untyped-decorator]
+    def noop(INPUT0: Floats) -> dict[str, Floats]:  # noqa: N803
+        return {"OUTPUT0": INPUT0}
+
+    logging.getLogger("pytriton").setLevel(logging.WARNING)
+    config = TritonConfig(
+        http_address="127.0.0.1", http_port=ports.http, grpc_port=ports.grpc,
+        metrics_port=ports.metrics, log_verbose=0, exit_timeout_secs=2,
+        log_file=Path(state_path).with_suffix(".triton.log"),
+    )  # fmt: skip
+    # Pitfall 2: open the statistics endpoints that perf_analyzer-style tools read.
+    security = TritonSecurityConfig(restricted_endpoints=[])
+    tensors = {
+        "inputs": [Tensor(name="INPUT0", dtype=np.float32, shape=(INPUT_WIDTH,))],
+        "outputs": [Tensor(name="OUTPUT0", dtype=np.float32, shape=(INPUT_WIDTH,))],
+    }
+    with Triton(config=config, security_config=security) as triton:
+        triton.bind(
+            SIMNET,
+            [make_simnet(i) for i in range(instances)],
+            config=ModelConfig(max_batch_size=8),
+            **tensors,
+        )
+        triton.bind(NOOP, [noop] * instances, config=ModelConfig(max_batch_size=8), **tensors)
+        triton.run()
+        while not stopping[0] and os.getppid() == parent:  # the sidecar gone: do not outlive it
+            time.sleep(0.2)
+
+
+class EmbeddedTriton:
+    """Starts and stops the embedded Triton (a child process); use as a context manager."""
+
+    def __init__(
+        self, state_path: Path, *, instances: int = 4, start_timeout_s: float = 120.0
+    ) -> None:
+        self.state_path = state_path
+        self.instances = instances
+        self.start_timeout_s = start_timeout_s
+        self.ports = EmbeddedPorts(free_port(), free_port(), free_port())
+        self._proc: BaseProcess | None = None
+
+    @property
+    def url(self) -> str:
+        return self.ports.url
+
+    def start(self) -> None:
+        ctx = mp.get_context("spawn")
+        self._proc = ctx.Process(
+            target=_serve, name="embedded-triton", daemon=False,
+            args=(str(self.state_path), self.ports, self.instances),
+        )  # fmt: skip
+        self._proc.start()
+        try:
+            self._wait_ready(time.monotonic() + self.start_timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        log.info("embedded Triton ready at %s", self.url)
+
+    def _wait_ready(self, deadline: float) -> None:
+        import httpx
+
+        url = f"http://{self.url}/v2/models/{NOOP}/ready"
+        while time.monotonic() < deadline:
+            assert self._proc is not None
+            if not self._proc.is_alive():
+                raise RuntimeError(
+                    f"embedded Triton exited during start-up (code {self._proc.exitcode}); "
+                    f"its log: {Path(self.state_path).with_suffix('.triton.log')}"
+                )
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url, timeout=2.0).status_code == 200:
+                    return
+            time.sleep(0.2)
+        raise TimeoutError(f"embedded Triton not ready after {self.start_timeout_s:.0f} s")
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop Triton and wait for it; escalates to SIGKILL if it will not go."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        if proc.is_alive():
+            proc.terminate()
+        proc.join(timeout_s)
+        if proc.is_alive():
+            log.warning("embedded Triton did not stop in %.0f s; killing it", timeout_s)
+            proc.kill()
+            proc.join(5.0)
+        _kill_stray_tritonservers(self.ports.http)
+
+    def __enter__(self) -> EmbeddedTriton:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _kill_stray_tritonservers(http_port: int) -> None:
+    """Last resort: a tritonserver still bound to our port after its parent went (pitfall 3)."""
+    if not sys.platform.startswith("linux"):
+        return
+    for pid_dir in Path("/proc").iterdir():
+        if not pid_dir.name.isdigit():
+            continue
+        try:
+            cmdline = (pid_dir / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if (
+            cmdline
+            and cmdline[0].endswith(b"tritonserver")
+            and f"--http-port={http_port}".encode() in cmdline
+        ):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid_dir.name), signal.SIGKILL)

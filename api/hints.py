@@ -1,0 +1,112 @@
+"""Scheduling hints from a KServe v2 inference request, validated at the edge.
+
+Hints ride in the request's JSON ``parameters`` (for binary-tensor requests, in the JSON header
+that ``Inference-Header-Content-Length`` delimits, so the tensors are never touched): ``priority``
+and ``timeout`` with Triton's meaning, and ``nice``, ``slo_ms``, ``client_id``. Clients that cannot
+set parameters may send the headers ``x-nice``, ``x-slo-ms``, ``x-client-id`` instead; parameters
+win when both are given. Triton accepts the extra parameters, so the body is forwarded as is.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from scheduler.weights import NICE_MAX, NICE_MIN
+
+HEADER_LENGTH = "inference-header-content-length"
+MAX_CLIENT_ID = 128
+
+
+class BadRequestError(ValueError):
+    """A malformed body or a bad hint; the message names the field and what is allowed."""
+
+
+@dataclass(frozen=True)
+class Hints:
+    priority: int = 0
+    timeout_us: int | None = None
+    nice: int = 0
+    slo_ms: float | None = None
+    client_id: str = "default"
+
+
+def json_header(body: bytes, headers: Mapping[str, str]) -> dict[str, Any]:
+    """The request's JSON object: the whole body, or its binary-extension header."""
+    length_text = headers.get(HEADER_LENGTH)
+    if length_text is not None:
+        try:
+            length = int(length_text)
+        except ValueError:
+            raise BadRequestError(
+                f"{HEADER_LENGTH} must be an integer, got {length_text!r}"
+            ) from None
+        if not 0 < length <= len(body):
+            raise BadRequestError(f"{HEADER_LENGTH} is {length} but the body has {len(body)} bytes")
+        raw = body[:length]
+    else:
+        raw = body
+    try:
+        obj = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise BadRequestError(f"malformed request body: {err}") from None
+    if not isinstance(obj, dict):
+        raise BadRequestError("malformed request body: expected a JSON object")
+    return obj
+
+
+def _int(name: str, value: Any, lo: int, hi: int | None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise BadRequestError(f"{name} must be an integer, got {value!r}")
+    try:
+        number = int(value)
+    except ValueError:
+        raise BadRequestError(f"{name} must be an integer, got {value!r}") from None
+    if number < lo or (hi is not None and number > hi):
+        allowed = f"{lo}..{hi}" if hi is not None else f">= {lo}"
+        raise BadRequestError(f"{name} must be in {allowed}, got {number}")
+    return number
+
+
+def _positive(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise BadRequestError(f"{name} must be a positive number of milliseconds, got {value!r}")
+    try:
+        number = float(value)
+    except ValueError:
+        raise BadRequestError(
+            f"{name} must be a positive number of milliseconds, got {value!r}"
+        ) from None
+    if not (number > 0 and math.isfinite(number)):
+        raise BadRequestError(f"{name} must be a positive number of milliseconds, got {value!r}")
+    return number
+
+
+def parse_hints(
+    request: Mapping[str, Any], headers: Mapping[str, str], priority_levels: int
+) -> Hints:
+    """Hints from ``parameters`` (then headers), each checked against its allowed range."""
+    params = request.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise BadRequestError("parameters must be a JSON object")
+
+    def pick(param: str, header: str) -> Any:
+        return params[param] if param in params else headers.get(header)
+
+    priority = pick("priority", "x-priority")
+    timeout = params.get("timeout")
+    nice = pick("nice", "x-nice")
+    slo = pick("slo_ms", "x-slo-ms")
+    client = pick("client_id", "x-client-id")
+    if client is not None and (not isinstance(client, str) or not 0 < len(client) <= MAX_CLIENT_ID):
+        raise BadRequestError(f"client_id must be a string of 1..{MAX_CLIENT_ID} characters")
+    return Hints(
+        priority=0 if priority is None else _int("priority", priority, 0, priority_levels),
+        timeout_us=None if timeout is None else _int("timeout", timeout, 0, None),
+        nice=0 if nice is None else _int("nice", nice, NICE_MIN, NICE_MAX),
+        slo_ms=None if slo is None else _positive("slo_ms", slo),
+        client_id=client or "default",
+    )

@@ -1,0 +1,114 @@
+"""Prometheus metrics of the gateway, in base units; the registry is injected, never global."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from dvfs.device import Device
+
+LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1,
+                     0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)  # fmt: skip
+MAX_CLIENT_LABELS = 100  # beyond this, clients share the label "other" (bounded cardinality)
+
+
+class DeviceCollector(Collector):
+    """Reads the GPU at scrape time: clock, power, energy counter."""
+
+    def __init__(self, device: Device, index: str) -> None:
+        self.device = device
+        self.index = index
+
+    def collect(self) -> Iterator[Metric]:
+        labels = [self.index, self.device.identity.name]
+        clock = GaugeMetricFamily(
+            "sidecar_gpu_clock_hertz", "Graphics clock read from the GPU.", labels=["gpu", "name"]
+        )
+        clock.add_metric(labels, self.device.clock_mhz() * 1e6)
+        power = GaugeMetricFamily(
+            "sidecar_gpu_power_watts", "Power the GPU draws.", labels=["gpu", "name"]
+        )
+        power.add_metric(labels, self.device.power_w())
+        energy = CounterMetricFamily(
+            "sidecar_gpu_energy_joules", "Energy the GPU used.", labels=["gpu", "name"]
+        )
+        energy.add_metric(labels, self.device.energy_j())
+        yield from (clock, power, energy)
+
+
+class GatewayMetrics:
+    """Everything the gateway counts; one instance per app, each with its own registry."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "sidecar_requests",
+            "Inference requests by outcome.",
+            ["model", "priority", "client", "outcome"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "sidecar_request_duration_seconds",
+            "End-to-end latency in the sidecar (queue + Triton).",
+            ["model"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.queue_delay = Histogram(
+            "sidecar_queue_delay_seconds",
+            "Time spent in the queue.",
+            ["model"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.slo = Counter(
+            "sidecar_slo_requests",
+            "Completed requests, by whether they met their SLO.",
+            ["model", "client", "met"],
+            registry=r,
+        )
+        self.gpu_time = Counter(
+            "sidecar_gpu_time_seconds",
+            "GPU (Triton) time received.",
+            ["client", "priority", "nice"],
+            registry=r,
+        )
+        self.queue_length = Gauge("sidecar_queue_length", "Requests waiting.", ["gpu"], registry=r)
+        self.inflight = Gauge(
+            "sidecar_inflight", "Requests sent to Triton, not yet answered.", ["gpu"], registry=r
+        )
+        self.clock_set = Gauge(
+            "sidecar_gpu_clock_set_hertz",
+            "Clock the policy set (0 when left to the GPU).",
+            ["gpu"],
+            registry=r,
+        )
+        self.clock_changes = Counter(
+            "sidecar_gpu_clock_changes", "Clock changes applied.", ["gpu"], registry=r
+        )
+        self.policy = Gauge(
+            "sidecar_policy_info",
+            "The clock policy in force (1 for it).",
+            ["gpu", "policy"],
+            registry=r,
+        )
+        self._clients: set[str] = set()
+
+    def client_label(self, client_id: str) -> str:
+        if client_id in self._clients:
+            return client_id
+        if len(self._clients) < MAX_CLIENT_LABELS:
+            self._clients.add(client_id)
+            return client_id
+        return "other"
+
+    def watch_device(self, device: Device, index: str) -> None:
+        self.registry.register(DeviceCollector(device, index))
+
+    def set_policy(self, gpu: str, name: str, known: Callable[[], list[str]]) -> None:
+        for other in known():
+            self.policy.labels(gpu, other).set(1.0 if other == name else 0.0)

@@ -1,0 +1,122 @@
+"""``/admin``: see the queues and the device, change the policy, force a clock, reload a table.
+
+Every call needs ``Authorization: Bearer <token>``, the token given by ``--admin-token`` or
+``SIDECAR_ADMIN_TOKEN``; with none configured the admin API is disabled (403).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, Field
+
+from api.runtime import Runtime
+from dvfs.errors import DeviceError
+from scheduler.policies import POLICIES, FixedPolicy, make_policy
+from time2clock.table import TableError, Time2ClockTable
+
+bearer = HTTPBearer(auto_error=False, description="the sidecar's --admin-token")
+
+
+def _runtime(request: Request) -> Runtime:
+    rt: Runtime = request.app.state.runtime
+    return rt
+
+
+def require_admin(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+) -> Runtime:
+    rt = _runtime(request)
+    token = rt.config.admin_token
+    if token is None:
+        raise HTTPException(403, "admin API disabled: start the sidecar with --admin-token "
+                                 "or SIDECAR_ADMIN_TOKEN")  # fmt: skip
+    if credentials is None or not secrets.compare_digest(credentials.credentials, token):
+        raise HTTPException(
+            401,
+            "admin API needs 'Authorization: Bearer <token>'",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    return rt
+
+
+Admin = Annotated[Runtime, Depends(require_admin)]
+router = APIRouter(prefix="/admin", tags=["admin"])
+
+
+class PolicyChange(BaseModel):
+    policy: str = Field(description="one of: " + ", ".join(POLICIES))
+
+
+class ClockForce(BaseModel):
+    clock_mhz: int | None = Field(
+        description="a supported clock; null hands control back to --policy"
+    )
+
+
+class TableReload(BaseModel):
+    path: str = Field(description="a time2clock table JSON on the sidecar's machine")
+
+
+@router.get("/state")
+async def state(rt: Admin) -> dict[str, Any]:
+    """Queues, in-flight requests, clock target and reading, policy, table."""
+    assert rt.dispatcher is not None and rt.table is not None
+    snapshot = await asyncio.to_thread(rt.dispatcher.state)
+    return {**snapshot, "table": {"gpu": rt.table.gpu, "model": rt.table.model, "m": rt.table.m,
+                                  "b": rt.table.b, "r2": rt.table.r2}}  # fmt: skip
+
+
+def _swap(rt: Runtime, build: Any) -> dict[str, Any]:
+    assert rt.dispatcher is not None and rt.device is not None
+    scheduler = rt.dispatcher.scheduler
+    scheduler.set_policy(build(scheduler.table, rt.device.supported_clocks_mhz()))
+    rt.dispatcher.change_policy()
+    rt.metrics.set_policy(rt.gpu, scheduler.policy.name, lambda: [*POLICIES, "fixed"])
+    return {"policy": scheduler.policy.name, "clock_target_mhz": scheduler.clock_target_mhz}
+
+
+@router.put("/policy")
+async def change_policy(change: PolicyChange, rt: Admin) -> dict[str, Any]:
+    """Switch the clock policy now."""
+    if change.policy not in POLICIES:
+        raise HTTPException(
+            400, f"policy must be one of {', '.join(POLICIES)}, got {change.policy!r}"
+        )
+    return _swap(rt, lambda table, clocks: make_policy(change.policy, table, clocks))
+
+
+@router.put("/clock")
+async def force_clock(force: ClockForce, rt: Admin) -> dict[str, Any]:
+    """Hold one clock (the policy becomes ``fixed``); ``null`` goes back to ``--policy``."""
+    if force.clock_mhz is None:
+        return _swap(rt, lambda table, clocks: make_policy(rt.config.policy, table, clocks))
+    clock = force.clock_mhz
+    try:
+        return _swap(rt, lambda table, clocks: FixedPolicy(table, clocks, clock))
+    except ValueError as err:
+        raise HTTPException(400, str(err)) from None
+
+
+@router.post("/table")
+async def reload_table(reload: TableReload, rt: Admin) -> dict[str, Any]:
+    """Load a time2clock table and rebuild the policy on it."""
+    try:
+        table = await asyncio.to_thread(Time2ClockTable.load, Path(reload.path))
+    except TableError as err:
+        raise HTTPException(400, str(err)) from None
+    assert rt.dispatcher is not None
+    rt.table = rt.dispatcher.scheduler.table = table
+    name = rt.dispatcher.scheduler.policy.name
+    if name == "fixed":
+        name = rt.config.policy
+    try:
+        return {**_swap(rt, lambda t, clocks: make_policy(name, t, clocks)), "table": reload.path}
+    except DeviceError as err:
+        raise HTTPException(503, str(err)) from None

@@ -1,0 +1,59 @@
+"""The connection to Triton: one pooled keep-alive HTTP session; bodies pass through as bytes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import aiohttp
+
+FORWARD_HEADERS = ("content-type", "inference-header-content-length", "accept-encoding",
+                   "content-encoding")  # fmt: skip
+
+
+class UpstreamUnavailableError(Exception):
+    """Triton could not be reached or dropped the connection."""
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamResponse:
+    status: int
+    body: bytes
+    headers: dict[str, str]
+
+
+class Upstream:
+    """A Triton server at ``host:port``."""
+
+    def __init__(self, url: str, *, max_connections: int = 64, timeout_s: float = 300.0) -> None:
+        self.url = url if url.startswith("http") else f"http://{url}"
+        self._max_connections = max_connections
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._session: aiohttp.ClientSession | None = None
+
+    async def open(self) -> None:
+        connector = aiohttp.TCPConnector(limit=self._max_connections, keepalive_timeout=60)
+        self._session = aiohttp.ClientSession(
+            self.url, connector=connector, timeout=self._timeout, auto_decompress=False
+        )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def request(self, method: str, path: str, body: bytes = b"",
+                      headers: dict[str, str] | None = None) -> UpstreamResponse:  # fmt: skip
+        """Send one request; :class:`UpstreamUnavailableError` when Triton cannot be reached."""
+        if self._session is None:
+            raise UpstreamUnavailableError("the connection to Triton is closed")
+        try:
+            async with self._session.request(
+                method, path, data=body or None, headers=headers
+            ) as resp:
+                content = await resp.read()
+                out = {
+                    k.lower(): v for k, v in resp.headers.items() if k.lower() in FORWARD_HEADERS
+                }
+                return UpstreamResponse(resp.status, content, out)
+        except (aiohttp.ClientConnectionError, aiohttp.ServerTimeoutError, TimeoutError) as err:
+            raise UpstreamUnavailableError(f"Triton at {self.url} is unavailable: {err}") from err
