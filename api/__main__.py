@@ -27,8 +27,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=config.log_level.upper(), format="%(levelname)s %(name)s: %(message)s"
     )
-    uvicorn.run(create_app(config), host=config.host, port=config.port,
-                log_level=config.log_level, access_log=False)  # fmt: skip
+    uvicorn.run(
+        create_app(config),
+        host=config.host,
+        port=config.port,
+        log_level=config.log_level,
+        access_log=False,
+    )
     return 0
 
 

@@ -10,8 +10,26 @@ from prometheus_client.registry import Collector
 
 from dvfs.device import Device
 
-LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1,
-                     0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)  # fmt: skip
+LATENCY_BUCKETS_S = (
+    0.001,
+    0.0025,
+    0.005,
+    0.0075,
+    0.01,
+    0.015,
+    0.02,
+    0.03,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
 MAX_CLIENT_LABELS = 100  # beyond this, clients share the label "other" (bounded cardinality)
 
 

@@ -6,8 +6,12 @@ from dataclasses import dataclass
 
 import aiohttp
 
-FORWARD_HEADERS = ("content-type", "inference-header-content-length", "accept-encoding",
-                   "content-encoding")  # fmt: skip
+FORWARD_HEADERS = (
+    "content-type",
+    "inference-header-content-length",
+    "accept-encoding",
+    "content-encoding",
+)
 
 
 class UpstreamUnavailableError(Exception):
@@ -41,8 +45,9 @@ class Upstream:
             await self._session.close()
             self._session = None
 
-    async def request(self, method: str, path: str, body: bytes = b"",
-                      headers: dict[str, str] | None = None) -> UpstreamResponse:  # fmt: skip
+    async def request(
+        self, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None
+    ) -> UpstreamResponse:
         """Send one request; :class:`UpstreamUnavailableError` when Triton cannot be reached."""
         if self._session is None:
             raise UpstreamUnavailableError("the connection to Triton is closed")

@@ -18,10 +18,25 @@ from scheduler.simulate import SimConfig, simulate
 Row = dict[str, Any]
 
 COLUMNS = (
-    "gpu", "load", "slo_ms", "policy", "requests", "completed", "rejected", "throughput_rps",
-    "energy_per_inference_j", "vs_max", "vs_oracle", "oracle_energy_per_inference_j",
-    "p50_ms", "p99_ms", "p99_over_slo", "slo_attainment", "mean_clock_mhz", "clock_changes",
-)  # fmt: skip
+    "gpu",
+    "load",
+    "slo_ms",
+    "policy",
+    "requests",
+    "completed",
+    "rejected",
+    "throughput_rps",
+    "energy_per_inference_j",
+    "vs_max",
+    "vs_oracle",
+    "oracle_energy_per_inference_j",
+    "p50_ms",
+    "p99_ms",
+    "p99_over_slo",
+    "slo_attainment",
+    "mean_clock_mhz",
+    "clock_changes",
+)
 
 
 @dataclass(frozen=True)
@@ -94,16 +109,33 @@ def tabulate(results: Sequence[Row]) -> list[Row]:
         e = r["energy_per_inference_j"]
         oracle = r["oracle_energy_j"] / r["completed"] if r["oracle_energy_j"] else math.nan
         base = max_e.get((r["gpu"], r["load"], r["slo_ms"]), math.nan)
-        rows.append({
-            **{k: r[k] for k in ("gpu", "load", "slo_ms", "policy", "requests", "completed",
-                                 "rejected", "throughput_rps", "energy_per_inference_j",
-                                 "p50_ms", "p99_ms", "slo_attainment", "mean_clock_mhz",
-                                 "clock_changes")},
-            "vs_max": e / base,
-            "vs_oracle": e / oracle,
-            "oracle_energy_per_inference_j": oracle,
-            "p99_over_slo": r["p99_ms"] / r["slo_ms"],
-        })  # fmt: skip
+        rows.append(
+            {
+                **{
+                    k: r[k]
+                    for k in (
+                        "gpu",
+                        "load",
+                        "slo_ms",
+                        "policy",
+                        "requests",
+                        "completed",
+                        "rejected",
+                        "throughput_rps",
+                        "energy_per_inference_j",
+                        "p50_ms",
+                        "p99_ms",
+                        "slo_attainment",
+                        "mean_clock_mhz",
+                        "clock_changes",
+                    )
+                },
+                "vs_max": e / base,
+                "vs_oracle": e / oracle,
+                "oracle_energy_per_inference_j": oracle,
+                "p99_over_slo": r["p99_ms"] / r["slo_ms"],
+            }
+        )
     return rows
 
 
@@ -208,12 +240,16 @@ def tune(
         eligible = [
             (m, s) for m, s in zip(max_rows, slack_rows, strict=True) if m["p99_ms"] <= m["slo_ms"]
         ]
-        out.append({
-            "param": param,
-            "value": value,
-            "eligible": len(eligible),
-            "misses": sum(s["p99_ms"] > s["slo_ms"] for _, s in eligible),
-            "energy_vs_max": sum(s["energy_per_inference_j"] / m["energy_per_inference_j"]
-                                 for m, s in eligible) / max(1, len(eligible)),
-        })  # fmt: skip
+        out.append(
+            {
+                "param": param,
+                "value": value,
+                "eligible": len(eligible),
+                "misses": sum(s["p99_ms"] > s["slo_ms"] for _, s in eligible),
+                "energy_vs_max": sum(
+                    s["energy_per_inference_j"] / m["energy_per_inference_j"] for m, s in eligible
+                )
+                / max(1, len(eligible)),
+            }
+        )
     return out

@@ -35,8 +35,9 @@ def require_admin(
     rt = _runtime(request)
     token = rt.config.admin_token
     if token is None:
-        raise HTTPException(403, "admin API disabled: start the sidecar with --admin-token "
-                                 "or SIDECAR_ADMIN_TOKEN")  # fmt: skip
+        raise HTTPException(
+            403, "admin API disabled: start the sidecar with --admin-token or SIDECAR_ADMIN_TOKEN"
+        )
     if credentials is None or not secrets.compare_digest(credentials.credentials, token):
         raise HTTPException(
             401,
@@ -69,8 +70,16 @@ async def state(rt: Admin) -> dict[str, Any]:
     """Queues, in-flight requests, clock target and reading, policy, table."""
     assert rt.dispatcher is not None and rt.table is not None
     snapshot = await asyncio.to_thread(rt.dispatcher.state)
-    return {**snapshot, "table": {"gpu": rt.table.gpu, "model": rt.table.model, "m": rt.table.m,
-                                  "b": rt.table.b, "r2": rt.table.r2}}  # fmt: skip
+    return {
+        **snapshot,
+        "table": {
+            "gpu": rt.table.gpu,
+            "model": rt.table.model,
+            "m": rt.table.m,
+            "b": rt.table.b,
+            "r2": rt.table.r2,
+        },
+    }
 
 
 def _swap(rt: Runtime, build: Any) -> dict[str, Any]:

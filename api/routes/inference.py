@@ -52,9 +52,14 @@ async def _infer(model: str, version: str | None, request: Request) -> Response:
         headers={k: v for k in PASS_HEADERS if (v := headers.get(k)) is not None},
     )
     sched_request = SchedRequest(
-        model=model, arrival_s=arrival_s, slo_ms=hints.slo_ms or rt.config.slo_ms,
-        priority=hints.priority, nice=hints.nice, client_id=hints.client_id, payload=job,
-    )  # fmt: skip
+        model=model,
+        arrival_s=arrival_s,
+        slo_ms=hints.slo_ms or rt.config.slo_ms,
+        priority=hints.priority,
+        nice=hints.nice,
+        client_id=hints.client_id,
+        payload=job,
+    )
     assert rt.dispatcher is not None
     try:
         upstream = await rt.dispatcher.submit(sched_request)

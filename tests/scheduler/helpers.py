@@ -15,22 +15,46 @@ def make_table(
     fit = InverseLinearFit(M, B, 1.0)
     points = tuple(
         ClockPoint(
-            c, 20, fit.predict_ms(c), 0, 0, 0, 0, 0, 0,
-            energy_per_inference_j=None if energy_optimal_mhz is None
+            c,
+            20,
+            fit.predict_ms(c),
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            energy_per_inference_j=None
+            if energy_optimal_mhz is None
             else 1.0 + abs(c - energy_optimal_mhz) / 1000.0,
         )
         for c in CLOCKS
-    )  # fmt: skip
+    )
     return Time2ClockTable(
-        "gpu", "model", 0.2, concurrency, fit, points,
+        "gpu",
+        "model",
+        0.2,
+        concurrency,
+        fit,
+        points,
         tail_fits={"p99": InverseLinearFit(M, B, 1.0)},
         residual_quantiles_ms={"p90": margin_ms / 2, "p99": margin_ms},
-    )  # fmt: skip
+    )
 
 
 def make_request(
-    *, arrival_s: float = 0.0, slo_ms: float = 100.0, priority: int = 0, nice: int = 0,
+    *,
+    arrival_s: float = 0.0,
+    slo_ms: float = 100.0,
+    priority: int = 0,
+    nice: int = 0,
     client_id: str = "default",
-) -> Request:  # fmt: skip
-    return Request(model="m", arrival_s=arrival_s, slo_ms=slo_ms, priority=priority, nice=nice,
-                   client_id=client_id)  # fmt: skip
+) -> Request:
+    return Request(
+        model="m",
+        arrival_s=arrival_s,
+        slo_ms=slo_ms,
+        priority=priority,
+        nice=nice,
+        client_id=client_id,
+    )

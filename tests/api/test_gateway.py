@@ -1,0 +1,352 @@
+"""The real stack: sidecar → embedded Triton (PyTriton) → emulated GPU, driven over HTTP."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import numpy as np
+import numpy.typing as npt
+import pytest
+import tritonclient.http as httpclient
+from prometheus_client.parser import text_string_to_metric_families
+from tritonclient.utils import InferenceServerException
+
+from api.config import GatewayConfig
+from api.embedded import free_port
+from tests.api.live import LiveSidecar, embedded_config
+
+ADMIN = {"Authorization": "Bearer test-token"}
+
+
+@pytest.fixture(scope="module")
+def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveSidecar]:
+    with LiveSidecar(embedded_config(tmp_path_factory.mktemp("state"))) as sc:
+        yield sc
+
+
+def tensor(
+    values: npt.NDArray[np.float64] | npt.NDArray[np.float32], binary: bool = True
+) -> httpclient.InferInput:
+    t = httpclient.InferInput("INPUT0", list(values.shape), "FP32")
+    t.set_data_from_numpy(values.astype(np.float32), binary_data=binary)
+    return t
+
+
+def client(sc: LiveSidecar) -> httpclient.InferenceServerClient:
+    return httpclient.InferenceServerClient(sc.url, network_timeout=60.0)
+
+
+def admin(sc: LiveSidecar, method: str, path: str, body: object = None) -> httpx.Response:
+    return httpx.request(
+        method, f"http://{sc.url}/admin{path}", json=body, headers=ADMIN, timeout=30
+    )
+
+
+@pytest.fixture
+def slow_gpu(sidecar: LiveSidecar) -> Iterator[None]:
+    """Hold the simulated V100 at its lowest clock (45 ms a request) for the test."""
+    assert admin(sidecar, "PUT", "/clock", {"clock_mhz": 135}).status_code == 200
+    try:
+        yield
+    finally:
+        assert admin(sidecar, "PUT", "/clock", {"clock_mhz": None}).status_code == 200
+
+
+def test_tritonclient_json_and_binary(sidecar: LiveSidecar) -> None:
+    c = client(sidecar)
+    x = np.arange(32, dtype=np.float32).reshape(2, 16)
+    for binary in (True, False):
+        out = c.infer("simnet", [tensor(x, binary)])
+        np.testing.assert_array_equal(out.as_numpy("OUTPUT0"), 2 * x)
+    out = c.infer(
+        "simnet",
+        [tensor(x)],
+        parameters={"nice": 5, "slo_ms": 80, "client_id": "t1"},
+        headers={"x-nice": "-3"},
+    )
+    np.testing.assert_array_equal(out.as_numpy("OUTPUT0"), 2 * x)
+    out = c.infer("simnet", [tensor(x)], model_version="1")
+    np.testing.assert_array_equal(out.as_numpy("OUTPUT0"), 2 * x)
+    assert c.is_server_live() and c.is_server_ready() and c.is_model_ready("simnet")
+    assert c.get_model_metadata("simnet")["name"] == "simnet"
+    assert c.get_model_config("noop")["name"] == "noop"
+    assert "model_stats" in c.get_inference_statistics("simnet")
+
+
+def test_bodies_and_replies_pass_byte_for_byte(sidecar: LiveSidecar) -> None:
+    x = np.linspace(-1, 1, 16, dtype=np.float32).reshape(1, 16)
+    body, json_size = httpclient.InferenceServerClient.generate_request_body([tensor(x)])
+    headers = {
+        "Content-Type": "application/octet-stream",
+        "Inference-Header-Content-Length": str(json_size),
+    }
+    plain = json.dumps(
+        {
+            "inputs": [
+                {"name": "INPUT0", "shape": [1, 16], "datatype": "FP32", "data": x.ravel().tolist()}
+            ]
+        }
+    ).encode()
+    direct_url = f"http://{sidecar.runtime.triton_url}"
+    for payload, hdrs in ((body, headers), (plain, {"Content-Type": "application/json"})):
+        via = sidecar.post("/v2/models/noop/infer", content=payload, headers=hdrs)
+        direct = httpx.post(f"{direct_url}/v2/models/noop/infer", content=payload, headers=hdrs)
+        assert via.status_code == direct.status_code == 200
+        assert via.content == direct.content
+        for h in ("content-type", "inference-header-content-length"):
+            assert via.headers.get(h) == direct.headers.get(h)
+    for path in (
+        "/v2",
+        "/v2/models/simnet",
+        "/v2/models/simnet/config",
+        "/v2/models/simnet/versions/1/ready",
+    ):
+        assert sidecar.get(path).content == httpx.get(f"{direct_url}{path}").content
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"parameters": {"nice": 50}}, "nice must be in -20..19"),
+        ({"parameters": {"slo_ms": -1}}, "slo_ms must be a positive"),
+        ({"priority": 9}, "priority must be in 0..2"),
+        ({"parameters": {"client_id": ""}}, "client_id"),
+    ],
+)
+def test_bad_hints_are_400_in_the_protocol_shape(
+    sidecar: LiveSidecar, kwargs: dict[str, object], field: str
+) -> None:
+    with pytest.raises(InferenceServerException) as info:
+        client(sidecar).infer("simnet", [tensor(np.ones((1, 16)))], **kwargs)
+    assert info.value.status() == "400"
+    assert field in info.value.message()
+
+
+def test_error_cases(sidecar: LiveSidecar) -> None:
+    r = sidecar.post(
+        "/v2/models/simnet/infer", content=b"{nope", headers={"Content-Type": "application/json"}
+    )
+    assert r.status_code == 400 and "malformed request body" in r.json()["error"]
+    r = sidecar.post(
+        "/v2/models/simnet/infer", content=b"{}", headers={"Inference-Header-Content-Length": "99"}
+    )
+    assert r.status_code == 400 and "Inference-Header-Content-Length".lower() in r.json()["error"]
+    r = sidecar.post("/v2/models/ghost/infer", content=b'{"inputs": []}')
+    assert r.status_code == 404 and "ghost" in r.json()["error"]
+    r = sidecar.get("/v2/models/ghost")
+    assert r.status_code == 404 and "error" in r.json()
+    r = sidecar.get("/v2/models/simnet/bogus")
+    assert r.status_code == 404 and "error" in r.json()
+    # Triton's own complaint about the tensors comes back as Triton sent it.
+    r = sidecar.post("/v2/models/simnet/infer", content=b'{"inputs": []}')
+    assert r.status_code == 400 and "error" in r.json()
+
+
+def test_full_queue_is_429_and_every_accepted_request_is_answered(
+    sidecar: LiveSidecar, slow_gpu: None
+) -> None:
+    body = json.dumps(
+        {"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "FP32", "data": [1.0] * 16}]}
+    ).encode()
+
+    def send(_: int) -> httpx.Response:
+        return sidecar.post("/v2/models/simnet/infer", content=body)
+
+    with ThreadPoolExecutor(30) as pool:
+        replies = list(pool.map(send, range(30)))
+    codes = [r.status_code for r in replies]
+    assert set(codes) <= {200, 429}
+    assert codes.count(429) > 0 and codes.count(200) >= 8
+    for r in replies:
+        if r.status_code == 429:
+            assert r.headers["retry-after"] == "1" and "retry later" in r.json()["error"]
+        else:
+            assert r.json()["outputs"][0]["data"] == [2.0] * 16
+
+
+def test_priority_one_overtakes_the_queue(sidecar: LiveSidecar, slow_gpu: None) -> None:
+    x = np.ones((1, 16), dtype=np.float32)
+    finished: list[tuple[float, str]] = []
+    lock = threading.Lock()
+    clients = [client(sidecar) for _ in range(9)]
+    go = threading.Barrier(8)
+
+    def send(i: int, name: str, priority: int) -> None:
+        if priority == 2:
+            go.wait()
+        clients[i].infer("simnet", [tensor(x)], priority=priority, parameters={"client_id": name})
+        with lock:
+            finished.append((time.monotonic(), name))
+
+    bulk = [threading.Thread(target=send, args=(i, f"bulk{i}", 2)) for i in range(8)]
+    for t in bulk:
+        t.start()
+    deadline = time.monotonic() + 10
+    while admin(sidecar, "GET", "/state").json()["queue_length"] < 4:
+        assert time.monotonic() < deadline, "the bulk requests never queued up"
+        time.sleep(0.005)
+    vip = threading.Thread(target=send, args=(8, "vip", 1))
+    vip.start()
+    for t in [*bulk, vip]:
+        t.join(30)
+    order = [name for _, name in sorted(finished)]
+    # At least four bulk requests were waiting when the VIP came; it goes before all of them,
+    # so at least three finish after it (one may finish alongside it in the other lane).
+    assert len(order) == 9 and len(order) - 1 - order.index("vip") >= 3
+
+
+def test_metrics(sidecar: LiveSidecar) -> None:
+    client(sidecar).infer("simnet", [tensor(np.ones((1, 16)))], parameters={"client_id": "m1"})
+    text = sidecar.get("/metrics").text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    for name in (
+        "sidecar_requests",
+        "sidecar_request_duration_seconds",
+        "sidecar_queue_delay_seconds",
+        "sidecar_slo_requests",
+        "sidecar_gpu_time_seconds",
+        "sidecar_queue_length",
+        "sidecar_inflight",
+        "sidecar_gpu_clock_set_hertz",
+        "sidecar_gpu_clock_hertz",
+        "sidecar_gpu_power_watts",
+        "sidecar_gpu_energy_joules",
+        "sidecar_gpu_clock_changes",
+        "sidecar_policy_info",
+    ):
+        assert name in families, name
+    ok = [
+        s
+        for s in families["sidecar_requests"].samples
+        if s.labels.get("client") == "m1" and s.labels.get("outcome") == "ok"
+    ]
+    assert ok and ok[0].value >= 1
+    policy = {s.labels["policy"]: s.value for s in families["sidecar_policy_info"].samples}
+    assert policy["slack"] == 1.0 and policy["max"] == 0.0
+    energy = families["sidecar_gpu_energy_joules"].samples[0].value
+    assert energy > 0
+    assert families["sidecar_gpu_clock_hertz"].samples[0].value >= 135e6
+
+
+def test_admin(sidecar: LiveSidecar) -> None:
+    assert sidecar.get("/admin/state").status_code == 401
+    assert sidecar.get("/admin/state", headers={"Authorization": "Bearer nope"}).status_code == 401
+    state = admin(sidecar, "GET", "/state").json()
+    assert state["policy"] == "slack" and state["max_inflight"] == 2 and "table" in state
+    try:
+        assert admin(sidecar, "PUT", "/policy", {"policy": "warp"}).status_code == 400
+        r = admin(sidecar, "PUT", "/policy", {"policy": "max"})
+        assert r.json() == {"policy": "max", "clock_target_mhz": 1530}
+        deadline = time.monotonic() + 5
+        while admin(sidecar, "GET", "/state").json()["clock_mhz"] != 1530:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        r = admin(sidecar, "PUT", "/clock", {"clock_mhz": 777})
+        assert r.status_code == 400 and "not a supported clock" in r.json()["error"]
+        assert admin(sidecar, "PUT", "/clock", {"clock_mhz": 990}).json()["policy"] == "fixed"
+        r = admin(sidecar, "POST", "/table", {"path": "/nonexistent.json"})
+        assert r.status_code == 400 and "no time2clock table" in r.json()["error"]
+        cached = next(Path(sidecar.config.state_dir, "tables").glob("*.json"))
+        r = admin(sidecar, "POST", "/table", {"path": str(cached)})
+        assert r.status_code == 200 and r.json()["policy"] == "slack"
+    finally:
+        admin(sidecar, "PUT", "/clock", {"clock_mhz": None})
+        admin(sidecar, "PUT", "/policy", {"policy": "slack"})
+    schema = sidecar.get("/openapi.json").json()
+    assert "/admin/state" in schema["paths"] and "HTTPBearer" in json.dumps(schema["components"])
+
+
+def test_slack_moves_the_clock_with_the_queue(sidecar: LiveSidecar) -> None:
+    floor = admin(sidecar, "GET", "/state").json()["clock_target_mhz"]
+    seen: list[int] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            seen.append(admin(sidecar, "GET", "/state").json()["clock_target_mhz"])
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    x = np.ones((1, 16), dtype=np.float32)
+    with ThreadPoolExecutor(7) as pool:  # 7 at once, 40 ms SLO: the queue needs a faster clock
+        list(
+            pool.map(
+                lambda _: client(sidecar).infer("simnet", [tensor(x)], parameters={"slo_ms": 40}),
+                range(7),
+            )
+        )
+    time.sleep(0.3)  # longer than the 50 ms hold: back down
+    stop.set()
+    watcher.join()
+    assert max(seen) > floor
+    assert seen[-1] == floor
+
+
+def test_triton_down_is_503_and_admin_can_be_disabled(tmp_path: Path) -> None:
+    dead = f"127.0.0.1:{free_port()}"
+    cfg = GatewayConfig(triton_url=dead, device="sim:v100", policy="max", state_dir=tmp_path)
+    with LiveSidecar(cfg) as sc:
+        r = sc.post("/v2/models/simnet/infer", content=b'{"inputs": []}')
+        assert r.status_code == 503 and "unavailable" in r.json()["error"]
+        assert sc.get("/v2/health/ready").status_code == 503
+        assert sc.get("/v2/health/live").status_code == 200
+        r = sc.get("/admin/state")
+        assert r.status_code == 403 and "admin API disabled" in r.json()["error"]
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "api",
+            "serve",
+            "--triton-url",
+            dead,
+            "--device",
+            "sim:v100",
+            "--policy",
+            "slack",
+            "--port",
+            str(free_port()),
+            "--state-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode != 0 and "needs a time2clock table" in proc.stderr
+    proc = subprocess.run(
+        [sys.executable, "-m", "api", "serve", "--policy", "warp"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "--policy must be one of" in proc.stderr
+
+
+def test_nothing_is_left_running(tmp_path: Path) -> None:
+    with LiveSidecar(embedded_config(tmp_path)) as sc:
+        assert sc.runtime.embedded is not None
+        proc = sc.runtime.embedded._proc
+        assert proc is not None and proc.pid is not None
+        pid, port = proc.pid, sc.runtime.embedded.ports.http
+    assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmd = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            assert f"--http-port={port}".encode() not in cmd, (
+                f"tritonserver left running: {entry.name}"
+            )
+    assert os.getpid()

@@ -1,0 +1,78 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from api.hints import BadRequestError, Hints, json_header, parse_hints
+
+
+def body(params: dict[str, object] | None = None) -> bytes:
+    req: dict[str, object] = {"inputs": []}
+    if params is not None:
+        req["parameters"] = params
+    return json.dumps(req).encode()
+
+
+def test_defaults_and_parameters() -> None:
+    assert parse_hints(json_header(body(), {}), {}, 2) == Hints()
+    hints = parse_hints(
+        json_header(
+            body(
+                {"priority": 1, "timeout": 5000, "nice": -5, "slo_ms": 30, "client_id": "tenant-a"}
+            ),
+            {},
+        ),
+        {},
+        2,
+    )
+    assert hints == Hints(priority=1, timeout_us=5000, nice=-5, slo_ms=30.0, client_id="tenant-a")
+
+
+def test_headers_are_a_fallback_and_parameters_win() -> None:
+    headers = {"x-nice": "7", "x-slo-ms": "12.5", "x-client-id": "b"}
+    assert parse_hints(json_header(body(), {}), headers, 2) == Hints(
+        nice=7, slo_ms=12.5, client_id="b"
+    )
+    assert parse_hints(json_header(body({"nice": 1}), {}), headers, 2).nice == 1
+
+
+def test_binary_requests_read_only_the_json_header() -> None:
+    header = body({"nice": 3})
+    raw = header + b"\x00\x01\xff" * 20  # tensor bytes that are not JSON
+    hints = parse_hints(
+        json_header(raw, {"inference-header-content-length": str(len(header))}), {}, 2
+    )
+    assert hints.nice == 3
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"nice": 50}, r"nice must be in -20\.\.19, got 50"),
+        ({"nice": "x"}, "nice must be an integer"),
+        ({"nice": True}, "nice must be an integer"),
+        ({"priority": 3}, r"priority must be in 0\.\.2, got 3"),
+        ({"slo_ms": -1}, "slo_ms must be a positive number"),
+        ({"slo_ms": "inf"}, "slo_ms must be a positive number"),
+        ({"timeout": -5}, "timeout must be in >= 0"),
+        ({"client_id": ""}, "client_id must be a string"),
+        ({"client_id": 7}, "client_id must be a string"),
+    ],
+)
+def test_bad_hints_name_the_field_and_range(params: dict[str, object], message: str) -> None:
+    with pytest.raises(BadRequestError, match=message):
+        parse_hints(json_header(body(params), {}), {}, 2)
+
+
+def test_malformed_bodies() -> None:
+    with pytest.raises(BadRequestError, match="malformed request body"):
+        json_header(b"{not json", {})
+    with pytest.raises(BadRequestError, match="expected a JSON object"):
+        json_header(b"[1, 2]", {})
+    with pytest.raises(BadRequestError, match="is 99 but the body has 2 bytes"):
+        json_header(b"{}", {"inference-header-content-length": "99"})
+    with pytest.raises(BadRequestError, match="must be an integer"):
+        json_header(b"{}", {"inference-header-content-length": "two"})
+    with pytest.raises(BadRequestError, match="parameters must be a JSON object"):
+        parse_hints({"parameters": [1]}, {}, 2)
