@@ -39,8 +39,8 @@ class GatewayConfig:
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ValueError(f"--policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
-        if not 0 < self.port < 65536:
-            raise ValueError(f"--port must be in 1..65535, got {self.port}")
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"--port must be in 0..65535 (0: any free port), got {self.port}")
         if self.slo_ms <= 0:
             raise ValueError(f"--slo-ms must be > 0, got {self.slo_ms}")
         if self.max_inflight < 1 or self.max_queue < 1:
