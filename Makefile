@@ -26,8 +26,8 @@ test: lint typecheck
 	$(BIN)/pytest
 
 demo: setup
-	$(BIN)/python -m time2clock profile --device sim:titanrtx --requests-per-clock 20 -o $(OUT)/demo/profile
-	$(BIN)/python -m scheduler compare --gpus v100,rtx3090,titanrtx --loads 0.2,0.5 --slo-multipliers 3,5 --duration-s 30 -o $(OUT)/demo/compare
+	$(BIN)/python -m loadgen.demo -o $(OUT)/demo
+	@echo "Longer runs and other GPUs, in the simulator (about 20 s): make compare"
 
 compare: setup
 	$(BIN)/python -m scheduler compare -o $(OUT)/compare

@@ -1,0 +1,178 @@
+"""Send load: closed loop (a fixed number in flight) or open loop (requests leave on schedule).
+
+Open loop really is open: each request leaves at its scheduled time as its own task, whether or
+not earlier ones have returned. Everything runs on one asyncio loop over one pooled aiohttp
+session, so the generator costs tens of microseconds per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import aiohttp
+import numpy as np
+import numpy.typing as npt
+import tritonclient.http as httpclient
+
+from loadgen.classes import RequestClass
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One request: when it left and returned (monotonic seconds), its class, its status."""
+
+    start_s: float
+    end_s: float
+    klass: int
+    status: int
+
+    @property
+    def latency_s(self) -> float:
+        return self.end_s - self.start_s
+
+
+@dataclass(frozen=True)
+class Payload:
+    """A ready-to-send request body for one class."""
+
+    body: bytes
+    headers: dict[str, str]
+
+
+def build_payloads(
+    classes: Sequence[RequestClass],
+    *,
+    input_name: str,
+    datatype: str,
+    data: npt.NDArray[np.generic],
+) -> list[Payload]:
+    """Binary-tensor bodies, one per class, with the class's hints in their parameters."""
+    out = []
+    for c in classes:
+        tensor = httpclient.InferInput(input_name, list(data.shape), datatype)
+        tensor.set_data_from_numpy(data)
+        body, json_size = httpclient.InferenceServerClient.generate_request_body(
+            [tensor], priority=c.priority, parameters=c.parameters()
+        )
+        headers = {"Content-Type": "application/octet-stream"}
+        if json_size is not None:
+            headers["Inference-Header-Content-Length"] = str(json_size)
+        out.append(Payload(body, headers))
+    return out
+
+
+@dataclass
+class Target:
+    """Where requests go and what they carry."""
+
+    url: str
+    model: str
+    payloads: list[Payload]
+    shares: list[float]
+    version: str | None = None
+
+    @property
+    def path(self) -> str:
+        if self.version:
+            return f"/v2/models/{self.model}/versions/{self.version}/infer"
+        return f"/v2/models/{self.model}/infer"
+
+
+@dataclass
+class Recorder:
+    samples: list[Sample] = field(default_factory=list)
+    errors: dict[int, int] = field(default_factory=dict)
+
+    def add(self, s: Sample) -> None:
+        self.samples.append(s)
+        if s.status != 200:
+            self.errors[s.status] = self.errors.get(s.status, 0) + 1
+
+
+def new_session(limit: int = 0) -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=limit, keepalive_timeout=60),
+        timeout=aiohttp.ClientTimeout(total=120),
+    )
+
+
+async def _send(session: aiohttp.ClientSession, target: Target, klass: int, rec: Recorder) -> None:
+    payload = target.payloads[klass]
+    start = time.monotonic()
+    try:
+        async with session.post(
+            f"http://{target.url}{target.path}", data=payload.body, headers=payload.headers
+        ) as resp:
+            await resp.read()
+            status = resp.status
+    except (aiohttp.ClientError, TimeoutError):
+        status = 0
+    rec.add(Sample(start, time.monotonic(), klass, status))
+
+
+def class_sequence(target: Target, n: int, rng: np.random.Generator) -> list[int]:
+    if len(target.shares) == 1:
+        return [0] * n
+    return [int(k) for k in rng.choice(len(target.shares), size=n, p=target.shares)]
+
+
+async def closed_loop(
+    session: aiohttp.ClientSession,
+    target: Target,
+    concurrency: int,
+    stop_at_s: float,
+    rec: Recorder,
+    rng: np.random.Generator,
+) -> None:
+    """``concurrency`` workers, each sending its next request when the last one returns."""
+    classes = iter(class_sequence(target, 10_000_000, rng)) if len(target.shares) > 1 else None
+
+    async def worker() -> None:
+        while time.monotonic() < stop_at_s:
+            await _send(session, target, next(classes) if classes else 0, rec)
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+
+def schedule(
+    rate_rps: float, duration_s: float, distribution: str, rng: np.random.Generator
+) -> npt.NDArray[np.float64]:
+    """Send times (s from the start): ``constant`` spacing or ``poisson`` (exponential gaps)."""
+    if rate_rps <= 0:
+        raise ValueError(f"request rate must be > 0, got {rate_rps}")
+    n = max(1, int(rate_rps * duration_s * 1.5) + 10)
+    if distribution == "constant":
+        times = np.arange(n) / rate_rps
+    elif distribution == "poisson":
+        times = np.cumsum(rng.exponential(1.0 / rate_rps, n))
+    else:
+        raise ValueError(f"request distribution must be constant or poisson, got {distribution!r}")
+    return times[times < duration_s]
+
+
+async def open_loop(
+    session: aiohttp.ClientSession,
+    target: Target,
+    send_times_s: Sequence[float] | npt.NDArray[np.float64],
+    rec: Recorder,
+    rng: np.random.Generator,
+    on_tick: Callable[[int], None] | None = None,
+) -> float:
+    """Send at the scheduled times; wait for every reply. Returns the span the sends took."""
+    classes = class_sequence(target, len(send_times_s), rng)
+    start = time.monotonic()
+    tasks: list[asyncio.Task[None]] = []
+    for i, at in enumerate(send_times_s):
+        delay = start + float(at) - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(_send(session, target, classes[i], rec)))
+        if on_tick is not None:
+            on_tick(i + 1)
+    span = time.monotonic() - start
+    if tasks:
+        await asyncio.gather(*tasks)
+    return span

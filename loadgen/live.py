@@ -1,0 +1,186 @@
+"""The same load through each clock policy on the live stack: energy, tail latency, clock.
+
+Starts the embedded default (real Triton, simulated GPU, sidecar) once, then for each policy:
+switch it through the admin API, send the same seeded Poisson arrivals open-loop, and read the
+GPU's energy counter and clock from the sidecar's /metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import math
+import secrets
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+
+from api.config import GatewayConfig
+from api.embedded import INPUT_WIDTH, SIMNET
+from api.server import SidecarServer
+from loadgen.classes import RequestClass
+from loadgen.engine import Recorder, Target, build_payloads, new_session, open_loop, schedule
+from loadgen.metrics import ClockSampler, energy_j, scrape
+
+
+@dataclass(frozen=True)
+class PolicyRun:
+    policy: str
+    rate_rps: float
+    achieved_rps: float
+    sent: int
+    completed: int
+    refused: int
+    throughput_rps: float
+    p50_ms: float
+    p99_ms: float
+    slo_ms: float
+    slo_attainment: float
+    energy_j: float
+    energy_per_inference_j: float
+    mean_clock_mhz: float
+    clocks_seen: int
+
+
+def percentile_ms(latencies_s: Sequence[float], q: float) -> float:
+    return (
+        float(np.percentile(np.asarray(latencies_s) * 1000.0, q)) if len(latencies_s) else math.nan
+    )
+
+
+async def _run_one(
+    session: aiohttp.ClientSession,
+    sidecar_url: str,
+    token: str,
+    policy: str,
+    target: Target,
+    send_times: Sequence[float],
+    rate_rps: float,
+    slo_ms: float,
+    seed: int,
+    progress: Callable[[int], None] | None,
+) -> PolicyRun:
+    headers = {"Authorization": f"Bearer {token}"}
+    async with session.put(
+        f"http://{sidecar_url}/admin/policy", json={"policy": policy}, headers=headers
+    ) as resp:
+        resp.raise_for_status()
+    await asyncio.sleep(0.5)  # let the clock settle
+    metrics_url = f"http://{sidecar_url}/metrics"
+    before = energy_j(await scrape(session, metrics_url)) or 0.0
+    clock = ClockSampler(session, metrics_url)
+    clock.start()
+    rec = Recorder()
+    started = time.monotonic()
+    span = await open_loop(session, target, send_times, rec, np.random.default_rng(seed), progress)
+    elapsed = time.monotonic() - started
+    await clock.stop()
+    after = energy_j(await scrape(session, metrics_url)) or 0.0
+    ok = [s for s in rec.samples if s.status == 200]
+    lat = [s.latency_s for s in ok]
+    met = sum(s.latency_s * 1000.0 <= slo_ms for s in ok)
+    joules = after - before
+    return PolicyRun(
+        policy=policy,
+        rate_rps=rate_rps,
+        achieved_rps=len(rec.samples) / max(span, 1e-9),
+        sent=len(rec.samples),
+        completed=len(ok),
+        refused=sum(n for code, n in rec.errors.items() if code == 429),
+        throughput_rps=len(ok) / elapsed,
+        p50_ms=percentile_ms(lat, 50),
+        p99_ms=percentile_ms(lat, 99),
+        slo_ms=slo_ms,
+        slo_attainment=met / len(ok) if ok else math.nan,
+        energy_j=joules,
+        energy_per_inference_j=joules / len(ok) if ok else math.nan,
+        mean_clock_mhz=clock.mean_mhz or math.nan,
+        clocks_seen=len(clock.distinct_mhz),
+    )
+
+
+def compare_live(
+    *,
+    policies: Sequence[str] = ("max", "seed", "slack"),
+    rate_rps: float = 40.0,
+    duration_s: float = 20.0,
+    slo_ms: float = 40.0,
+    seed: int = 0,
+    config: GatewayConfig | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> list[PolicyRun]:
+    """Start the embedded stack and run the same arrivals under each policy."""
+    token = secrets.token_urlsafe(16)
+    cfg = replace(config or GatewayConfig(), port=0, admin_token=token, slo_ms=slo_ms)
+    send_times = list(schedule(rate_rps, duration_s, "poisson", np.random.default_rng(seed)))
+    classes = [RequestClass("demo", slo_ms=slo_ms)]
+    data = np.ones((1, INPUT_WIDTH), dtype=np.float32)
+
+    with SidecarServer(cfg) as sc:
+
+        async def main() -> list[PolicyRun]:
+            payloads = build_payloads(classes, input_name="INPUT0", datatype="FP32", data=data)
+            target = Target(sc.url, SIMNET, payloads, [1.0])
+            async with new_session() as session:
+                runs = []
+                for policy in policies:
+                    tick = None
+                    if progress is not None:
+                        tick = lambda n, p=policy: progress(p, n, len(send_times))  # noqa: E731
+                    runs.append(
+                        await _run_one(
+                            session,
+                            sc.url,
+                            token,
+                            policy,
+                            target,
+                            send_times,
+                            rate_rps,
+                            slo_ms,
+                            seed,
+                            tick,
+                        )
+                    )
+                return runs
+
+        return asyncio.run(main())
+
+
+def write_csv(runs: Sequence[PolicyRun], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(asdict(runs[0])))
+        writer.writeheader()
+        for r in runs:
+            writer.writerow(asdict(r))
+
+
+def plot(runs: Sequence[PolicyRun], path: Path) -> Path:
+    """Joules per inference and p99 against the SLO, per policy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [r.policy for r in runs]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    left.bar(
+        names, [r.energy_per_inference_j for r in runs], color=[f"C{i}" for i in range(len(runs))]
+    )
+    left.set_ylabel("energy per inference (J)")
+    left.set_title("energy (lower is better)")
+    right.bar(names, [r.p99_ms for r in runs], color=[f"C{i}" for i in range(len(runs))])
+    right.axhline(runs[0].slo_ms, color="red", linestyle="--", label=f"SLO {runs[0].slo_ms:g} ms")
+    right.set_ylabel("p99 latency (ms)")
+    right.set_title("tail latency against the SLO")
+    right.legend()
+    fig.suptitle(f"live stack: {runs[0].rate_rps:.0f} req/s Poisson, same arrivals for each policy")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

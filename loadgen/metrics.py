@@ -1,0 +1,92 @@
+"""What the server side says: the sidecar's /metrics (energy, clock) and Triton's model stats."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+# Joules: the sidecar's counter, or Triton's own GPU counter when pointed at a Triton with a GPU.
+ENERGY_METRICS = ("sidecar_gpu_energy_joules", "nv_energy_consumption")
+CLOCK_METRICS = ("sidecar_gpu_clock_hertz",)
+
+
+def scrape_values(text: str) -> dict[str, float]:
+    """Sum of each counter/gauge's samples by family name (our metrics have one GPU per process)."""
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name in (family.name, family.name + "_total"):
+                out[family.name] = out.get(family.name, 0.0) + s.value
+    return out
+
+
+async def scrape(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
+    async with session.get(url) as resp:
+        resp.raise_for_status()
+        return scrape_values(await resp.text())
+
+
+def energy_j(values: dict[str, float]) -> float | None:
+    for name in ENERGY_METRICS:
+        if name in values:
+            return values[name]
+    return None
+
+
+@dataclass
+class ClockSampler:
+    """Samples the GPU clock from /metrics every ``period_s`` while a measurement runs."""
+
+    session: aiohttp.ClientSession
+    url: str
+    period_s: float = 0.05
+    values_hz: list[float] = field(default_factory=list)
+    _task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        while True:
+            with contextlib.suppress(aiohttp.ClientError, ValueError):
+                values = await scrape(self.session, self.url)
+                for name in CLOCK_METRICS:
+                    if name in values:
+                        self.values_hz.append(values[name])
+            await asyncio.sleep(self.period_s)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    @property
+    def mean_mhz(self) -> float | None:
+        return sum(self.values_hz) / len(self.values_hz) / 1e6 if self.values_hz else None
+
+    @property
+    def distinct_mhz(self) -> list[int]:
+        return sorted({round(v / 1e6) for v in self.values_hz})
+
+
+async def model_stats(session: aiohttp.ClientSession, url: str, model: str) -> dict[str, float]:
+    """Triton's cumulative inference statistics (counts and ns) for ``model``."""
+    async with session.get(f"http://{url}/v2/models/{model}/stats") as resp:
+        resp.raise_for_status()
+        data = await resp.json()
+    out: dict[str, float] = {}
+    for entry in data.get("model_stats", []):
+        stats = entry.get("inference_stats", {})
+        for key in ("success", "queue", "compute_input", "compute_infer", "compute_output"):
+            part = stats.get(key, {})
+            out[f"{key}_count"] = out.get(f"{key}_count", 0.0) + float(part.get("count", 0))
+            out[f"{key}_ns"] = out.get(f"{key}_ns", 0.0) + float(part.get("ns", 0))
+        out["inference_count"] = out.get("inference_count", 0.0) + float(
+            entry.get("inference_count", 0)
+        )
+    return out
