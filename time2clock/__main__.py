@@ -92,7 +92,13 @@ def _cmd_profile(args: argparse.Namespace, console: Console) -> int:
         if not args.model:
             raise TableError("--model is required with --triton-url")
         device = open_device(args.device, seed=args.seed)
-        measurer = TritonMeasurer(args.triton_url, args.model, shape=args.shape)
+        measurer = TritonMeasurer(
+            args.triton_url,
+            args.model,
+            input_name=args.input_name,
+            shape=args.shape,
+            datatype=args.datatype,
+        )
         gpu, model = device.identity.name, args.model
     clocks = select_clocks(device.supported_clocks_mhz(), args.clocks)
     with Progress(
@@ -175,8 +181,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--shape",
         type=lambda s: [int(d) for d in s.split(",")],
         default=[1, 16],
-        help="input shape, comma-separated (1,16)",
+        help="input shape including the batch dimension, comma-separated (1,16)",
     )
+    p.add_argument("--input-name", default="INPUT0", help="the model's input tensor (INPUT0)")
+    p.add_argument("--datatype", default="FP32", help="its Triton datatype (FP32, FP16, INT8, ...)")
     p.add_argument("--requests-per-clock", type=int, default=10)
     p.add_argument("--concurrency", type=int, default=2)
     p.add_argument("--clocks", type=int, default=None, help="how many clocks (default: every one)")

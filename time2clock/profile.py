@@ -87,8 +87,9 @@ class TritonMeasurer:
 
     def measure(self, requests: int, concurrency: int) -> list[float]:
         import tritonclient.http as httpclient
+        from tritonclient.utils import triton_to_np_dtype
 
-        data = np.zeros(self.shape, dtype=np.float32)
+        data = np.zeros(self.shape, dtype=triton_to_np_dtype(self.datatype))
         latencies: list[float] = []
         errors: list[BaseException] = []
         lock = threading.Lock()
