@@ -36,8 +36,14 @@ class Upstream:
 
     async def open(self) -> None:
         connector = aiohttp.TCPConnector(limit=self._max_connections, keepalive_timeout=60)
+        # No Accept-Encoding of aiohttp's own: only the client's is forwarded, so a client that
+        # did not ask for compression never gets a compressed body.
         self._session = aiohttp.ClientSession(
-            self.url, connector=connector, timeout=self._timeout, auto_decompress=False
+            self.url,
+            connector=connector,
+            timeout=self._timeout,
+            auto_decompress=False,
+            skip_auto_headers=("Accept-Encoding", "User-Agent"),
         )
 
     async def close(self) -> None:

@@ -9,11 +9,11 @@ from __future__ import annotations
 import asyncio
 import secrets
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from api.runtime import Runtime
 from dvfs.errors import DeviceError
@@ -65,6 +65,19 @@ class TableReload(BaseModel):
     path: str = Field(description="a time2clock table JSON on the sidecar's machine")
 
 
+BodyT = TypeVar("BodyT", bound=BaseModel)
+
+
+def _body_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """Document a JSON body that the route reads itself."""
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": model.model_json_schema()}},
+        }
+    }
+
+
 @router.get("/state")
 async def state(rt: Admin) -> dict[str, Any]:
     """Queues, in-flight requests, clock target and reading, policy, table."""
@@ -91,9 +104,21 @@ def _swap(rt: Runtime, build: Any) -> dict[str, Any]:
     return {"policy": scheduler.policy.name, "clock_target_mhz": scheduler.clock_target_mhz}
 
 
-@router.put("/policy")
-async def change_policy(change: PolicyChange, rt: Admin) -> dict[str, Any]:
+async def _json(request: Request, model: type[BodyT]) -> BodyT:
+    """The body as JSON whatever its Content-Type says (curl -d sends a form type)."""
+    try:
+        return model.model_validate_json(await request.body())
+    except ValidationError as err:
+        problems = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in err.errors()
+        )
+        raise HTTPException(400, problems) from None
+
+
+@router.put("/policy", openapi_extra=_body_schema(PolicyChange))
+async def change_policy(request: Request, rt: Admin) -> dict[str, Any]:
     """Switch the clock policy now."""
+    change = await _json(request, PolicyChange)
     if change.policy not in POLICIES:
         raise HTTPException(
             400, f"policy must be one of {', '.join(POLICIES)}, got {change.policy!r}"
@@ -101,9 +126,10 @@ async def change_policy(change: PolicyChange, rt: Admin) -> dict[str, Any]:
     return _swap(rt, lambda table, clocks: make_policy(change.policy, table, clocks))
 
 
-@router.put("/clock")
-async def force_clock(force: ClockForce, rt: Admin) -> dict[str, Any]:
+@router.put("/clock", openapi_extra=_body_schema(ClockForce))
+async def force_clock(request: Request, rt: Admin) -> dict[str, Any]:
     """Hold one clock (the policy becomes ``fixed``); ``null`` goes back to ``--policy``."""
+    force = await _json(request, ClockForce)
     if force.clock_mhz is None:
         return _swap(rt, lambda table, clocks: make_policy(rt.config.policy, table, clocks))
     clock = force.clock_mhz
@@ -113,9 +139,10 @@ async def force_clock(force: ClockForce, rt: Admin) -> dict[str, Any]:
         raise HTTPException(400, str(err)) from None
 
 
-@router.post("/table")
-async def reload_table(reload: TableReload, rt: Admin) -> dict[str, Any]:
+@router.post("/table", openapi_extra=_body_schema(TableReload))
+async def reload_table(request: Request, rt: Admin) -> dict[str, Any]:
     """Load a time2clock table and rebuild the policy on it."""
+    reload = await _json(request, TableReload)
     try:
         table = await asyncio.to_thread(Time2ClockTable.load, Path(reload.path))
     except TableError as err:

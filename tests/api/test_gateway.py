@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gzip
+import http.client
 import json
 import os
 import subprocess
@@ -104,6 +106,23 @@ def test_bodies_and_replies_pass_byte_for_byte(sidecar: LiveSidecar) -> None:
         assert via.content == direct.content
         for h in ("content-type", "inference-header-content-length"):
             assert via.headers.get(h) == direct.headers.get(h)
+    # A client that asks for no compression gets none (and one that asks gets Triton's gzip).
+    for accept in (None, "gzip"):
+        replies = []
+        for url in (sidecar.url, sidecar.runtime.triton_url):
+            conn = http.client.HTTPConnection(url, timeout=30)
+            hdrs = {"Content-Type": "application/json"} | (
+                {"Accept-Encoding": accept} if accept else {}
+            )
+            conn.request("POST", "/v2/models/noop/infer", body=plain, headers=hdrs)
+            resp = conn.getresponse()
+            replies.append((resp.status, resp.getheader("Content-Encoding"), resp.read()))
+            conn.close()
+        assert replies[0] == replies[1]
+        if accept is None:
+            assert json.loads(replies[0][2])["outputs"][0]["name"] == "OUTPUT0"
+        else:
+            assert replies[0][1] == "gzip" and gzip.decompress(replies[0][2]).startswith(b"{")
     for path in (
         "/v2",
         "/v2/models/simnet",
@@ -240,6 +259,15 @@ def test_metrics(sidecar: LiveSidecar) -> None:
 def test_admin(sidecar: LiveSidecar) -> None:
     assert sidecar.get("/admin/state").status_code == 401
     assert sidecar.get("/admin/state", headers={"Authorization": "Bearer nope"}).status_code == 401
+    # curl -d sends a form Content-Type; the body is read as JSON all the same.
+    r = httpx.put(
+        f"http://{sidecar.url}/admin/clock",
+        content=b'{"clock_mhz": null}',
+        headers={**ADMIN, "Content-Type": "application/x-www-form-urlencoded"},
+    )
+    assert r.status_code == 200 and r.json()["policy"] == "slack"
+    r = admin(sidecar, "PUT", "/policy", {"nope": 1})
+    assert r.status_code == 400 and "policy" in r.json()["error"]
     state = admin(sidecar, "GET", "/state").json()
     assert state["policy"] == "slack" and state["max_inflight"] == 2 and "table" in state
     try:
