@@ -111,10 +111,12 @@ def test_bodies_and_replies_pass_byte_for_byte(sidecar: LiveSidecar) -> None:
         replies = []
         for url in (sidecar.url, sidecar.runtime.triton_url):
             conn = http.client.HTTPConnection(url, timeout=30)
-            hdrs = {"Content-Type": "application/json"} | (
-                {"Accept-Encoding": accept} if accept else {}
-            )
-            conn.request("POST", "/v2/models/noop/infer", body=plain, headers=hdrs)
+            # Like curl: no Accept-Encoding at all (http.client would otherwise add "identity").
+            conn.putrequest("POST", "/v2/models/noop/infer", skip_accept_encoding=True)
+            hdrs = {"Content-Type": "application/json", "Content-Length": str(len(plain))}
+            for name, value in (hdrs | ({"Accept-Encoding": accept} if accept else {})).items():
+                conn.putheader(name, value)
+            conn.endheaders(plain)
             resp = conn.getresponse()
             replies.append((resp.status, resp.getheader("Content-Encoding"), resp.read()))
             conn.close()
