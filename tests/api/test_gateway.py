@@ -380,3 +380,28 @@ def test_nothing_is_left_running(tmp_path: Path) -> None:
                 f"tritonserver left running: {entry.name}"
             )
     assert os.getpid()
+
+
+def test_timeout_expired_in_the_queue_is_503(sidecar: LiveSidecar, slow_gpu: None) -> None:
+    x = np.ones((1, 16), dtype=np.float32)
+    clients = [client(sidecar) for _ in range(4)]
+    go = threading.Barrier(4)
+    outcomes: list[str] = []
+
+    def send(i: int) -> None:
+        go.wait()
+        if i == 3:
+            time.sleep(0.01)  # behind the other three, with a 1 ms timeout
+        try:
+            clients[i].infer("simnet", [tensor(x)], timeout=1000 if i == 3 else None)
+            outcomes.append(f"{i}:ok")
+        except InferenceServerException as err:
+            outcomes.append(f"{i}:{err.status()}:{err.message()}")
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(outcomes)[:3] == ["0:ok", "1:ok", "2:ok"]
+    assert sorted(outcomes)[3] == "3:503:Request timeout expired"
