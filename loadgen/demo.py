@@ -29,17 +29,34 @@ def table(runs: list[PolicyRun]) -> Table:
         title=f"same Poisson load ({runs[0].rate_rps:g} req/s asked) through each policy, "
         f"SLO {runs[0].slo_ms:g} ms"
     )
-    for col in ("policy", "sent/s", "done/s", "p50 ms", "p99 ms", "SLO met", "J/inference",
-                "vs max", "mean MHz", "clocks"):  # fmt: skip
+    for col in (
+        "policy",
+        "sent/s",
+        "done/s",
+        "p50 ms",
+        "p99 ms",
+        "SLO met",
+        "J/inference",
+        "vs max",
+        "mean MHz",
+        "clocks",
+    ):
         view.add_column(col, justify="right")
     for r in runs:
         saving = 1.0 - r.energy_per_inference_j / base.energy_per_inference_j
         p99 = f"{r.p99_ms:.1f}" if r.p99_ms <= r.slo_ms else f"[red]{r.p99_ms:.1f}[/red]"
         view.add_row(
-            r.policy, f"{r.achieved_rps:.1f}", f"{r.throughput_rps:.1f}", f"{r.p50_ms:.1f}", p99,
-            f"{r.slo_attainment:.1%}", f"{r.energy_per_inference_j:.3f}",
-            "—" if r is base else f"{-saving:+.0%}", f"{r.mean_clock_mhz:.0f}", str(r.clocks_seen),
-        )  # fmt: skip
+            r.policy,
+            f"{r.achieved_rps:.1f}",
+            f"{r.throughput_rps:.1f}",
+            f"{r.p50_ms:.1f}",
+            p99,
+            f"{r.slo_attainment:.1%}",
+            f"{r.energy_per_inference_j:.3f}",
+            "—" if r is base else f"{-saving:+.0%}",
+            f"{r.mean_clock_mhz:.0f}",
+            str(r.clocks_seen),
+        )
     return view
 
 
@@ -59,8 +76,13 @@ def main(argv: list[str] | None = None) -> int:
         f"starting the embedded stack (Triton + simulated {args.gpu} + sidecar); the first run "
         "profiles the emulated model, later runs use the cached table"
     )
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeRemainingColumn(), console=console) as bar:  # fmt: skip
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=console,
+    ) as bar:
         tasks: dict[str, TaskID] = {}
 
         def progress(policy: str, done: int, total: int) -> None:
@@ -69,10 +91,14 @@ def main(argv: list[str] | None = None) -> int:
             bar.update(tasks[policy], completed=done)
 
         runs = compare_live(
-            policies=policies, rate_rps=args.rate, duration_s=args.duration_s,
-            slo_ms=args.slo_ms, seed=args.seed, config=GatewayConfig(device=f"sim:{args.gpu}"),
+            policies=policies,
+            rate_rps=args.rate,
+            duration_s=args.duration_s,
+            slo_ms=args.slo_ms,
+            seed=args.seed,
+            config=GatewayConfig(device=f"sim:{args.gpu}"),
             progress=progress,
-        )  # fmt: skip
+        )
     console.print(table(runs))
     write_csv(runs, args.out_dir / "demo.csv")
     console.print(f"wrote {args.out_dir / 'demo.csv'} and {plot(runs, args.out_dir / 'demo.png')}")

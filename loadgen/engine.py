@@ -8,9 +8,11 @@ session, so the generator costs tens of microseconds per request.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 import numpy as np
@@ -22,12 +24,15 @@ from loadgen.classes import RequestClass
 
 @dataclass(frozen=True, slots=True)
 class Sample:
-    """One request: when it left and returned (monotonic seconds), its class, its status."""
+    """One request: when it left and returned (monotonic seconds), its class, its status;
+    ``sent_s`` when its body was written, ``headers_s`` when the reply's headers arrived."""
 
     start_s: float
     end_s: float
     klass: int
     status: int
+    sent_s: float = math.nan
+    headers_s: float = math.nan
 
     @property
     def latency_s(self) -> float:
@@ -42,20 +47,32 @@ class Payload:
     headers: dict[str, str]
 
 
+@dataclass(frozen=True)
+class InputTensor:
+    name: str
+    datatype: str
+    data: npt.NDArray[Any]
+
+
 def build_payloads(
     classes: Sequence[RequestClass],
     *,
-    input_name: str,
-    datatype: str,
-    data: npt.NDArray[np.generic],
+    input_name: str = "INPUT0",
+    datatype: str = "FP32",
+    data: npt.NDArray[Any] | None = None,
+    inputs: Sequence[InputTensor] = (),
 ) -> list[Payload]:
     """Binary-tensor bodies, one per class, with the class's hints in their parameters."""
+    tensors_in = list(inputs) or [InputTensor(input_name, datatype, np.asarray(data))]
     out = []
     for c in classes:
-        tensor = httpclient.InferInput(input_name, list(data.shape), datatype)
-        tensor.set_data_from_numpy(data)
+        tensors = []
+        for spec in tensors_in:
+            tensor = httpclient.InferInput(spec.name, list(spec.data.shape), spec.datatype)
+            tensor.set_data_from_numpy(spec.data)
+            tensors.append(tensor)
         body, json_size = httpclient.InferenceServerClient.generate_request_body(
-            [tensor], priority=c.priority, parameters=c.parameters()
+            tensors, priority=c.priority, parameters=c.parameters()
         )
         headers = {"Content-Type": "application/octet-stream"}
         if json_size is not None:
@@ -92,25 +109,42 @@ class Recorder:
             self.errors[s.status] = self.errors.get(s.status, 0) + 1
 
 
+async def _on_sent(
+    session: aiohttp.ClientSession, ctx: Any, params: aiohttp.TraceRequestChunkSentParams
+) -> None:
+    if ctx.trace_request_ctx is not None:
+        ctx.trace_request_ctx["sent"] = time.monotonic()
+
+
 def new_session(limit: int = 0) -> aiohttp.ClientSession:
+    trace = aiohttp.TraceConfig()
+    trace.on_request_chunk_sent.append(_on_sent)
     return aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=limit, keepalive_timeout=60),
         timeout=aiohttp.ClientTimeout(total=120),
+        trace_configs=[trace],
+        skip_auto_headers=("Accept-Encoding",),
     )
 
 
 async def _send(session: aiohttp.ClientSession, target: Target, klass: int, rec: Recorder) -> None:
     payload = target.payloads[klass]
+    ctx: dict[str, float] = {}
     start = time.monotonic()
+    headers_at = math.nan
     try:
         async with session.post(
-            f"http://{target.url}{target.path}", data=payload.body, headers=payload.headers
+            f"http://{target.url}{target.path}",
+            data=payload.body,
+            headers=payload.headers,
+            trace_request_ctx=ctx,
         ) as resp:
+            headers_at = time.monotonic()
             await resp.read()
             status = resp.status
     except (aiohttp.ClientError, TimeoutError):
         status = 0
-    rec.add(Sample(start, time.monotonic(), klass, status))
+    rec.add(Sample(start, time.monotonic(), klass, status, ctx.get("sent", math.nan), headers_at))
 
 
 def class_sequence(target: Target, n: int, rng: np.random.Generator) -> list[int]:
