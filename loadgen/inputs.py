@@ -43,7 +43,10 @@ def build_inputs(
     """One tensor per model input, batched when the model batches."""
     if batch_size < 1:
         raise InputError(f"-b must be >= 1, got {batch_size}")
-    batching = int(config.get("max_batch_size", 0)) > 0
+    max_batch = int(config.get("max_batch_size", 0))
+    batching = max_batch > 0
+    if batching and batch_size > max_batch:
+        raise InputError(f"-b {batch_size} exceeds the model's max_batch_size {max_batch}")
     if batch_size > 1 and not batching:
         raise InputError(
             f"the model does not batch (max_batch_size 0); -b {batch_size} needs one that does"

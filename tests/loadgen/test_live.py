@@ -1,0 +1,139 @@
+"""loadgen against the real stack: the sidecar in front of the embedded Triton."""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from api.server import SidecarServer
+from loadgen.__main__ import main
+from tests.api.live import embedded_config
+from tests.loadgen.test_units import EXPECTED_HEADER
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SidecarServer]:
+    cfg = embedded_config(tmp_path_factory.mktemp("state"), max_queue=1000, port=0)
+    with SidecarServer(cfg) as sc:
+        yield sc
+
+
+def rows(path: Path) -> list[dict[str, str]]:
+    with path.open() as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_concurrency_steps_write_perf_analyzer_csv(
+    stack: SidecarServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "lat.csv"
+    assert (
+        main(
+            [
+                "-m",
+                "simnet",
+                "-u",
+                stack.url,
+                "--concurrency-range",
+                "1:2",
+                "-p",
+                "400",
+                "-r",
+                "3",
+                "--collect-metrics",
+                "--slo-ms",
+                "60",
+                "-f",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    assert out.read_text().splitlines()[0].startswith(EXPECTED_HEADER)
+    data = rows(out)
+    assert [r["Concurrency"] for r in data] == ["1", "2"]
+    for r in data:
+        assert float(r["Inferences/Second"]) > 10
+        assert 0 < float(r["p50 latency"]) <= float(r["p99 latency"])
+        assert float(r["Server Compute Infer"]) > 1000  # simnet takes milliseconds
+        assert float(r["Energy per Inference (J)"]) > 0
+        assert float(r["Avg GPU Clock (MHz)"]) >= 135
+        assert 0 <= float(r["SLO Attainment"]) <= 1
+    text = capsys.readouterr().out
+    assert "Request concurrency: 2" in text and "Energy per inference" in text
+
+
+def test_open_loop_rate_reports_what_was_sent(
+    stack: SidecarServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "rate.csv"
+    assert (
+        main(
+            [
+                "-m",
+                "noop",
+                "-u",
+                stack.runtime.triton_url,
+                "--request-rate-range",
+                "100",
+                "--request-distribution",
+                "poisson",
+                "-p",
+                "500",
+                "-r",
+                "3",
+                "-f",
+                str(out),
+                "--verbose-csv",
+            ]
+        )
+        == 0
+    )
+    (r,) = rows(out)
+    assert r["Request Rate"] == "100" and "response wait" in r
+    assert 70 < float(r["Inferences/Second"]) < 130
+    assert "Sent: " in capsys.readouterr().out
+
+
+def test_count_windows_intervals_file_and_mix(
+    stack: SidecarServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    intervals = tmp_path / "iv.txt"
+    intervals.write_text("20000\n10000\n")  # 20 ms then 10 ms, looped: ~67 req/s
+    assert (
+        main(
+            [
+                "-m",
+                "simnet",
+                "-u",
+                stack.url,
+                "--request-intervals",
+                str(intervals),
+                "--measurement-mode",
+                "count_windows",
+                "--measurement-request-count",
+                "20",
+                "-r",
+                "3",
+                "--mix",
+                "gold:share=0.5,priority=1,slo_ms=30;bulk:share=0.5,nice=5",
+            ]
+        )
+        == 0
+    )
+    text = capsys.readouterr().out
+    assert "Request Rate: 66.6667" in text
+    assert "gold:" in text and "bulk:" in text
+
+
+def test_bad_arguments(stack: SidecarServer, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["-m", "ghost", "-u", stack.url, "-p", "100"]) == 2
+    assert "404" in capsys.readouterr().err
+    assert main(["-m", "simnet", "-u", stack.url, "-b", "100", "-p", "100"]) == 2
+    assert "exceeds the model's max_batch_size 8" in capsys.readouterr().err
+    assert main(["-m", "simnet", "-u", "127.0.0.1:1", "-p", "100"]) == 3
+    assert main(["-m", "simnet", "-u", stack.url, "--percentile", "0"]) == 2
+    assert main(["-m", "simnet", "-u", stack.url, "--mix", "a:nice=99"]) == 2
