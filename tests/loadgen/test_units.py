@@ -71,7 +71,8 @@ def test_inputs_from_metadata_shape_and_data(tmp_path: Path) -> None:
         META, {"max_batch_size": 8}, batch_size=2, shapes=shapes, input_data="random", rng=rng
     )
     assert [(t.name, t.data.shape) for t in tensors] == [("INPUT0", (2, 16)), ("IDS", (2, 4))]
-    assert (tensors[0].data.dtype, tensors[1].data.dtype) == (np.float32, np.int64)
+    assert tensors[0].data.dtype == np.dtype(np.float32)
+    assert tensors[1].data.dtype == np.dtype(np.int64)
     zero = build_inputs(
         META, {"max_batch_size": 8}, batch_size=1, shapes=shapes, input_data="zero", rng=rng
     )
