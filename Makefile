@@ -33,6 +33,7 @@ compare: setup
 	$(BIN)/python -m scheduler compare -o $(OUT)/compare
 
 bench: setup
+	$(BIN)/python -m loadgen.bench
 	$(BIN)/python -m scheduler bench
 
 clean:

@@ -22,13 +22,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import uvicorn
 
-    from api.app import create_app
+    from api.app import create_app, create_asgi
 
     logging.basicConfig(
         level=config.log_level.upper(), format="%(levelname)s %(name)s: %(message)s"
     )
     uvicorn.run(
-        create_app(config),
+        create_asgi(create_app(config)),
         host=config.host,
         port=config.port,
         log_level=config.log_level,

@@ -12,6 +12,7 @@ from api import errors
 from api.config import GatewayConfig
 from api.metrics import GatewayMetrics
 from api.routes import admin, health, inference, metrics
+from api.routes.inference import InferenceFastPath
 from api.runtime import Runtime
 
 
@@ -39,3 +40,8 @@ def create_app(config: GatewayConfig, *, registry: CollectorRegistry | None = No
     for module in (inference, health, metrics, admin):
         app.include_router(module.router)
     return app
+
+
+def create_asgi(app: FastAPI) -> InferenceFastPath:
+    """What uvicorn serves: the inference fast path in front of ``app``."""
+    return InferenceFastPath(app)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -10,6 +12,11 @@ from starlette.exceptions import HTTPException
 
 def error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+def error_body(status: int, message: str) -> tuple[int, dict[str, str], bytes]:
+    """The same error as (status, headers, body), for code that writes the reply itself."""
+    return status, {"content-type": "application/json"}, json.dumps({"error": message}).encode()
 
 
 def install(app: FastAPI) -> None:

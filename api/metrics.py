@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -115,6 +116,15 @@ class GatewayMetrics:
             registry=r,
         )
         self._clients: set[str] = set()
+        self._request_children: dict[tuple[str, str, str, str], Any] = {}
+
+    def count(self, model: str, priority: str, client: str, outcome: str) -> None:
+        """One request with this outcome (label children cached: ``labels()`` is not free)."""
+        key = (model, priority, client, outcome)
+        child = self._request_children.get(key)
+        if child is None:
+            child = self._request_children[key] = self.requests.labels(*key)
+        child.inc()
 
     def client_label(self, client_id: str) -> str:
         if client_id in self._clients:

@@ -10,7 +10,7 @@ from typing import Self
 
 import uvicorn
 
-from api.app import create_app
+from api.app import create_app, create_asgi
 from api.config import GatewayConfig
 from api.embedded import free_port
 from api.runtime import Runtime
@@ -24,9 +24,14 @@ class SidecarServer:
         self.config = replace(config, port=free_port()) if config.port == 0 else config
         self.app = create_app(self.config)
         self.server = uvicorn.Server(
-            uvicorn.Config(self.app, host=self.config.host, port=self.config.port,
-                           log_level="warning", access_log=False)
-        )  # fmt: skip
+            uvicorn.Config(
+                create_asgi(self.app),
+                host=self.config.host,
+                port=self.config.port,
+                log_level="warning",
+                access_log=False,
+            )
+        )
         self.thread = threading.Thread(target=self.server.run, name="sidecar", daemon=True)
         self.start_timeout_s = start_timeout_s
 

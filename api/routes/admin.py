@@ -85,6 +85,7 @@ async def state(rt: Admin) -> dict[str, Any]:
     snapshot = await asyncio.to_thread(rt.dispatcher.state)
     return {
         **snapshot,
+        "triton_url": rt.triton_url,
         "table": {
             "gpu": rt.table.gpu,
             "model": rt.table.model,

@@ -1,0 +1,217 @@
+"""What the sidecar costs: the same load straight to Triton and through the sidecar, side by side.
+
+The sidecar runs in its own process (as in production; in-process it would share the load
+generator's GIL) with policy ``max`` and room for everything in flight, in front of the embedded
+Triton's ``noop`` model, so that only the sidecar's own work shows. Direct and sidecar runs
+alternate (A B A B …) so the machine's drift hits both alike; the ratios are the result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import numpy as np
+import tritonclient.http as httpclient
+
+from api.embedded import INPUT_WIDTH, NOOP, free_port
+from loadgen.classes import RequestClass
+from loadgen.engine import Recorder, Target, build_payloads, closed_loop, new_session
+
+
+@dataclass(frozen=True)
+class Run:
+    path: str
+    concurrency: int
+    throughput: float
+    p50_us: float
+    p99_us: float
+    mean_us: float
+
+
+@contextlib.contextmanager
+def sidecar_process(state_dir: Path) -> Iterator[tuple[str, str]]:
+    """Start ``python -m api serve`` (embedded default, policy max); yield (sidecar, Triton)."""
+    token = secrets.token_urlsafe(12)
+    port = free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "api",
+        "serve",
+        "--port",
+        str(port),
+        "--policy",
+        "max",
+        "--max-inflight",
+        "64",
+        "--max-queue",
+        "10000",
+        "--device",
+        "sim:v100",
+        "--admin-token",
+        token,
+        "--state-dir",
+        str(state_dir),
+        "--log-level",
+        "warning",
+    ]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    url = f"127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the sidecar exited during start-up (code {proc.returncode})")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"http://{url}/v2/health/ready", timeout=2).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise TimeoutError("the sidecar did not become ready")
+            time.sleep(0.2)
+        state = httpx.get(
+            f"http://{url}/admin/state", headers={"Authorization": f"Bearer {token}"}
+        ).json()
+        yield url, state["triton_url"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+def measure(url: str, concurrency: int, duration_s: float, label: str) -> Run:
+    data = np.ones((1, INPUT_WIDTH), dtype=np.float32)
+    payloads = build_payloads([RequestClass("bench")], data=data)
+    target = Target(url, NOOP, payloads, [1.0])
+
+    async def go() -> Recorder:
+        rec = Recorder()
+        async with new_session() as session:
+            await closed_loop(
+                session,
+                target,
+                concurrency,
+                time.monotonic() + 0.5,
+                Recorder(),
+                np.random.default_rng(0),
+            )  # warm-up
+            start = time.monotonic()
+            await closed_loop(
+                session, target, concurrency, start + duration_s, rec, np.random.default_rng(0)
+            )
+        return rec
+
+    rec = asyncio.run(go())
+    ok = [s for s in rec.samples if s.status == 200]
+    lat = np.asarray([s.latency_s * 1e6 for s in ok])
+    span = max(s.end_s for s in ok) - min(s.start_s for s in ok)
+    return Run(
+        label,
+        concurrency,
+        len(ok) / span,
+        float(np.percentile(lat, 50)),
+        float(np.percentile(lat, 99)),
+        float(lat.mean()),
+    )
+
+
+def independent(url: str, concurrency: int, duration_s: float) -> tuple[float, float]:
+    """The same closed loop with NVIDIA's own tritonclient (threads): throughput, mean µs."""
+    x = httpclient.InferInput("INPUT0", [1, INPUT_WIDTH], "FP32")
+    x.set_data_from_numpy(np.ones((1, INPUT_WIDTH), dtype=np.float32))
+    latencies: list[float] = []
+    lock = threading.Lock()
+    stop_at = time.monotonic() + duration_s
+
+    def worker() -> None:
+        client = httpclient.InferenceServerClient(url)
+        mine = []
+        while time.monotonic() < stop_at:
+            t0 = time.perf_counter()
+            client.infer(NOOP, [x])
+            mine.append((time.perf_counter() - t0) * 1e6)
+        client.close()
+        with lock:
+            latencies.extend(mine)
+
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    start = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return len(latencies) / (time.monotonic() - start), float(np.mean(latencies))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m loadgen.bench", description=__doc__)
+    parser.add_argument("--concurrency", default="1,16")
+    parser.add_argument("--duration-s", type=float, default=5.0)
+    parser.add_argument("--rounds", type=int, default=2, help="A/B alternations per concurrency")
+    args = parser.parse_args(argv)
+    levels = [int(c) for c in args.concurrency.split(",")]
+    with tempfile.TemporaryDirectory() as tmp, sidecar_process(Path(tmp)) as (sidecar, triton):
+        print(
+            f"sidecar {sidecar} (policy max, 64 in flight) in front of Triton {triton}; model noop"
+        )
+        print(f"{'conc':>4} {'path':>8} {'infer/s':>9} {'p50 µs':>8} {'p99 µs':>8}")
+        summary = []
+        for c in levels:
+            runs: dict[str, list[Run]] = {"direct": [], "sidecar": []}
+            for _ in range(args.rounds):
+                for label, url in (("direct", triton), ("sidecar", sidecar)):
+                    r = measure(url, c, args.duration_s, label)
+                    runs[label].append(r)
+                    print(
+                        f"{c:>4} {label:>8} {r.throughput:>9.0f} {r.p50_us:>8.0f} {r.p99_us:>8.0f}",
+                        flush=True,
+                    )
+            d = {
+                k: float(np.median([getattr(r, k) for r in runs["direct"]]))
+                for k in ("throughput", "p50_us", "p99_us")
+            }
+            s = {
+                k: float(np.median([getattr(r, k) for r in runs["sidecar"]]))
+                for k in ("throughput", "p50_us", "p99_us")
+            }
+            summary.append((c, d, s))
+        print("\nthe sidecar's cost (medians of the rounds):")
+        for c, d, s in summary:
+            print(
+                f"  concurrency {c:>2}: throughput kept {s['throughput'] / d['throughput']:.0%} "
+                f"({s['throughput']:.0f} vs {d['throughput']:.0f} infer/s); "
+                f"p50 +{s['p50_us'] - d['p50_us']:.0f} µs ({s['p50_us'] / d['p50_us']:.2f}×); "
+                f"p99 +{s['p99_us'] - d['p99_us']:.0f} µs ({s['p99_us'] / d['p99_us']:.2f}×)"
+            )
+        print("\nloadgen against an independent client (tritonclient threads), straight to Triton:")
+        for c in (1, 4):
+            lg = measure(triton, c, args.duration_s, "direct")
+            tput, mean = independent(triton, c, args.duration_s)
+            print(
+                f"  concurrency {c}: loadgen {lg.throughput:.0f} infer/s, "
+                f"mean {lg.mean_us:.0f} µs; "
+                f"tritonclient {tput:.0f} infer/s, mean {mean:.0f} µs"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
