@@ -79,6 +79,12 @@ def _serve(state_path: str, ports: EmbeddedPorts, instances: int) -> None:
     with the parent (a process killed while holding one would deadlock the other).
     """
     os.setsid()
+    # Triton, its backend stubs and PyTriton talk a lot, at shutdown most of all: their output
+    # goes to the log beside the state file, not to the sidecar's console.
+    log_path = Path(state_path).with_suffix(".triton.log")
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
     stopping = [False]
     signal.signal(signal.SIGTERM, lambda *_: stopping.__setitem__(0, True))
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -117,7 +123,7 @@ def _serve(state_path: str, ports: EmbeddedPorts, instances: int) -> None:
         metrics_port=ports.metrics,
         log_verbose=0,
         exit_timeout_secs=2,
-        log_file=Path(state_path).with_suffix(".triton.log"),
+        log_file=log_path,
     )
     # Pitfall 2: open the statistics endpoints that perf_analyzer-style tools read.
     security = TritonSecurityConfig(restricted_endpoints=[])
