@@ -14,7 +14,14 @@ from typing import Any
 import aiohttp
 import numpy as np
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 from dvfs.__main__ import PIPE_WIDTH
 from loadgen.classes import RequestClass, parse_mix
@@ -180,6 +187,8 @@ async def run(args: argparse.Namespace, console: Console) -> list[StepResult]:
             MofNCompleteColumn(),
             TextColumn("{task.fields[status]}"),
             TimeElapsedColumn(),
+            TextColumn("left"),
+            TimeRemainingColumn(),
         )
         with Progress(*columns, console=console, transient=True) as bar:
             task = bar.add_task("steps", total=len(values), status="")
