@@ -5,7 +5,15 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 OUT    := out
 
-.PHONY: setup lint typecheck test demo compare bench clean
+.PHONY: setup lint typecheck test demo compare bench monitor clean
+
+# Debian's Prometheus (promtool too): the monitoring tests and `make monitor` need it.
+PROMETHEUS := /usr/bin/prometheus
+
+$(PROMETHEUS):
+	@command -v apt-get >/dev/null || { echo "Prometheus is needed: install it (Debian: apt-get install prometheus)"; exit 1; }
+	SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "Python 3.11 is required (set PYTHON=...)"'
@@ -22,7 +30,7 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy
 
-test: lint typecheck
+test: lint typecheck $(PROMETHEUS)
 	$(BIN)/pytest
 
 demo: setup
@@ -35,6 +43,9 @@ compare: setup
 bench: setup
 	$(BIN)/python -m loadgen.bench
 	$(BIN)/python -m scheduler bench
+
+monitor: setup $(PROMETHEUS)
+	grafana/monitor.sh $(SIDECAR) $(TRITON_METRICS)
 
 clean:
 	rm -rf $(VENV) $(OUT) .mypy_cache .ruff_cache .pytest_cache *.egg-info

@@ -191,7 +191,7 @@ class GpuDispatcher:
             self._fail(request, error or UnavailableError("no response from Triton"))
         else:
             latency_s = now - request.arrival_s
-            self.metrics.latency.labels(request.model).observe(latency_s)
+            self.metrics.latency.labels(request.model, client).observe(latency_s)
             if response.status == 200:
                 met = "true" if latency_s * 1000.0 <= request.slo_ms else "false"
                 self.metrics.slo.labels(request.model, client, met).inc()

@@ -73,7 +73,7 @@ class GatewayMetrics:
         self.latency = Histogram(
             "sidecar_request_duration_seconds",
             "End-to-end latency in the sidecar (queue + Triton).",
-            ["model"],
+            ["model", "client"],
             buckets=LATENCY_BUCKETS_S,
             registry=r,
         )
@@ -114,6 +114,15 @@ class GatewayMetrics:
             "The clock policy in force (1 for it).",
             ["gpu", "policy"],
             registry=r,
+        )
+        self.client_weight = Gauge(
+            "sidecar_client_weight",
+            "CFS weight of the nice a client last sent, by priority level.",
+            ["client", "priority"],
+            registry=r,
+        )
+        self.default_slo = Gauge(
+            "sidecar_default_slo_seconds", "SLO of requests that name none.", registry=r
         )
         self._clients: set[str] = set()
         self._request_children: dict[tuple[str, str, str, str], Any] = {}

@@ -74,6 +74,7 @@ class Runtime:
                 metrics=self.metrics,
             )
             self.metrics.watch_device(self.device, self.gpu)
+            self.metrics.default_slo.set(self.config.slo_ms / 1000.0)
             self.metrics.set_policy(self.gpu, policy.name, lambda: [*POLICIES, "fixed"])
             self.dispatcher.start()
         except BaseException:

@@ -19,6 +19,7 @@ from api.errors import error_body
 from api.hints import HEADER_LENGTH, BadRequestError, json_header, parse_hints
 from api.runtime import Runtime
 from scheduler.request import Request as SchedRequest
+from scheduler.weights import weight_for_nice
 
 router = APIRouter(tags=["inference"])
 PASS_HEADERS = ("content-type", HEADER_LENGTH, "accept-encoding", "content-encoding")
@@ -37,7 +38,10 @@ async def infer(
         metrics.count(model, "", "", "bad_request")
         return error_body(400, str(err))
     client = metrics.client_label(hints.client_id)
-    priority = str(hints.priority)
+    assert rt.dispatcher is not None
+    level = hints.priority or rt.dispatcher.scheduler.config.default_level
+    priority = str(level)
+    metrics.client_weight.labels(client, priority).set(weight_for_nice(hints.nice))
     if not await rt.model_exists(model):
         metrics.count(model, priority, client, "unknown_model")
         return error_body(404, f"Request for unknown model: '{model}' is not found")

@@ -1,0 +1,194 @@
+"""The dashboards and rules against a real Prometheus scraping the real stack under load."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import yaml
+
+from api.embedded import INPUT_WIDTH, SIMNET, free_port
+from api.server import SidecarServer
+from loadgen.classes import RequestClass
+from loadgen.engine import Recorder, Target, build_payloads, new_session, open_loop, schedule
+from tests.api.live import embedded_config
+
+ROOT = Path(__file__).resolve().parents[2]
+GRAFANA = ROOT / "grafana"
+PROMETHEUS = shutil.which("prometheus")
+PROMTOOL = shutil.which("promtool")
+pytestmark = pytest.mark.skipif(
+    PROMETHEUS is None or PROMTOOL is None,
+    reason="Prometheus is not installed (make test installs Debian's package)",
+)
+DASHBOARDS = sorted((GRAFANA / "dashboards").glob("*.json"))
+# Panels fed by NVIDIA's DCGM exporter: no exporter runs without a GPU, so these queries are
+# checked for validity, not for data.
+EXTERNAL = ("$dcgm_",)
+
+
+def promtool(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    assert PROMTOOL is not None
+    return subprocess.run(
+        [PROMTOOL, *args], input=stdin, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_promtool_accepts_config_and_rules() -> None:
+    check = promtool("check", "config", str(GRAFANA / "prometheus" / "prometheus.yml"))
+    assert check.returncode == 0, check.stdout + check.stderr
+    check = promtool("check", "rules", str(GRAFANA / "prometheus" / "rules.yml"))
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_dashboards_load_in_a_stock_grafana() -> None:
+    uids = set()
+    for path in DASHBOARDS:
+        board = json.loads(path.read_text())
+        assert board["uid"] not in uids
+        uids.add(board["uid"])
+        names = {v["name"] for v in board["templating"]["list"]}
+        for panel in board["panels"]:
+            if panel["type"] == "row":
+                continue
+            assert panel["datasource"] == {"type": "prometheus", "uid": "prometheus"}
+            assert panel["fieldConfig"]["defaults"]["unit"], panel["title"]
+            for target in panel["targets"]:
+                used = set(re.findall(r"\$(\w+)", target["expr"])) - {"__rate_interval"}
+                assert used <= names, f"{panel['title']}: undefined variables {used - names}"
+    provisioning = yaml.safe_load(
+        (GRAFANA / "provisioning" / "datasources" / "prometheus.yml").read_text()
+    )
+    assert provisioning["datasources"][0]["uid"] == "prometheus"
+
+
+def panel_queries() -> list[tuple[str, str, str, bool]]:
+    """(dashboard, panel title, PromQL with the variables filled as 'All' and defaults, whether
+    it reads an external exporter)."""
+    out = []
+    for path in DASHBOARDS:
+        board = json.loads(path.read_text())
+        defaults = {
+            v["name"]: v["query"] for v in board["templating"]["list"] if v["type"] == "textbox"
+        }
+        for panel in board["panels"]:
+            for target in panel.get("targets", []):
+                expr = target["expr"].replace("$__rate_interval", "15s")
+                for name, value in defaults.items():
+                    expr = expr.replace(f"${name}", value)
+                expr = re.sub(r"\$\w+", ".*", expr)
+                external = any(mark in target["expr"] for mark in EXTERNAL)
+                out.append((path.stem, panel["title"], expr, external))
+    return out
+
+
+@pytest.fixture(scope="module")
+def monitored(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The stack under load from two clients, scraped every second by a real Prometheus."""
+    tmp = tmp_path_factory.mktemp("monitoring")
+    with SidecarServer(embedded_config(tmp, max_queue=1000, port=0)) as sc:
+        assert sc.runtime.embedded is not None
+        triton_metrics = f"127.0.0.1:{sc.runtime.embedded.ports.metrics}"
+        config = yaml.safe_load((GRAFANA / "prometheus" / "prometheus.yml").read_text())
+        config["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
+        config["rule_files"] = [str(GRAFANA / "prometheus" / "rules.yml")]
+        targets = {"sidecar": sc.url, "triton": triton_metrics, "dcgm": f"127.0.0.1:{free_port()}"}
+        for job in config["scrape_configs"]:
+            job["static_configs"][0]["targets"] = [targets[job["job_name"]]]
+        (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
+        port = free_port()
+        assert PROMETHEUS is not None
+        prom = subprocess.Popen(
+            [
+                PROMETHEUS,
+                f"--config.file={tmp / 'prometheus.yml'}",
+                f"--storage.tsdb.path={tmp / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--log.level=error",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            _drive(sc.url, seconds=12.0)
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            prom.terminate()
+            prom.wait(30)
+
+
+def _drive(url: str, seconds: float) -> None:
+    classes = [RequestClass("gold", 0.5, 1, -5, 60.0), RequestClass("bulk", 0.5, 0, 5, 60.0)]
+    data = np.ones((1, INPUT_WIDTH), dtype=np.float32)
+    target = Target(url, SIMNET, build_payloads(classes, data=data), [0.5, 0.5])
+    # Requests that are not served: a bad hint (400) and an unknown model (404).
+    httpx.post(
+        f"http://{url}/v2/models/simnet/infer", json={"inputs": [], "parameters": {"nice": 99}}
+    )
+    httpx.post(f"http://{url}/v2/models/ghost/infer", json={"inputs": []})
+
+    async def go() -> None:
+        async with new_session() as session:
+            times = schedule(50.0, seconds, "poisson", np.random.default_rng(1))
+            await open_loop(session, target, times, Recorder(), np.random.default_rng(2))
+
+    worker = threading.Thread(target=asyncio.run, args=(go(),))
+    worker.start()
+    worker.join(seconds + 60)
+
+
+def query(prom: str, expr: str) -> list[object]:
+    reply = httpx.get(f"{prom}/api/v1/query", params={"query": expr}, timeout=30).json()
+    assert reply["status"] == "success", f"{expr}: {reply}"
+    result: list[object] = reply["data"]["result"]
+    return result
+
+
+@pytest.mark.parametrize(
+    ("board", "title", "expr", "external"), panel_queries(), ids=lambda v: str(v)[:40]
+)
+def test_every_panel_query_returns_data(
+    monitored: str, board: str, title: str, expr: str, external: bool
+) -> None:
+    deadline = time.monotonic() + 30
+    while True:
+        result = query(monitored, expr)  # a PromQL error fails here, external or not
+        if result or external:
+            break
+        assert time.monotonic() < deadline, f"{board} / {title}: no data for {expr}"
+        time.sleep(1)
+
+
+def test_every_recording_rule_returns_data(monitored: str) -> None:
+    rules = yaml.safe_load((GRAFANA / "prometheus" / "rules.yml").read_text())
+    names = [r["record"] for g in rules["groups"] for r in g["rules"]]
+    for name in names:
+        deadline = time.monotonic() + 30
+        while not query(monitored, name):
+            assert time.monotonic() < deadline, f"recording rule {name} has no data"
+            time.sleep(1)
+    shares = {
+        s["metric"]["client"]: float(s["value"][1])  # type: ignore[index]
+        for s in query(monitored, "sidecar_client:entitled_share:ratio")
+    }
+    # gold (priority 1) and bulk (default level) are alone in their levels: entitled to all of it.
+    assert shares == {"gold": 1.0, "bulk": 1.0}
+
+
+def test_scraped_metrics_pass_promtool(monitored: str) -> None:
+    targets = httpx.get(f"{monitored}/api/v1/targets").json()["data"]["activeTargets"]
+    sidecar = next(t for t in targets if t["labels"]["job"] == "sidecar")
+    assert sidecar["health"] == "up"
+    text = httpx.get(sidecar["scrapeUrl"]).text
+    lint = promtool("check", "metrics", stdin=text)
+    assert lint.returncode == 0 and not lint.stdout.strip(), lint.stdout + lint.stderr
