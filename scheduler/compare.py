@@ -109,33 +109,13 @@ def tabulate(results: Sequence[Row]) -> list[Row]:
         e = r["energy_per_inference_j"]
         oracle = r["oracle_energy_j"] / r["completed"] if r["oracle_energy_j"] else math.nan
         base = max_e.get((r["gpu"], r["load"], r["slo_ms"]), math.nan)
-        rows.append(
-            {
-                **{
-                    k: r[k]
-                    for k in (
-                        "gpu",
-                        "load",
-                        "slo_ms",
-                        "policy",
-                        "requests",
-                        "completed",
-                        "rejected",
-                        "throughput_rps",
-                        "energy_per_inference_j",
-                        "p50_ms",
-                        "p99_ms",
-                        "slo_attainment",
-                        "mean_clock_mhz",
-                        "clock_changes",
-                    )
-                },
-                "vs_max": e / base,
-                "vs_oracle": e / oracle,
-                "oracle_energy_per_inference_j": oracle,
-                "p99_over_slo": r["p99_ms"] / r["slo_ms"],
-            }
-        )
+        derived = {
+            "vs_max": e / base,
+            "vs_oracle": e / oracle,
+            "oracle_energy_per_inference_j": oracle,
+            "p99_over_slo": r["p99_ms"] / r["slo_ms"],
+        }
+        rows.append({**{k: r[k] for k in COLUMNS if k not in derived}, **derived})
     return rows
 
 
