@@ -27,6 +27,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from dvfs.simulated import SimulatedDevice
+
 log = logging.getLogger(__name__)
 Floats = npt.NDArray[np.float32]
 
@@ -53,7 +55,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def emulate_request(device: Any, rng: np.random.Generator) -> None:
+def emulate_request(device: SimulatedDevice) -> None:
     """Occupy the simulated GPU for one request, following the clock while it runs."""
     profile = device.profile
     device.begin_work()
@@ -96,17 +98,14 @@ def _serve(state_path: str, ports: EmbeddedPorts, instances: int) -> None:
     from pytriton.model_config import ModelConfig, Tensor
     from pytriton.triton import Triton, TritonConfig, TritonSecurityConfig
 
-    from dvfs.simulated import SimulatedDevice
-
     parent = os.getppid()
 
     def make_simnet(seed: int) -> Any:
         device = SimulatedDevice.attach(Path(state_path), rng=np.random.default_rng(seed))
-        rng = np.random.default_rng(seed)
 
         @batch  # type: ignore[untyped-decorator]
         def simnet(INPUT0: Floats) -> dict[str, Floats]:  # noqa: N803 (the tensor's name)
-            emulate_request(device, rng)
+            emulate_request(device)
             return {"OUTPUT0": (INPUT0 * 2).astype(np.float32)}
 
         return simnet

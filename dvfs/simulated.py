@@ -180,23 +180,6 @@ class SimulatedDevice(Device):
             at, clock = self._next_switch(st)
             return None if at == math.inf else (at, int(clock))
 
-    def sample_service_ms(self) -> float:
-        """One request's time if it starts now, counting a clock change that lands mid-request.
-
-        The request progresses at ``1/latency`` per ms at the clock in force; when a pending
-        change lands before it is done, the rest runs at the new clock (same noise draw).
-        """
-        now = self._now()
-        with self._store.transaction() as st:
-            self._advance(st, now)
-            clock, pending_at, pending_clock = st.clock_mhz, st.pending_at_s, st.pending_clock_mhz
-        first_ms = self.sample_latency_ms(clock)
-        change_in_ms = (pending_at - now) * 1000.0
-        if change_in_ms >= first_ms:
-            return first_ms
-        ratio = self.profile.mean_latency_ms(pending_clock) / self.profile.mean_latency_ms(clock)
-        return change_in_ms + (1.0 - change_in_ms / first_ms) * first_ms * ratio
-
     def stats(self) -> SimulatedStats:
         with self._store.transaction() as st:
             self._advance(st, self._now())
