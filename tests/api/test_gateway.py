@@ -385,13 +385,12 @@ def test_nothing_is_left_running(tmp_path: Path) -> None:
 def test_timeout_expired_in_the_queue_is_503(sidecar: LiveSidecar, slow_gpu: None) -> None:
     x = np.ones((1, 16), dtype=np.float32)
     clients = [client(sidecar) for _ in range(4)]
-    go = threading.Barrier(4)
+    go = threading.Barrier(3)
     outcomes: list[str] = []
 
     def send(i: int) -> None:
-        go.wait()
-        if i == 3:
-            time.sleep(0.01)  # behind the other three, with a 1 ms timeout
+        if i < 3:
+            go.wait()
         try:
             clients[i].infer("simnet", [tensor(x)], timeout=1000 if i == 3 else None)
             outcomes.append(f"{i}:ok")
@@ -399,8 +398,13 @@ def test_timeout_expired_in_the_queue_is_503(sidecar: LiveSidecar, slow_gpu: Non
             outcomes.append(f"{i}:{err.status()}:{err.message()}")
 
     threads = [threading.Thread(target=send, args=(i,)) for i in range(4)]
-    for t in threads:
+    for t in threads[:3]:
         t.start()
+    deadline = time.monotonic() + 10
+    while admin(sidecar, "GET", "/state").json()["queue_length"] < 1:  # two in flight, one waiting
+        assert time.monotonic() < deadline, "the first three never filled the GPU"
+        time.sleep(0.002)
+    threads[3].start()  # behind them, with a 1 ms timeout
     for t in threads:
         t.join(30)
     assert sorted(outcomes)[:3] == ["0:ok", "1:ok", "2:ok"]
