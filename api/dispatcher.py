@@ -53,14 +53,13 @@ class ClockApplier:
         self.device = device
         self._on_change = on_change
         self._target: int | None = None
-        self._has_target = False
         self._applied: int | bool | None = False  # False: nothing applied yet
         self._event = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
     def request(self, clock_mhz: int | None) -> None:
         """Ask for ``clock_mhz`` (None: give the clock back to the GPU)."""
-        self._target, self._has_target = clock_mhz, True
+        self._target = clock_mhz
         self._event.set()
 
     def start(self) -> None:
@@ -120,23 +119,23 @@ class GpuDispatcher:
 
     def start(self) -> None:
         self._clock.start()
-        self._clock.request(self.scheduler.clock_target_mhz)
+        self.change_policy()
 
     async def stop(self) -> None:
         """Answer everything still waiting, let in-flight requests finish, stop the clock task."""
         self._closed = True
         if self._timer is not None:
             self._timer.cancel()
-        while (req := self.scheduler.queue.pop(0.0)) is not None:
-            self._fail(req, UnavailableError("the sidecar is shutting down"))
-            self.scheduler.queue.settle(req, 0.0)
+        for request in self.scheduler.drain():
+            self._fail(request, UnavailableError("the sidecar is shutting down"))
         if self._sends:
             await asyncio.wait(self._sends, timeout=30.0)
         await self._clock.stop()
 
     def change_policy(self) -> None:
-        """After the core's policy was swapped: apply its clock."""
+        """The core's policy is new (or first): apply its clock, publish it, arm its timer."""
         self._clock.request(self.scheduler.clock_target_mhz)
+        self.metrics.set_policy(self.gpu, self.scheduler.policy.name)
         self._arm_timer()
 
     # -- requests ----------------------------------------------------------------------

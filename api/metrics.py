@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -10,6 +10,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from dvfs.device import Device
+from scheduler.policies import POLICIES, FixedPolicy
+
+POLICY_NAMES = (*POLICIES, FixedPolicy.name)
 
 LATENCY_BUCKETS_S = (
     0.001,
@@ -146,6 +149,7 @@ class GatewayMetrics:
     def watch_device(self, device: Device, index: str) -> None:
         self.registry.register(DeviceCollector(device, index))
 
-    def set_policy(self, gpu: str, name: str, known: Callable[[], list[str]]) -> None:
-        for other in known():
+    def set_policy(self, gpu: str, name: str) -> None:
+        """1 for the policy in force, 0 for every other one."""
+        for other in POLICY_NAMES:
             self.policy.labels(gpu, other).set(1.0 if other == name else 0.0)

@@ -16,7 +16,7 @@ from api.upstream import Upstream, UpstreamUnavailableError
 from dvfs.device import Device
 from dvfs.factory import default_device_spec, open_device, parse_device_spec
 from scheduler.core import Scheduler, SchedulerConfig
-from scheduler.policies import POLICIES, make_policy
+from scheduler.policies import make_policy
 from time2clock.fit import fit_table
 from time2clock.profile import TritonMeasurer, select_clocks, sweep
 from time2clock.table import ClockPoint, InverseLinearFit, TableError, Time2ClockTable
@@ -75,7 +75,6 @@ class Runtime:
             )
             self.metrics.watch_device(self.device, self.gpu)
             self.metrics.default_slo.set(self.config.slo_ms / 1000.0)
-            self.metrics.set_policy(self.gpu, policy.name, lambda: [*POLICIES, "fixed"])
             self.dispatcher.start()
         except BaseException:
             await self.stop()

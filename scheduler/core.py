@@ -219,6 +219,14 @@ class Scheduler:
             clock_mhz=self._clock(self.policy.on_complete(self, request, now_s), now_s),
         )
 
+    def drain(self) -> list[Request]:
+        """Take every waiting request out of the queue (shutting down); none is charged."""
+        drained = []
+        while (request := self.queue.pop(0.0)) is not None:
+            self.queue.settle(request, 0.0)
+            drained.append(request)
+        return drained
+
     def poll(self, now_s: float) -> int | None:
         """Run the policy's timer (hysteresis); a clock to set, if any."""
         return self._clock(self.policy.poll(self, now_s), now_s)

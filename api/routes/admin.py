@@ -101,7 +101,6 @@ def _swap(rt: Runtime, build: Any) -> dict[str, Any]:
     scheduler = rt.dispatcher.scheduler
     scheduler.set_policy(build(scheduler.table, rt.device.supported_clocks_mhz()))
     rt.dispatcher.change_policy()
-    rt.metrics.set_policy(rt.gpu, scheduler.policy.name, lambda: [*POLICIES, "fixed"])
     return {"policy": scheduler.policy.name, "clock_target_mhz": scheduler.clock_target_mhz}
 
 

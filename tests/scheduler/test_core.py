@@ -86,3 +86,15 @@ def test_arrival_rate_estimate() -> None:
             s.on_complete(r, 0.001, i / 200.0)
     assert s.arrival_rate_rps(2000 / 200.0) == pytest.approx(200.0, rel=0.05)
     assert s.arrival_rate_rps(20.0) < 1.0  # decays when arrivals stop
+
+
+def test_drain_empties_the_queue_and_leaves_in_flight_alone() -> None:
+    s = make_scheduler(max_inflight=1)
+    reqs = [make_request(client_id=c) for c in "abc"]
+    for r in reqs:
+        s.enqueue(r, 0.0)
+    d = s.next_dispatch(0.0)
+    assert d is not None
+    assert s.drain() == reqs[1:]
+    assert s.queue_len == 0 and list(s.inflight.values()) == [d.request]
+    assert s.next_dispatch(0.0) is None
