@@ -49,6 +49,10 @@ class SchedulerConfig:
             else self.default_priority_level
         )
 
+    def level_of(self, priority: int) -> int:
+        """The level a request's ``priority`` puts it in (Triton's rule: 0 means the default)."""
+        return priority or self.default_level
+
 
 def validate_hints(priority: int, nice: int, slo_ms: float, config: SchedulerConfig) -> str | None:
     """The problem with a request's scheduling hints, or None; names the field and its range."""
@@ -150,6 +154,7 @@ class Scheduler:
         problem = validate_hints(request.priority, request.nice, request.slo_ms, self.config)
         if problem is not None:
             return EnqueueResult(accepted=False, reason=problem)
+        request.level = self.config.level_of(request.priority)
         refusal = self._admission(request)
         if refusal is not None:
             return EnqueueResult(accepted=False, reason=refusal)
@@ -157,7 +162,6 @@ class Scheduler:
         self._seq += 1
         self._count_arrival(now_s)
         self.last_slo_ms = request.slo_ms
-        request.level = request.priority or self.config.default_level
         self.queue.push(request)
         return EnqueueResult(
             accepted=True,
@@ -177,8 +181,7 @@ class Scheduler:
         limit, waiting = self.config.max_queue, len(self.queue)
         if waiting >= limit:
             return f"queue full ({limit} requests waiting); retry later"
-        level = request.priority or self.config.default_level
-        mine = self.queue.queued_for(level, request.client_id)
+        mine = self.queue.queued_for(request.level, request.client_id)
         if not mine or waiting < FAIR_FROM * limit:
             return None
         weight = weight_for_nice(request.nice)

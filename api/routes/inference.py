@@ -39,7 +39,7 @@ async def infer(
         return error_body(400, str(err))
     client = metrics.client_label(hints.client_id)
     assert rt.dispatcher is not None
-    level = hints.priority or rt.dispatcher.scheduler.config.default_level
+    level = rt.dispatcher.scheduler.config.level_of(hints.priority)
     priority = str(level)
     metrics.client_weight.labels(client, priority).set(weight_for_nice(hints.nice))
     if not await rt.model_exists(model):
