@@ -227,7 +227,7 @@ class SimulatedDevice(Device):
         if st.active:
             x = st.clock_mhz / p.max_clock_mhz
             dynamic_w = st.active_dynamic_w / st.active * x**p.power_exponent
-            return min(p.busy_floor_w + dynamic_w, p.tdp_w)
+            return float(min(p.busy_floor_w + dynamic_w, p.tdp_w))
         return p.idle_power_w(st.clock_mhz)
 
     def _move_to(self, st: DeviceState, clock_mhz: float, now: float) -> None:
