@@ -25,20 +25,23 @@ class GatewayConfig:
     triton_url: str | None = None
     device: str | None = None
     policy: str = "slack"
-    table: Path | None = None
+    table: tuple[Path, ...] = ()
     slo_ms: float = 100.0
-    max_inflight: int = 2
+    max_inflight: int = 256
     max_queue: int = 1000
     priority_levels: int = 2
     admin_token: str | None = None
     state_dir: Path = field(default_factory=default_state_dir)
-    profile_clocks: int = 12
-    profile_requests: int = 20
+    profile_models: tuple[str, ...] = ("simnet", "simbert")
+    profile_clocks: int = 8
+    profile_requests: int = 10
     log_level: str = "info"
 
     def __post_init__(self) -> None:
-        if self.policy not in POLICIES:
-            raise ValueError(f"--policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+        if self.policy not in POLICIES and not self.policy.startswith("fixed:"):
+            raise ValueError(
+                f"--policy must be one of {', '.join(POLICIES)} or fixed:MHZ, got {self.policy!r}"
+            )
         if not 0 <= self.port < 65536:
             raise ValueError(f"--port must be in 0..65535 (0: any free port), got {self.port}")
         if self.slo_ms <= 0:
@@ -56,16 +59,19 @@ _HELP = {
     "port": "port to listen on (Triton's own HTTP port, so the sidecar can take its place)",
     "triton_url": "an existing Triton (host:port); omitted: start the embedded default",
     "device": "sim:<profile> or nvml:<index> (default: NVML GPU 0 if present, else sim:v100)",
-    "policy": "clock policy: " + ", ".join(POLICIES),
-    "table": "a time2clock table (JSON); omitted in the embedded default: profile and cache one",
+    "policy": "clock policy: " + ", ".join(POLICIES) + ", or fixed:MHZ",
+    "table": "time2clock table file(s), comma-separated (each holds one or more models); "
+    "omitted in the embedded default: profile and cache one per model",
     "slo_ms": "default latency SLO per request, ms",
-    "max_inflight": "requests in flight to Triton per GPU",
+    "max_inflight": "a cap on requests at Triton per GPU (each model gets what its batcher "
+    "can use: (instances + 1) × max_batch_size, or less when the policy says so)",
     "max_queue": "requests waiting per GPU before new ones are refused (429)",
     "priority_levels": "priority levels (1 highest; 0 in a request means the lowest)",
     "admin_token": "bearer token for /admin (none: admin API disabled)",
     "state_dir": "where tables are cached",
+    "profile_models": "embedded models to profile at start-up, comma-separated (others: top clock)",
     "profile_clocks": "clocks to sweep when profiling at start-up",
-    "profile_requests": "requests per clock when profiling at start-up",
+    "profile_requests": "requests per clock and batch size when profiling at start-up",
     "log_level": "uvicorn log level",
 }
 
@@ -85,12 +91,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         )
 
 
+def _list(value: object) -> tuple[str, ...]:
+    """A comma-separated flag (or a default tuple) as a tuple of non-empty strings."""
+    if isinstance(value, tuple):
+        return tuple(str(v) for v in value)
+    return tuple(x.strip() for x in str(value or "").split(",") if x.strip())
+
+
 def from_args(args: argparse.Namespace) -> GatewayConfig:
     values = {f.name: getattr(args, f.name) for f in fields(GatewayConfig)}
-    for name in ("table", "state_dir"):
-        if values[name] is not None:
-            values[name] = Path(values[name])
-    for name in ("triton_url", "device", "admin_token", "table"):
+    values["state_dir"] = Path(values["state_dir"])
+    values["table"] = tuple(Path(p) for p in _list(values["table"]))
+    values["profile_models"] = _list(values["profile_models"])
+    for name in ("triton_url", "device", "admin_token"):
         if values[name] in ("", None):
             values[name] = None
     return GatewayConfig(**values)

@@ -21,6 +21,7 @@ from dvfs.device import Device
 from dvfs.errors import DeviceError
 from scheduler.core import Scheduler
 from scheduler.request import Request
+from time2clock.table import ModelTable
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +98,7 @@ class GpuDispatcher:
         self,
         *,
         gpu: str,
-        scheduler: Scheduler,
+        scheduler: Scheduler[Job],
         device: Device,
         upstream: Upstream,
         metrics: GatewayMetrics,
@@ -140,8 +141,9 @@ class GpuDispatcher:
 
     # -- requests ----------------------------------------------------------------------
 
-    async def submit(self, request: Request) -> UpstreamResponse:
+    async def submit(self, request: Request[Job]) -> UpstreamResponse:
         """Queue ``request`` (its ``payload`` a :class:`Job`) and wait for Triton's answer."""
+        job = _job(request)
         if self._closed:
             raise UnavailableError("the sidecar is shutting down")
         result = self.scheduler.enqueue(request, self._now())
@@ -149,14 +151,13 @@ class GpuDispatcher:
             raise RejectedError(result.reason or "refused")
         self._apply(result.clock_mhz)
         self._pump()
-        job: Job = request.payload
         return await job.future
 
     def _pump(self) -> None:
         """Send what the core says to send, while it has room."""
         while (d := self.scheduler.next_dispatch(self._now())) is not None:
             self._apply(d.clock_mhz)
-            request, job = d.request, d.request.payload
+            request, job = d.request, _job(d.request)
             now = self._now()
             if job.timeout_us is not None and (now - request.arrival_s) * 1e6 > job.timeout_us:
                 self.scheduler.on_complete(request, 0.0, now)
@@ -169,8 +170,8 @@ class GpuDispatcher:
         self._gauges()
         self._arm_timer()
 
-    async def _send(self, request: Request, sent_s: float) -> None:
-        job: Job = request.payload
+    async def _send(self, request: Request[Job], sent_s: float) -> None:
+        job = _job(request)
         error: Exception | None = None
         response: UpstreamResponse | None = None
         try:
@@ -198,8 +199,8 @@ class GpuDispatcher:
                 job.future.set_result(response)
         self._pump()
 
-    def _fail(self, request: Request, error: Exception) -> None:
-        job: Job = request.payload
+    def _fail(self, request: Request[Job], error: Exception) -> None:
+        job = _job(request)
         if not job.future.done():
             job.future.set_exception(error)
 
@@ -235,18 +236,52 @@ class GpuDispatcher:
         self.metrics.inflight.labels(self.gpu).set(len(self.scheduler.inflight))
 
     def state(self) -> dict[str, object]:
-        """A snapshot for the admin API."""
+        """A snapshot for the admin API, taken in the event loop (the only thread that changes
+        the scheduler); the device is not read here (an NVML call may block)."""
         s = self.scheduler
+        now = self._now()
+        rates = s.arrival_rates_rps(now)
+        models = sorted({*s.tables.models, *rates, *s.inflight_by_model(), *s.queued_by_model()})
         return {
             "gpu": self.gpu,
             "device": self.device.identity.name,
             "policy": s.policy.name,
             "clock_target_mhz": s.clock_target_mhz,
-            "clock_mhz": self.device.clock_mhz(),
             "queue_length": s.queue_len,
             "queue_by_level": s.queue.level_sizes(),
             "inflight": len(s.inflight),
-            "arrival_rate_rps": round(s.arrival_rate_rps(self._now()), 3),
+            "arrival_rate_rps": round(sum(rates.values()), 3),
             "max_inflight": s.config.max_inflight,
             "max_queue": s.config.max_queue,
+            "models": {
+                m: {
+                    "queued": s.queued_by_model().get(m, 0),
+                    "inflight": s.inflight_count(m),
+                    "release_limit": s.policy.release_limit(s, m),
+                    "max_batch": s.serving(m).max_batch,
+                    "instances": s.serving(m).instances,
+                    "arrival_rate_rps": round(rates.get(m, 0.0), 3),
+                    "table": _table_summary(s.table_for(m)),
+                }
+                for m in models
+            },
         }
+
+
+def _job(request: Request[Job]) -> Job:
+    job = request.payload
+    assert job is not None, "every gateway request carries its Job"
+    return job
+
+
+def _table_summary(table: ModelTable | None) -> dict[str, object] | None:
+    if table is None:
+        return None
+    return {
+        "gpu": table.gpu,
+        "batches": table.batches,
+        "clocks": len(table.clocks_mhz),
+        "top_clock_ms": {
+            b: round(table.predict_ms(table.clocks_mhz[-1], b), 3) for b in table.batches
+        },
+    }

@@ -1,9 +1,13 @@
 """The embedded default: a real Triton (PyTriton's bundled server) hosting emulated-GPU models.
 
-``simnet`` (``INPUT0`` FP32 ``[-1, 16]`` → ``OUTPUT0 = 2·INPUT0``) takes as long as the simulated
-GPU says at the clock the sidecar set (read from the device's shared state file), speeding up or
-slowing down mid-request when the clock changes, and adds its busy time to that GPU's energy.
-``noop`` answers at once (for measuring the sidecar's own cost).
+``simnet`` (a ResNet-50-class CNN) and ``simbert`` (a BERT-large-class transformer, several times
+slower and batching less well) both take ``INPUT0`` FP32 ``[-1, 16]`` and answer ``OUTPUT0 =
+2·INPUT0``. Triton's dynamic batcher forms their batches (up to each model's largest, two
+instances each); each batch takes as long as the simulated GPU says for that model, that batch
+size and the clock the sidecar set (read from the device's shared state file), speeding up or
+slowing down mid-batch when the clock, or the number of batches sharing the GPU, changes, and
+adds its energy to that GPU's counter. ``noop`` answers at once (for measuring the sidecar's own
+cost).
 
 Triton runs in a child process that the sidecar starts, waits for, and stops on every exit path;
 the child also stops Triton when its parent disappears, so a killed sidecar leaves nothing behind.
@@ -27,15 +31,20 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from dvfs.simulated import SimulatedDevice
+from dvfs.profiles import CNN, TRANSFORMER
+from dvfs.simulated import SimulatedDevice, shared_time_ms
 
 log = logging.getLogger(__name__)
 Floats = npt.NDArray[np.float32]
 
 SIMNET = "simnet"
+SIMBERT = "simbert"
 NOOP = "noop"
+EMULATED = {SIMNET: CNN, SIMBERT: TRANSFORMER}  # Triton's model name -> the simulated model
+INSTANCES = 2
+BATCHER_DELAY_US = 500  # how long Triton's batcher may wait for a fuller batch
 INPUT_WIDTH = 16
-STEP_S = 0.002  # how often a running request re-reads the clock
+STEP_S = 0.002  # how often a running batch re-reads the clock
 
 
 @dataclass(frozen=True)
@@ -55,22 +64,24 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def emulate_request(device: SimulatedDevice) -> None:
-    """Occupy the simulated GPU for one request, following the clock while it runs."""
-    profile = device.profile
-    device.begin_work()
+def emulate_batch(device: SimulatedDevice, model: str, batch: int) -> None:
+    """Occupy the simulated GPU for one batch of ``model``, following the clock and the number
+    of batches sharing the GPU while it runs."""
+    law = device.profile.model(model)
+    device.begin_work(model, batch)
     try:
         clock = device.clock_mhz()
-        work_ms = device.sample_latency_ms(clock) / profile.mean_latency_ms(clock)
+        mean_ms = law.mean_latency_ms(clock, batch)
+        work = device.sample_latency_ms(clock, model=model, batch=batch) / mean_ms
         done = 0.0
         while done < 1.0:
-            clock = device.clock_mhz()
-            total_s = work_ms * profile.mean_latency_ms(clock) / 1000.0
+            clock, running, models = device.sharing(model)
+            total_s = work * shared_time_ms(law, clock, batch, running, models) / 1000.0
             step_s = min((1.0 - done) * total_s, STEP_S)
             time.sleep(step_s)
             done += step_s / total_s
     finally:
-        device.end_work()
+        device.end_work(model, batch)
 
 
 def _serve(state_path: str, ports: EmbeddedPorts, instances: int) -> None:
@@ -95,20 +106,20 @@ def _serve(state_path: str, ports: EmbeddedPorts, instances: int) -> None:
     libdir = sysconfig.get_config_var("LIBDIR") or ""
     os.environ["LD_LIBRARY_PATH"] = f"{libdir}:{os.environ.get('LD_LIBRARY_PATH', '')}"
     from pytriton.decorators import batch
-    from pytriton.model_config import ModelConfig, Tensor
+    from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
     from pytriton.triton import Triton, TritonConfig, TritonSecurityConfig
 
     parent = os.getppid()
 
-    def make_simnet(seed: int) -> Any:
+    def make_emulated(model: str, seed: int) -> Any:
         device = SimulatedDevice.attach(Path(state_path), rng=np.random.default_rng(seed))
 
         @batch  # type: ignore[untyped-decorator]
-        def simnet(INPUT0: Floats) -> dict[str, Floats]:  # noqa: N803 (the tensor's name)
-            emulate_request(device)
+        def emulated(INPUT0: Floats) -> dict[str, Floats]:  # noqa: N803 (the tensor's name)
+            emulate_batch(device, model, len(INPUT0))
             return {"OUTPUT0": (INPUT0 * 2).astype(np.float32)}
 
-        return simnet
+        return emulated
 
     @batch  # type: ignore[untyped-decorator]
     def noop(INPUT0: Floats) -> dict[str, Floats]:  # noqa: N803
@@ -130,13 +141,16 @@ def _serve(state_path: str, ports: EmbeddedPorts, instances: int) -> None:
         "inputs": [Tensor(name="INPUT0", dtype=np.float32, shape=(INPUT_WIDTH,))],
         "outputs": [Tensor(name="OUTPUT0", dtype=np.float32, shape=(INPUT_WIDTH,))],
     }
+    batcher = DynamicBatcher(max_queue_delay_microseconds=BATCHER_DELAY_US)
+    profile = SimulatedDevice.attach(Path(state_path)).profile
     with Triton(config=config, security_config=security) as triton:
-        triton.bind(
-            SIMNET,
-            [make_simnet(i) for i in range(instances)],
-            config=ModelConfig(max_batch_size=8),
-            **tensors,
-        )
+        for i, (name, model) in enumerate(EMULATED.items()):
+            triton.bind(
+                name,
+                [make_emulated(model, 100 * i + k) for k in range(instances)],
+                config=ModelConfig(max_batch_size=profile.model(model).max_batch, batcher=batcher),
+                **tensors,
+            )
         triton.bind(NOOP, [noop] * instances, config=ModelConfig(max_batch_size=8), **tensors)
         triton.run()
         while not stopping[0] and os.getppid() == parent:  # the sidecar gone: do not outlive it
@@ -150,7 +164,7 @@ class EmbeddedTriton:
     """Starts and stops the embedded Triton (a child process); use as a context manager."""
 
     def __init__(
-        self, state_path: Path, *, instances: int = 2, start_timeout_s: float = 120.0
+        self, state_path: Path, *, instances: int = INSTANCES, start_timeout_s: float = 120.0
     ) -> None:
         self.state_path = state_path
         self.instances = instances

@@ -4,32 +4,40 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from api.config import GatewayConfig
-from api.dispatcher import GpuDispatcher
-from api.embedded import NOOP, SIMNET, EmbeddedTriton
+from api.dispatcher import GpuDispatcher, Job
+from api.embedded import EMULATED, NOOP, EmbeddedTriton
 from api.metrics import GatewayMetrics
 from api.upstream import Upstream, UpstreamUnavailableError
 from dvfs.device import Device
 from dvfs.factory import default_device_spec, open_device, parse_device_spec
+from dvfs.simulated import SimulatedDevice
 from scheduler.core import Scheduler, SchedulerConfig
 from scheduler.policies import make_policy
-from time2clock.fit import fit_table
+from scheduler.view import ModelServing
+from time2clock.fit import fit_model_table
 from time2clock.profile import TritonMeasurer, select_clocks, sweep
-from time2clock.table import ClockPoint, InverseLinearFit, TableError, Time2ClockTable
+from time2clock.table import TableError, TableSet
 
 log = logging.getLogger(__name__)
+TABLES_VERSION = 2  # in the cache's file names: a new table format never reads an old cache
 
 
-def placeholder_table(clocks_mhz: list[int], latency_ms: float) -> Time2ClockTable:
-    """A flat table for ``max``/``default`` without a profile: it only seeds CFS's charges
-    (each completion corrects them with the real time); clock choices never read it."""
-    fit = InverseLinearFit(0.0, 1.0 / latency_ms, 0.0)
-    points = tuple(ClockPoint(c, 0, latency_ms, 0, 0, 0, 0, 0, 0) for c in clocks_mhz)
-    return Time2ClockTable("unprofiled", "any", 0.0, 2, fit, points)
+def serving_from_config(config: dict[str, Any]) -> ModelServing:
+    """How Triton serves a model, from its ``/v2/models/{m}/config``: batches of up to
+    ``max_batch_size`` when its dynamic batcher is on (else Triton runs requests one by one),
+    on as many instances as its instance groups count."""
+    instances = sum(int(g.get("count", 1)) for g in config.get("instance_group", [])) or 1
+    batching = "dynamic_batching" in config and int(config.get("max_batch_size", 0)) > 0
+    return ModelServing(
+        max_batch=int(config["max_batch_size"]) if batching else 1, instances=max(1, instances)
+    )
 
 
 class Runtime:
@@ -42,22 +50,19 @@ class Runtime:
         self.embedded: EmbeddedTriton | None = None
         self.upstream: Upstream | None = None
         self.dispatcher: GpuDispatcher | None = None
-        self.table: Time2ClockTable | None = None
         self.known_models: set[str] = set()
         self.gpu = "0"
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
 
     async def start(self) -> None:
         try:
-            await asyncio.to_thread(self._open_blocking)
-            assert self.device is not None and self.table is not None
-            self.upstream = Upstream(
-                self.triton_url, max_connections=4 * self.config.max_inflight + 16
-            )
+            tables = await asyncio.to_thread(self._open_blocking)
+            assert self.device is not None
+            self.upstream = Upstream(self.triton_url, max_connections=self.config.max_inflight + 16)
             await self.upstream.open()
-            policy = make_policy(self.config.policy, self.table, self.device.supported_clocks_mhz())
-            scheduler = Scheduler(
-                self.table,
+            policy = make_policy(self.config.policy, self.device.supported_clocks_mhz())
+            scheduler: Scheduler[Job] = Scheduler(
+                tables,
                 policy,
                 SchedulerConfig(
                     max_inflight=self.config.max_inflight,
@@ -87,7 +92,8 @@ class Runtime:
         assert self.config.triton_url is not None
         return self.config.triton_url
 
-    def _open_blocking(self) -> None:
+    def _open_blocking(self) -> TableSet:
+        """Open the device, start the embedded Triton (if any), load or profile the tables."""
         cfg = self.config
         spec = cfg.device or default_device_spec()
         kind, arg = parse_device_spec(spec)
@@ -105,68 +111,95 @@ class Runtime:
             assert state_path is not None
             self.embedded = EmbeddedTriton(state_path)
             self.embedded.start()
-            self.known_models.update((SIMNET, NOOP))
-        self.table = self._table(arg if kind == "sim" else self.device.identity.name)
-
-    def _table(self, gpu_name: str) -> Time2ClockTable:
-        cfg = self.config
-        assert self.device is not None
-        if cfg.table is not None:
-            return Time2ClockTable.load(cfg.table)
+            self.known_models.add(NOOP)
+        gpu_name = arg if kind == "sim" else self.device.identity.name
+        if cfg.table:
+            return TableSet.load_many(cfg.table)
         if cfg.embedded:
-            cache = cfg.state_dir / "tables" / f"{gpu_name}-{SIMNET}.json"
+            return self._profile_embedded(gpu_name)
+        if cfg.policy in ("seed", "slack"):
+            log.warning(
+                "no --table: every model runs at the top clock until it has one; profile them "
+                "with `python -m time2clock profile --device nvml:0 --triton-url HOST:PORT "
+                "--model M [--model M2 ...]` and pass --table out/profile/table.json"
+            )
+        return TableSet()
+
+    def _profile_embedded(self, gpu_name: str) -> TableSet:
+        """Each emulated model's table: from the cache, or profiled through Triton and cached."""
+        cfg = self.config
+        assert isinstance(self.device, SimulatedDevice) and self.embedded is not None
+        tables = TableSet()
+        unknown = sorted(set(cfg.profile_models) - set(EMULATED))
+        if unknown:
+            raise ValueError(
+                f"--profile-models: no embedded model {', '.join(unknown)}; "
+                f"known: {', '.join(EMULATED)}"
+            )
+        for name in cfg.profile_models:
+            cache = cfg.state_dir / "tables" / f"{gpu_name}-{name}-v{TABLES_VERSION}.json"
             with contextlib.suppress(TableError, OSError):
-                table = Time2ClockTable.load(cache)
+                tables.add(next(iter(TableSet.load(cache))))
                 log.info("using the cached time2clock table %s", cache)
-                return table
+                continue
+            model = self.device.profile.model(EMULATED[name])
+            batches = sorted({1, max(1, model.max_batch // 4), model.max_batch})
             log.info(
-                "profiling %s on the simulated %s (%d clocks × %d requests)...",
-                SIMNET,
-                gpu_name,
+                "profiling %s on %s (%d clocks × batches %s × %d requests; cached after)...",
+                name,
+                self.device.identity.name,
                 cfg.profile_clocks,
+                batches,
                 cfg.profile_requests,
             )
-            assert self.embedded is not None
             clocks = select_clocks(self.device.supported_clocks_mhz(), cfg.profile_clocks)
             result = sweep(
                 self.device,
-                TritonMeasurer(self.embedded.url, SIMNET),
+                TritonMeasurer(self.embedded.url, name),
                 clocks,
+                batches=batches,
                 requests_per_clock=cfg.profile_requests,
-                concurrency=2,
+                concurrency=1,
             )
-            table = fit_table(
+            table = fit_model_table(
                 result.samples,
                 gpu=gpu_name,
-                model=SIMNET,
-                concurrency=2,
+                model=name,
+                concurrency=1,
                 energy_j=result.energy_per_inference_j,
             )
             cache.parent.mkdir(parents=True, exist_ok=True)
-            table.save(cache)
-            log.info("cached the time2clock table at %s (R² %.3f)", cache, table.r2)
-            return table
-        if cfg.policy in ("seed", "slack"):
-            raise ValueError(
-                f"policy {cfg.policy!r} needs a time2clock table for this GPU and model: "
-                "profile it with `python -m time2clock profile --device nvml:0 "
-                "--triton-url HOST:PORT --model M` and pass --table out/profile/table.json"
-            )
-        return placeholder_table(self.device.supported_clocks_mhz(), cfg.slo_ms / 4)
+            TableSet([table]).save(cache)
+            log.info("cached the time2clock table at %s", cache)
+            tables.add(table)
+        return tables
 
     async def model_exists(self, model: str) -> bool:
-        """Whether Triton serves ``model`` (remembered once seen; asked again when not)."""
+        """Whether Triton serves ``model``; the first time, also how (its batching), which the
+        scheduler needs. Remembered once seen; asked again when not."""
         if model in self.known_models:
             return True
-        assert self.upstream is not None
+        assert self.upstream is not None and self.dispatcher is not None
         try:
-            resp = await self.upstream.request("GET", f"/v2/models/{model}")
+            resp = await self.upstream.request("GET", f"/v2/models/{model}/config")
         except UpstreamUnavailableError:
             return True  # let the request fail with 503 rather than claim the model is unknown
-        if resp.status == 200:
-            self.known_models.add(model)
-            return True
-        return False
+        if resp.status != 200:
+            return False
+        try:
+            serving = serving_from_config(json.loads(resp.body))
+        except (ValueError, KeyError, TypeError) as err:
+            log.warning("could not read %s's batching from its config (%s); batch 1", model, err)
+            serving = ModelServing()
+        self.dispatcher.scheduler.set_serving(model, serving)
+        log.info(
+            "model %s: batches of up to %d on %d instance(s)",
+            model,
+            serving.max_batch,
+            serving.instances,
+        )
+        self.known_models.add(model)
+        return True
 
     async def stop(self) -> None:
         if self.dispatcher is not None:

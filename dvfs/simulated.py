@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from dvfs.device import Device, DeviceIdentity
-from dvfs.profiles import GpuProfile, get_profile
-from dvfs.state import DeviceState, FileStateStore, MemoryStateStore, StateStore
+from dvfs.profiles import GpuProfile, ModelProfile, get_profile
+from dvfs.state import MAX_MODELS, DeviceState, FileStateStore, MemoryStateStore, StateStore
 
 TimeSource = Callable[[], float]
 
@@ -33,6 +33,21 @@ class SimulatedStats:
     completed: int
     active: int
     clock_mhz_s: float
+
+
+def shared_time_ms(
+    model: ModelProfile, clock_mhz: float, batch: int, running: int, models: int
+) -> float:
+    """How long an execution of ``batch`` would take, on average, if the GPU stayed shared as it
+    is now: ``t(f, B)·G``.
+
+    Instances of one model running at once (``running`` requests of it in all, this batch
+    among them) use the GPU as one batch of their combined size ``B`` would, since concurrent
+    kernels fill the SMs as a bigger batch does; different models (``G`` of them running)
+    time-share it equally. An assumption: no published measurement of concurrent Triton
+    instances was found.
+    """
+    return model.mean_latency_ms(clock_mhz, max(batch, running)) * max(1, models)
 
 
 class SimulatedDevice(Device):
@@ -141,40 +156,50 @@ class SimulatedDevice(Device):
 
     def begin_work(self, model: str | None = None, batch: int = 1) -> int:
         """An execution of ``batch`` requests of ``model`` starts; returns its starting clock."""
-        dynamic_w = self.profile.model(model).dynamic_w(batch)
+        slot = self._slot(model)
         now = self._now()
         with self._store.transaction() as st:
             self._advance(st, now)
             st.active += 1
-            st.active_dynamic_w += dynamic_w
+            setattr(st, slot, getattr(st, slot) + batch)
             if not st.locked and st.clock_mhz < self.profile.max_clock_mhz:
                 self._move_to(st, self.profile.max_clock_mhz, now)
             return int(st.clock_mhz)
 
     def end_work(self, model: str | None = None, batch: int = 1) -> None:
         """An execution started by :meth:`begin_work` (same model and batch) finished."""
-        dynamic_w = self.profile.model(model).dynamic_w(batch)
+        slot = self._slot(model)
         now = self._now()
         with self._store.transaction() as st:
             self._advance(st, now)
-            if st.active <= 0:
+            if st.active <= 0 or getattr(st, slot) < batch:
                 raise RuntimeError("end_work() without a matching begin_work()")
             st.active -= 1
             st.completed += batch
-            st.active_dynamic_w = max(0.0, st.active_dynamic_w - dynamic_w) if st.active else 0.0
+            setattr(st, slot, getattr(st, slot) - batch)
             if not st.active:
                 st.last_busy_end_s = now
 
-    def sharing(self) -> tuple[int, int]:
-        """``(clock_mhz, executions running)``: what a running execution's speed depends on.
-
-        Executions running together share the GPU equally (processor sharing): each goes at
-        ``1/k`` of its speed alone, so instances of a model add no throughput that batching
-        does not already give.
-        """
+    def sharing(self, model: str | None = None) -> tuple[int, int, int]:
+        """``(clock_mhz, requests of model running, models running)``: what a running
+        execution's speed depends on (see :func:`execution_speed`)."""
+        slot = self._slot(model)
         with self._store.transaction() as st:
             self._advance(st, self._now())
-            return int(st.clock_mhz), int(st.active)
+            return int(st.clock_mhz), int(getattr(st, slot)), len(self._running(st))
+
+    def _slot(self, model: str | None) -> str:
+        name = self.profile.model(model).name
+        index = list(self.profile.models).index(name)
+        if index >= MAX_MODELS:
+            raise ValueError(f"a simulated GPU runs at most {MAX_MODELS} models")
+        return f"batch_{index}"
+
+    def _running(self, st: DeviceState) -> list[tuple[ModelProfile, float]]:
+        """``(model, requests running)`` of every model with work on the GPU."""
+        models = list(self.profile.models.values())[:MAX_MODELS]
+        running = ((m, getattr(st, f"batch_{i}")) for i, m in enumerate(models))
+        return [(m, b) for m, b in running if b > 0]
 
     def sample_latency_ms(
         self, clock_mhz: float | None = None, *, model: str | None = None, batch: int = 1
@@ -222,12 +247,14 @@ class SimulatedDevice(Device):
     # -- the physics ----------------------------------------------------------------------
 
     def _power(self, st: DeviceState) -> float:
-        """Busy: the floor plus the running executions' mean dynamic power at this clock."""
+        """Busy: the floor plus the running models' dynamic power at this clock, each model's
+        at the batch it runs in all (time-shared between models: their mean)."""
         p = self.profile
-        if st.active:
+        running = self._running(st)
+        if running:
             x = st.clock_mhz / p.max_clock_mhz
-            dynamic_w = st.active_dynamic_w / st.active * x**p.power_exponent
-            return float(min(p.busy_floor_w + dynamic_w, p.tdp_w))
+            mean_w = sum(m.dynamic_w(b) for m, b in running) / len(running)
+            return float(min(p.busy_floor_w + mean_w * x**p.power_exponent, p.tdp_w))
         return p.idle_power_w(st.clock_mhz)
 
     def _move_to(self, st: DeviceState, clock_mhz: float, now: float) -> None:

@@ -20,7 +20,7 @@ from typing import Protocol
 
 _MAGIC = b"SIMGPU02"
 _HEADER = struct.Struct("<8s16s")
-_FIELDS = struct.Struct("<" + "d" * 15)
+_FIELDS = struct.Struct("<" + "d" * 18)
 
 
 @dataclass
@@ -41,7 +41,14 @@ class DeviceState:
     clock_changes: float = 0.0
     completed: float = 0.0
     clock_mhz_s: float = 0.0
-    active_dynamic_w: float = 0.0  # sum over running executions of their dynamic power at top clock
+    # Requests running, per model (in the order of the profile's models; at most MAX_MODELS).
+    batch_0: float = 0.0
+    batch_1: float = 0.0
+    batch_2: float = 0.0
+    batch_3: float = 0.0
+
+
+MAX_MODELS = 4
 
 
 class StateStore(Protocol):

@@ -13,9 +13,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from dvfs.__main__ import PIPE_WIDTH
-from scheduler.compare import Matrix, plot, run_all, tabulate, tune, write_csv
+from scheduler.compare import DEFAULT_MIX, Matrix, plot, run_all, tabulate, tune, write_csv
 from scheduler.policies import POLICIES
-from scheduler.simulate import SimConfig, simulate
+from scheduler.simulate import SimConfig, parse_models, simulate
 from scheduler.workload import ClientSpec, parse_clients
 
 
@@ -43,14 +43,12 @@ def _progress(console: Console) -> Progress:
 
 
 def _cmd_simulate(args: argparse.Namespace, console: Console) -> int:
-    if args.policy not in POLICIES:
-        raise ValueError(f"unknown policy {args.policy!r}; known: {', '.join(POLICIES)}")
     clients = tuple(parse_clients(args.clients)) if args.clients else (ClientSpec("default"),)
     cfg = SimConfig(
         gpu=args.gpu, policy=args.policy, slo_ms=args.slo_ms, duration_s=args.duration_s,
         seed=args.seed, load=args.load, rate_rps=args.rate, arrival=args.arrival,
-        trace=args.trace, clients=clients, max_inflight=args.max_inflight,
-        max_queue=args.max_queue,
+        trace=args.trace, clients=clients, models=parse_models(args.models),
+        instances=args.instances, max_inflight=args.max_inflight, max_queue=args.max_queue,
     )  # fmt: skip
     if args.slo_ms <= 0 or args.duration_s <= 0:
         raise ValueError("--slo-ms and --duration-s must be > 0")
@@ -69,6 +67,7 @@ def _cmd_simulate(args: argparse.Namespace, console: Console) -> int:
             "p50 ms",
             "p99 ms",
             "SLO met",
+            "mean batch",
             "mean MHz",
             "clock changes",
         ):
@@ -83,10 +82,24 @@ def _cmd_simulate(args: argparse.Namespace, console: Console) -> int:
             f"{out['p50_ms']:.1f}",
             f"{out['p99_ms']:.1f}",
             f"{out['slo_attainment']:.2%}",
+            f"{out['mean_batch']:.1f}",
             f"{out['mean_clock_mhz']:.0f}",
             str(out["clock_changes"]),
         )
         console.print(view)
+        if len(out["models"]) > 1:
+            per_model = Table(title="per model")
+            for col in ("model", "completed", "SLO ms", "p99 ms", "SLO met"):
+                per_model.add_column(col, justify="right")
+            for name, m in out["models"].items():
+                per_model.add_row(
+                    name,
+                    str(m["completed"]),
+                    f"{m['slo_ms']:g}",
+                    f"{m['p99_ms']:.1f}",
+                    f"{m['slo_attainment']:.2%}",
+                )
+            console.print(per_model)
         if len(out["clients"]) > 1:
             per = Table(title="per client")
             for col in ("client", "completed", "rejected", "p99 ms", "SLO met", "GPU time s"):
@@ -110,6 +123,7 @@ def _matrix(args: argparse.Namespace, **extra: object) -> Matrix:
     """The matrix the shared ``compare``/``tune`` options describe."""
     return Matrix(
         gpus=args.gpus,
+        mixes=args.mixes,
         loads=args.loads,
         slo_multipliers=args.slo_multipliers,
         duration_s=args.duration_s,
@@ -129,8 +143,9 @@ def _cmd_compare(args: argparse.Namespace, console: Console) -> int:
     )
     for col in (
         "GPU",
+        "mix",
         "load",
-        "SLO ms",
+        "SLO ×",
         "policy",
         "J/inf",
         "vs max",
@@ -142,11 +157,12 @@ def _cmd_compare(args: argparse.Namespace, console: Console) -> int:
     ):
         view.add_column(col, justify="right")
     for r in rows:
-        miss = r["p99_ms"] > r["slo_ms"]
+        miss = r["p99_over_slo"] > 1
         view.add_row(
             r["gpu"],
+            r["mix"],
             f"{r['load']:g}",
-            f"{r['slo_ms']:g}",
+            f"{r['slo_mult']:g}",
             r["policy"],
             f"{r['energy_per_inference_j']:.3f}",
             f"{r['vs_max']:.2f}",
@@ -202,18 +218,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("simulate", help="one simulated run")
     p.add_argument("--gpu", default="v100")
-    p.add_argument("--policy", default="slack", help=", ".join(POLICIES))
+    p.add_argument("--policy", default="slack", help=", ".join(POLICIES) + ", fixed:MHZ")
+    p.add_argument(
+        "--models",
+        default="resnet50",
+        help="model mix, name:share[:slo_ms],... (resnet50, bert-large); default resnet50",
+    )
+    p.add_argument("--instances", type=int, default=2, help="Triton instances per model (2)")
     rate = p.add_mutually_exclusive_group()
     rate.add_argument(
         "--load",
         type=float,
         default=None,
-        help="fraction of the GPU's capacity at its top clock (default 0.5)",
+        help="fraction of the mix's capacity at the top clock in full batches (default 0.5)",
     )
     rate.add_argument("--rate", type=float, default=None, help="requests per second")
     p.add_argument("--arrival", choices=("poisson", "bursty", "trace"), default="poisson")
     p.add_argument("--trace", type=Path, default=None, help="arrival times, seconds, one per line")
-    p.add_argument("--slo-ms", type=float, default=30.0)
+    p.add_argument("--slo-ms", type=float, default=100.0, help="SLO of models that name none")
     p.add_argument("--duration-s", type=float, default=30.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
@@ -221,7 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help='e.g. "a:nice=-5,share=0.33;b:nice=0,share=0.33;c:priority=1,slo_ms=80"',
     )
-    p.add_argument("--max-inflight", type=int, default=2)
+    p.add_argument("--max-inflight", type=int, default=256, help="a cap on requests at Triton")
     p.add_argument("--max-queue", type=int, default=1000)
     p.add_argument("--json", action="store_true", help="print the result as one JSON line last")
     p.set_defaults(run=_cmd_simulate)
@@ -232,12 +254,18 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         p = sub.add_parser(name, help=helptext)
         p.add_argument("--gpus", type=_names, default=("v100", "rtx3090", "titanrtx"))
-        p.add_argument("--loads", type=_floats, default=(0.2, 0.5, 0.8))
+        p.add_argument(
+            "--mixes",
+            type=lambda t: tuple(x.strip() for x in t.split(";") if x.strip()),
+            default=(DEFAULT_MIX,),
+            help=f"model mixes separated by ';' (default {DEFAULT_MIX})",
+        )
+        p.add_argument("--loads", type=_floats, default=(0.3, 0.6, 0.9))
         p.add_argument(
             "--slo-multipliers",
             type=_floats,
             default=(2.0, 3.0, 5.0),
-            help="SLOs as multiples of the top-clock latency",
+            help="each model's SLO as a multiple of its full batch's time at the top clock",
         )
         p.add_argument("--duration-s", type=float, default=60.0 if name == "compare" else 30.0)
         p.add_argument("--jobs", type=int, default=None, help="processes (default: all cores)")

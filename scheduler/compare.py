@@ -11,16 +11,17 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from dvfs.profiles import get_profile
+from dvfs.profiles import CNN, TRANSFORMER, get_profile
 from scheduler.policies import SlackParams
-from scheduler.simulate import SimConfig, simulate
+from scheduler.simulate import ModelMix, SimConfig, parse_models, simulate
 
 Row = dict[str, Any]
 
 COLUMNS = (
     "gpu",
+    "mix",
     "load",
-    "slo_ms",
+    "slo_mult",
     "policy",
     "requests",
     "completed",
@@ -34,15 +35,25 @@ COLUMNS = (
     "p99_ms",
     "p99_over_slo",
     "slo_attainment",
+    "mean_batch",
     "mean_clock_mhz",
     "clock_changes",
 )
+DEFAULT_MIX = f"{CNN}:0.7,{TRANSFORMER}:0.3"
 
 
 @dataclass(frozen=True)
 class Matrix:
+    """GPUs × model mixes × loads × SLOs × policies, each cell on the same arrivals.
+
+    A model's SLO is a multiple of its full batch's time at the top clock (what a request may
+    take at full load with no queue); ``load`` is a fraction of the mix's capacity at the top
+    clock in full batches.
+    """
+
     gpus: tuple[str, ...] = ("v100", "rtx3090", "titanrtx")
-    loads: tuple[float, ...] = (0.2, 0.5, 0.8)
+    mixes: tuple[str, ...] = (DEFAULT_MIX,)
+    loads: tuple[float, ...] = (0.3, 0.6, 0.9)
     slo_multipliers: tuple[float, ...] = (2.0, 3.0, 5.0)
     policies: tuple[str, ...] = ("max", "default", "seed", "slack")
     duration_s: float = 60.0
@@ -50,22 +61,34 @@ class Matrix:
     slack: SlackParams = field(default_factory=SlackParams)
 
     def configs(self) -> list[SimConfig]:
-        """One config per cell; the SLO is a multiple of the GPU's top-clock mean latency."""
         return [
             SimConfig(
                 gpu=gpu,
                 policy=policy,
                 load=load,
-                slo_ms=round(mult * get_profile(gpu).latency_at_max_ms, 3),
+                models=slo_models(gpu, mix, mult),
+                slo_multiplier=mult,
                 duration_s=self.duration_s,
                 seed=self.seed,
                 slack=self.slack,
             )
             for gpu in self.gpus
+            for mix in self.mixes
             for load in self.loads
             for mult in self.slo_multipliers
             for policy in self.policies
         ]
+
+
+def slo_models(gpu: str, mix: str, multiplier: float) -> tuple[ModelMix, ...]:
+    """The mix's models, each with an SLO of ``multiplier`` × its full batch at the top clock."""
+    profile = get_profile(gpu)
+    out = []
+    for m in parse_models(mix):
+        law = profile.model(m.name)
+        full_ms = law.mean_latency_ms(profile.max_clock_mhz, law.max_batch)
+        out.append(ModelMix(m.name, m.share, round(multiplier * full_ms, 3)))
+    return tuple(out)
 
 
 def _run(cfg: SimConfig) -> Row:
@@ -97,23 +120,23 @@ def run_all(
         return results
 
 
+def cell(row: Row) -> tuple[Any, ...]:
+    """What identifies a row's cell: the same arrivals and deadlines, whatever the policy."""
+    return row["gpu"], row["mix"], row["load"], row["slo_mult"]
+
+
 def tabulate(results: Sequence[Row]) -> list[Row]:
-    """Rows with ratios to ``max`` (same GPU, load, SLO) and to the oracle."""
-    max_e = {
-        (r["gpu"], r["load"], r["slo_ms"]): r["energy_per_inference_j"]
-        for r in results
-        if r["policy"] == "max"
-    }
+    """Rows with ratios to ``max`` (same GPU, mix, load, SLO) and to the oracle."""
+    max_e = {cell(r): r["energy_per_inference_j"] for r in results if r["policy"] == "max"}
     rows = []
     for r in results:
         e = r["energy_per_inference_j"]
         oracle = r["oracle_energy_j"] / r["completed"] if r["oracle_energy_j"] else math.nan
-        base = max_e.get((r["gpu"], r["load"], r["slo_ms"]), math.nan)
+        base = max_e.get(cell(r), math.nan)
         derived = {
             "vs_max": e / base,
             "vs_oracle": e / oracle,
             "oracle_energy_per_inference_j": oracle,
-            "p99_over_slo": r["p99_ms"] / r["slo_ms"],
         }
         rows.append({**{k: r[k] for k in COLUMNS if k not in derived}, **derived})
     return rows
@@ -141,11 +164,13 @@ def plot(rows: Sequence[Row], path: Path) -> Path:
     width = 0.8 / len(policies)
     for ax, gpu in zip(axes[:, 0], gpus, strict=True):
         cells = [
-            (r["load"], r["slo_ms"]) for r in rows if r["gpu"] == gpu and r["policy"] == policies[0]
+            (r["load"], r["slo_mult"])
+            for r in rows
+            if r["gpu"] == gpu and r["policy"] == policies[0]
         ]
         for i, policy in enumerate(policies):
             by_cell = {
-                (r["load"], r["slo_ms"]): r
+                (r["load"], r["slo_mult"]): r
                 for r in rows
                 if r["gpu"] == gpu and r["policy"] == policy
             }
@@ -156,13 +181,13 @@ def plot(rows: Sequence[Row], path: Path) -> Path:
                     r["vs_max"],
                     width,
                     color=f"C{i}",
-                    hatch="//" if r["p99_ms"] > r["slo_ms"] else None,
+                    hatch="//" if r["p99_over_slo"] > 1 else None,
                     edgecolor="black",
                     linewidth=0.3,
                     label=policy if x == 0 else None,
                 )
         oracle = [
-            next(r for r in rows if r["gpu"] == gpu and (r["load"], r["slo_ms"]) == c)
+            next(r for r in rows if r["gpu"] == gpu and (r["load"], r["slo_mult"]) == c)
             for c in cells
         ]
         ax.plot(
@@ -176,7 +201,7 @@ def plot(rows: Sequence[Row], path: Path) -> Path:
             label="oracle",
         )
         ax.set_xticks([x + 0.4 - width / 2 for x in range(len(cells))])
-        ax.set_xticklabels([f"load {lo:g}\nSLO {s:g} ms" for lo, s in cells], fontsize=7)
+        ax.set_xticklabels([f"load {lo:g}\nSLO {s:g}×" for lo, s in cells], fontsize=7)
         ax.set_ylabel("energy / inference\n(× max)")
         ax.set_title(f"{gpu}: hatched = p99 over the SLO")
         ax.axhline(1.0, color="grey", linewidth=0.5)
@@ -218,14 +243,14 @@ def tune(
         slack_cells = [replace(c, policy="slack", slack=params) for c in cells]
         slack_rows = run_all(slack_cells, jobs=jobs, progress=progress)
         eligible = [
-            (m, s) for m, s in zip(max_rows, slack_rows, strict=True) if m["p99_ms"] <= m["slo_ms"]
+            (m, s) for m, s in zip(max_rows, slack_rows, strict=True) if m["p99_over_slo"] <= 1
         ]
         out.append(
             {
                 "param": param,
                 "value": value,
                 "eligible": len(eligible),
-                "misses": sum(s["p99_ms"] > s["slo_ms"] for _, s in eligible),
+                "misses": sum(s["p99_over_slo"] > 1 for _, s in eligible),
                 "energy_vs_max": sum(
                     s["energy_per_inference_j"] / m["energy_per_inference_j"] for m, s in eligible
                 )

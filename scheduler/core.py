@@ -5,16 +5,17 @@ it returns (send this request, set this clock)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Generic
 
 from scheduler.policies import ClockPolicy
 from scheduler.queue import PriorityCfsQueue
-from scheduler.request import Completion, Dispatch, EnqueueResult, Request
+from scheduler.request import Completion, Dispatch, EnqueueResult, P, Request
+from scheduler.view import ModelServing, QueuedRequest
 from scheduler.weights import NICE_MAX, NICE_MIN, weight_for_nice
-from time2clock.table import Time2ClockTable
+from time2clock.table import ModelTable, TableSet
 
-MIN_WORK_LEFT = 0.05
 FAIR_FROM = 0.5
 RESERVE = 0.1
 RATE_WINDOW_S = 1.0
@@ -24,11 +25,15 @@ RATE_WINDOW_S = 1.0
 class SchedulerConfig:
     """Bounds of one GPU's scheduler.
 
+    ``max_inflight``: a cap on the requests at Triton at once, over every model; how many the
+    scheduler actually releases is each model's :class:`ModelServing` depth, or what the policy
+    asks for below it.
+
     ``priority_levels``: levels 1..N (1 highest); a request with priority 0 goes to
     ``default_priority_level`` (default: N, the lowest), as in Triton's model configuration.
     """
 
-    max_inflight: int = 2
+    max_inflight: int = 64
     max_queue: int = 1000
     priority_levels: int = 2
     default_priority_level: int | None = None
@@ -68,88 +73,131 @@ def validate_hints(priority: int, nice: int, slo_ms: float, config: SchedulerCon
     return None
 
 
-class Scheduler:
-    """One GPU's queue, in-flight set and clock policy."""
+class Scheduler(Generic[P]):
+    """One GPU's queue, in-flight set and clock policy; the one owner of its tables."""
 
     def __init__(
-        self, table: Time2ClockTable, policy: ClockPolicy, config: SchedulerConfig | None = None
+        self,
+        tables: TableSet,
+        policy: ClockPolicy,
+        config: SchedulerConfig | None = None,
+        serving: Mapping[str, ModelServing] | None = None,
     ) -> None:
-        self.table = table
+        self._tables = tables
         self.policy = policy
         self.config = config or SchedulerConfig()
-        self.queue = PriorityCfsQueue()
-        self.inflight: dict[int, Request] = {}
+        self.queue: PriorityCfsQueue[P] = PriorityCfsQueue()
+        self.inflight: dict[int, Request[P]] = {}
+        self._inflight_by_model: dict[str, list[QueuedRequest]] = {}
+        self._queued_of: dict[str, list[QueuedRequest]] = {}
+        self._serving = dict(serving or {})
         self.clock_target_mhz: int | None = policy.initial_clock_mhz()
         self._seq = 0
-        self._rate_rps = 0.0
-        self._rate_at_s: float | None = None
-        self.last_slo_ms = self.config.default_slo_ms
+        self._rates: dict[str, tuple[float, float]] = {}  # model -> (rate, at_s)
+        self._last_slo_ms: dict[str, float] = {}
+        self._last_completion_s: dict[str, float] = {}
 
     def set_policy(self, policy: ClockPolicy) -> None:
         """Swap the clock policy (the admin API does this); its initial clock becomes the target."""
         self.policy = policy
         self.clock_target_mhz = policy.initial_clock_mhz()
 
-    # -- what policies read ---------------------------------------------------------------
+    # -- tables and serving ---------------------------------------------------------------
+
+    @property
+    def tables(self) -> TableSet:
+        return self._tables
+
+    def set_tables(self, tables: TableSet) -> None:
+        """Replace every model's table (the admin API does this)."""
+        self._tables = tables
+        self.policy.tables_changed()
+
+    def table_for(self, model: str) -> ModelTable | None:
+        return self._tables.get(model)
+
+    def serving(self, model: str) -> ModelServing:
+        """How Triton serves ``model``: as registered, else its table's largest batch on one
+        instance."""
+        known = self._serving.get(model)
+        if known is not None:
+            return known
+        table = self._tables.get(model)
+        return ModelServing(max_batch=table.max_batch if table is not None else 1)
+
+    def set_serving(self, model: str, serving: ModelServing) -> None:
+        self._serving[model] = serving
+        self.policy.tables_changed()
+
+    # -- what policies read (scheduler.view.SchedulerView) --------------------------------
+
+    @property
+    def max_inflight(self) -> int:
+        return self.config.max_inflight
 
     @property
     def queue_len(self) -> int:
         return len(self.queue)
 
-    def expected_ms(self) -> float:
-        """Expected service time at the clock now targeted (the top clock when unmanaged)."""
-        clock = self.clock_target_mhz or self.policy.clocks_mhz[-1]
-        return self.table.predict_ms(clock)
+    def charge_ms(self, model: str) -> float:
+        """What CFS charges a request of ``model`` when it is sent: one execution's predicted
+        time at the clock now targeted (completion corrects it with the time measured)."""
+        table = self._tables.get(model)
+        if table is None:
+            return self.config.default_slo_ms / 4
+        clocks = table.clocks_mhz
+        return table.predict_ms(self.clock_target_mhz or clocks[-1])
 
-    def iter_queue(self, limit: int) -> Iterator[Request]:
-        return self.queue.iter_order(limit, self.expected_ms())
+    def iter_queue(self, limit: int) -> Iterator[Request[P]]:
+        head = self.queue.peek()
+        charge = self.charge_ms(head.model) if head is not None else 0.0
+        return self.queue.iter_order(limit, charge)
 
     def earliest_deadline_s(self) -> float | None:
         return self.queue.earliest_deadline_s()
 
+    def inflight_by_model(self) -> Mapping[str, list[QueuedRequest]]:
+        return self._inflight_by_model
+
+    def queued_by_model(self) -> Mapping[str, int]:
+        return {m: len(reqs) for m, reqs in self._queued_of.items()}
+
+    def queued_of(self, model: str) -> Sequence[QueuedRequest]:
+        """The requests of ``model`` waiting, oldest first."""
+        return self._queued_of.get(model, ())
+
+    def inflight_count(self, model: str) -> int:
+        return len(self._inflight_by_model.get(model, ()))
+
+    def arrival_rates_rps(self, now_s: float) -> dict[str, float]:
+        """Arrivals per second per model, exponentially decayed counts over ``RATE_WINDOW_S``."""
+        return {m: self._rate(m, now_s) for m in self._rates}
+
     def arrival_rate_rps(self, now_s: float) -> float:
-        """Arrivals per second, an exponentially decayed count over ``RATE_WINDOW_S``."""
-        if self._rate_at_s is None:
-            return 0.0
-        return self._rate_rps * math.exp(-(now_s - self._rate_at_s) / RATE_WINDOW_S)
+        """Arrivals per second over every model."""
+        return sum(self.arrival_rates_rps(now_s).values())
 
-    def _count_arrival(self, now_s: float) -> None:
-        self._rate_rps = self.arrival_rate_rps(now_s) + 1.0 / RATE_WINDOW_S
-        self._rate_at_s = now_s
+    def _rate(self, model: str, now_s: float) -> float:
+        rate, at_s = self._rates.get(model, (0.0, now_s))
+        return rate * math.exp(-(now_s - at_s) / RATE_WINDOW_S)
 
-    def inflight_work_left(self, now_s: float) -> list[tuple[float, float]]:
-        """``(work left, deadline_s)`` of each in-flight request, least work first.
+    def last_slo_ms(self, model: str) -> float:
+        return self._last_slo_ms.get(model, self.config.default_slo_ms)
 
-        Work is in requests: 1.0 just dispatched, 0 done, progressing at the policy's predicted
-        speed of the clock targeted at each moment (rebased at every change), and never taken
-        below ``MIN_WORK_LEFT``: a request past its predicted end is still running.
-        """
-        return sorted((self._work_left(r, now_s), r.deadline_s) for r in self.inflight.values())
+    def last_completion_s(self, model: str) -> float:
+        """When a request of ``model`` last completed (-inf: never)."""
+        return self._last_completion_s.get(model, -math.inf)
 
     # -- events ---------------------------------------------------------------------------
 
-    def _clock(self, proposed: int | None, now_s: float) -> int | None:
-        """Record a policy's proposal; report it only when it changes the target.
-
-        In-flight requests are rebased: what they have left is taken at the old clock's speed
-        up to now, and goes at the new clock's speed from now on.
-        """
+    def _clock(self, proposed: int | None) -> int | None:
+        """Record a policy's proposal; report it only when it changes the target."""
         if proposed is None or proposed == self.clock_target_mhz:
             return None
-        for request in self.inflight.values():
-            request.work_left = self._work_left(request, now_s)
-            request.work_left_at_s = now_s
         self.clock_target_mhz = proposed
-        for request in self.inflight.values():
-            request.predicted_ms = self._predicted_ms()
         return proposed
 
-    @staticmethod
-    def _work_left(request: Request, now_s: float) -> float:
-        done = (now_s - request.work_left_at_s) * 1000.0 / request.predicted_ms
-        return max(MIN_WORK_LEFT, request.work_left - done)
-
-    def enqueue(self, request: Request, now_s: float) -> EnqueueResult:
+    def enqueue(self, request: Request[P], now_s: float) -> EnqueueResult:
         """Admit ``request`` (or refuse it, with the reason) and say whether to change the clock."""
         problem = validate_hints(request.priority, request.nice, request.slo_ms, self.config)
         if problem is not None:
@@ -160,15 +208,15 @@ class Scheduler:
             return EnqueueResult(accepted=False, reason=refusal)
         request.seq = self._seq
         self._seq += 1
-        self._count_arrival(now_s)
-        self.last_slo_ms = request.slo_ms
+        self._rates[request.model] = (self._rate(request.model, now_s) + 1.0 / RATE_WINDOW_S, now_s)
+        self._last_slo_ms[request.model] = request.slo_ms
         self.queue.push(request)
+        self._queued_of.setdefault(request.model, []).append(request)
         return EnqueueResult(
-            accepted=True,
-            clock_mhz=self._clock(self.policy.on_enqueue(self, request, now_s), now_s),
+            accepted=True, clock_mhz=self._clock(self.policy.on_enqueue(self, request, now_s))
         )
 
-    def _admission(self, request: Request) -> str | None:
+    def _admission(self, request: Request[P]) -> str | None:
         """Why ``request`` cannot be queued, or None.
 
         The queue holds at most ``max_queue``. Past ``FAIR_FROM`` of that, a flow that already
@@ -194,45 +242,62 @@ class Scheduler:
             )
         return None
 
-    def next_dispatch(self, now_s: float) -> Dispatch | None:
-        """The next request to send, if a slot is free and one is waiting."""
+    def next_dispatch(self, now_s: float) -> Dispatch[P] | None:
+        """The next request to send, if one is waiting and Triton should have it now.
+
+        The queue's head goes when fewer than ``max_inflight`` requests are at Triton and fewer
+        of its model than the policy's release limit for that model; otherwise nothing goes
+        (the order is never bypassed, so priority and CFS hold across models).
+        """
         if len(self.inflight) >= self.config.max_inflight:
             return None
-        request = self.queue.pop(self.expected_ms())
-        if request is None:
+        head = self.queue.peek()
+        if head is None:
             return None
-        request.dispatch_s = request.work_left_at_s = now_s
-        request.work_left = 1.0
-        request.predicted_ms = self._predicted_ms()
+        limit = self.policy.release_limit(self, head.model, now_s)
+        if self.inflight_count(head.model) >= limit:
+            return None
+        request = self.queue.pop(self.charge_ms(head.model))
+        assert request is head
+        self._unqueue(request)
+        request.dispatch_s = now_s
         self.inflight[request.seq] = request
-        clock = self._clock(self.policy.on_dispatch(self, request, now_s), now_s)
+        self._inflight_by_model.setdefault(request.model, []).append(request)
+        clock = self._clock(self.policy.on_dispatch(self, request, now_s))
         return Dispatch(request=request, clock_mhz=clock)
 
-    def _predicted_ms(self) -> float:
-        """The policy's prediction of one request's time at the clock now targeted."""
-        return self.policy.fit.predict_ms(self.clock_target_mhz or self.policy.clocks_mhz[-1])
-
-    def on_complete(self, request: Request, service_s: float, now_s: float) -> Completion:
-        """``request`` finished after ``service_s`` on the GPU."""
+    def on_complete(self, request: Request[P], service_s: float, now_s: float) -> Completion[P]:
+        """``request`` finished after ``service_s`` at Triton (queue there included)."""
         if self.inflight.pop(request.seq, None) is None:
             raise KeyError(f"request {request.seq} is not in flight")
+        same_model = self._inflight_by_model[request.model]
+        same_model.remove(request)
+        if not same_model:
+            del self._inflight_by_model[request.model]
         self.queue.settle(request, service_s * 1000.0)
+        self._last_completion_s[request.model] = now_s
         return Completion(
-            request=request,
-            clock_mhz=self._clock(self.policy.on_complete(self, request, now_s), now_s),
+            request=request, clock_mhz=self._clock(self.policy.on_complete(self, request, now_s))
         )
 
-    def drain(self) -> list[Request]:
+    def drain(self) -> list[Request[P]]:
         """Take every waiting request out of the queue (shutting down); none is charged."""
         drained = []
         while (request := self.queue.pop(0.0)) is not None:
             self.queue.settle(request, 0.0)
             drained.append(request)
+        self._queued_of.clear()
         return drained
+
+    def _unqueue(self, request: Request[P]) -> None:
+        same_model = self._queued_of[request.model]
+        same_model.remove(request)
+        if not same_model:
+            del self._queued_of[request.model]
 
     def poll(self, now_s: float) -> int | None:
         """Run the policy's timer (hysteresis); a clock to set, if any."""
-        return self._clock(self.policy.poll(self, now_s), now_s)
+        return self._clock(self.policy.poll(self, now_s))
 
     def wake_at_s(self) -> float | None:
         return self.policy.wake_at_s()

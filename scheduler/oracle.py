@@ -1,12 +1,14 @@
-"""A lower bound on the energy any clock policy could spend on given arrivals and deadlines.
+"""A lower bound on the energy any policy (clock and batching) could spend on given arrivals and
+deadlines.
 
-The model. Treat the GPU as one processor whose speed at clock ``f`` is its throughput,
-``σ(f) = C / y(f)`` requests per second (``C`` in flight, each taking the mean ``y(f)``), drawing
-``P_busy(f)``. Every instant of any schedule is either idle (power ≥ ``P_idle_min``, the idle
-power at the lowest clock) or busy at some clock, doing work at a rate ≤ ``σ(f)``. Write the power
-above ``P_idle_min`` as a function of speed and take the **lower convex hull** ``Q̂(σ)`` of the
-points ``(0, 0)`` (idle) and ``(σ(f), P_busy(f) − P_idle_min)`` for every clock on the ladder.
-``Q̂`` is what mixing adjacent clocks (or running fast then idling) can achieve at best; it is
+The model. Treat the GPU, running one model, as one processor whose operating points are every
+(clock ``f``, batch ``b``) pair: speed ``σ(f, b) = b / t(f, b)`` requests per second (a batch of
+``b`` taking the mean ``t(f, b)``), drawing ``P(f, b)``. Every instant of any schedule is either
+idle (power ≥ ``P_idle_min``, the idle power at the lowest clock) or busy at some operating point,
+doing work at a rate ≤ its ``σ``. Write the power above ``P_idle_min`` as a function of speed and
+take the **lower convex hull** ``Q̂(σ)`` of the points ``(0, 0)`` (idle) and ``(σ(f, b),
+P(f, b) − P_idle_min)`` for every clock on the ladder and every batch up to the model's largest.
+``Q̂`` is what mixing operating points (or running fast then idling) can achieve at best; it is
 convex and non-decreasing, and no instant of any schedule costs less than ``Q̂`` of its speed.
 
 The bound. A schedule that meets every deadline must, for every time ``t``, have done at least
@@ -18,16 +20,23 @@ SLOs the two curves are a relaxation, so the bound stays a bound). Hence
 
     E(any deadline-meeting schedule) ≥ P_idle_min · duration + ∫ Q̂(σ_string(t)) dt = oracle.
 
+Several models. The GPU's busy time is shared: whatever share a model gets, its busy energy is
+at least what its own bound needs with the whole timeline to itself (less time only forces
+faster, costlier points, ``Q̂`` being convex), and busy energies above the idle floor add up over
+time-shared executions. So the bound is ``P_idle_min · duration`` plus the sum of each model's
+busy bound on its own arrivals and deadlines.
+
 Why it is a lower bound and not an estimate: every relaxation goes the oracle's way: no
-clock-change delay, perfect knowledge of arrivals, the throughput of a full GPU even with one
-request in flight, mixing clocks for free, idle power at the lowest clock, and the mean service
-time (with random service times the bound holds in expectation). Where even the top clock
-cannot meet the deadlines, that stretch is charged at the top clock's energy per request and
-marked infeasible.
+clock-change delay, perfect knowledge of arrivals, the speed of any batch size at any moment
+(even a full batch with one request waiting: the work is treated as fluid), mixing operating
+points for free, idle power at the lowest clock, and the mean service time (with random service
+times the bound holds in expectation). Where even the fastest point cannot meet the deadlines,
+that stretch is charged at the fastest point's energy per request and marked infeasible.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,12 +54,14 @@ class OracleResult:
     segments: int
 
 
-def energy_hull(profile: GpuProfile, concurrency: int) -> tuple[FloatArray, FloatArray]:
+def energy_hull(profile: GpuProfile, model: str | None = None) -> tuple[FloatArray, FloatArray]:
     """Breakpoints ``(σ in requests/s, Q̂ in W)`` of the lower convex hull, from ``(0, 0)``."""
     idle = profile.idle_power_w(profile.min_clock_mhz)
+    m = profile.model(model)
     pts = [(0.0, 0.0)] + [
-        (concurrency * 1000.0 / profile.mean_latency_ms(f), profile.busy_power_w(f) - idle)
+        (b * 1000.0 / m.mean_latency_ms(f, b), m.busy_power_w(f, b) - idle)
         for f in profile.clocks_mhz
+        for b in range(1, m.max_batch + 1)
     ]
     pts.sort()
     hull: list[tuple[float, float]] = []
@@ -128,26 +139,33 @@ def oracle_energy(
     arrivals_s: FloatArray,
     deadlines_s: FloatArray,
     duration_s: float,
-    concurrency: int = 2,
+    models: Sequence[str] | None = None,
 ) -> OracleResult:
-    """The lower bound described in the module docstring, in joules."""
-    xs, ys = energy_hull(profile, concurrency)
-    sigma_max = float(xs[-1])
+    """The lower bound described in the module docstring, in joules.
+
+    ``models[i]`` is the model of request ``i`` (default: every request the GPU's CNN).
+    """
+    names = np.asarray(models if models is not None else [None] * len(arrivals_s), dtype=object)
     idle_j = profile.idle_power_w(profile.min_clock_mhz) * duration_s
-    busy_j, infeasible = 0.0, 0.0
-    segments = taut_string(arrivals_s, deadlines_s)
-    for t0, t1, work in segments:
-        dt = t1 - t0
-        speed = work / dt if dt > 0 else np.inf
-        if speed <= sigma_max:
-            busy_j += float(np.interp(speed, xs, ys)) * dt
-        else:
-            busy_j += float(ys[-1]) / sigma_max * work
-            infeasible += work
+    busy_j, infeasible, count = 0.0, 0.0, 0
+    for model in dict.fromkeys(names.tolist()):
+        mine = names == model
+        xs, ys = energy_hull(profile, model)
+        sigma_max = float(xs[-1])
+        segments = taut_string(arrivals_s[mine], deadlines_s[mine])
+        count += len(segments)
+        for t0, t1, work in segments:
+            dt = t1 - t0
+            speed = work / dt if dt > 0 else np.inf
+            if speed <= sigma_max:
+                busy_j += float(np.interp(speed, xs, ys)) * dt
+            else:
+                busy_j += float(ys[-1]) / sigma_max * work
+                infeasible += work
     return OracleResult(
         energy_j=idle_j + busy_j,
         idle_energy_j=idle_j,
         busy_energy_j=busy_j,
         infeasible_requests=infeasible,
-        segments=len(segments),
+        segments=count,
     )

@@ -1,55 +1,66 @@
-"""Clock policies: each decides, at the core's events, which clock the GPU should run at.
+"""Clock policies: each decides, at the core's events, which clock the GPU should run at, and
+how many requests of each model to keep at Triton.
 
-A policy returns a clock (MHz) to set, or None for "no change". ``initial_clock_mhz`` None means
-"leave the clock to the GPU" (the device is reset, not locked).
+A policy reads the scheduler through :class:`scheduler.view.SchedulerView` and returns a clock
+(MHz) to set, or None for "no change". ``initial_clock_mhz`` None means "leave the clock to the
+GPU" (the device is reset, not locked).
 """
 
 from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
 
+import numpy as np
+import numpy.typing as npt
 from scipy.stats import gamma
 
-from scheduler.request import Request
-from time2clock.table import InverseLinearFit, Time2ClockTable
+from scheduler.view import QueuedRequest, SchedulerView
+from time2clock.table import ModelTable
 
-if TYPE_CHECKING:
-    from scheduler.core import Scheduler
+MIN_HOLD_S = 0.0005  # a hold shorter than this is not worth a timer
+BoolArray = npt.NDArray[np.bool_]
+FloatArray = npt.NDArray[np.float64]
 
 
 class ClockPolicy(ABC):
     """One way of choosing the clock; see each subclass for which."""
 
-    name: ClassVar[str]
+    name: str
 
-    def __init__(self, table: Time2ClockTable, clocks_mhz: list[int]) -> None:
-        self.table = table
+    def __init__(self, clocks_mhz: list[int]) -> None:
         self.clocks_mhz = sorted(clocks_mhz)
-        self.fit: InverseLinearFit = table.mean_fit  # predicts when an in-flight request ends
 
     @abstractmethod
     def initial_clock_mhz(self) -> int | None:
         """The clock to start at; None leaves clocks to the GPU."""
 
-    def on_enqueue(self, s: Scheduler, request: Request, now_s: float) -> int | None:
+    def release_limit(self, s: SchedulerView, model: str, now_s: float) -> int:
+        """How many requests of ``model`` to keep at Triton: by default all its batcher can use
+        (every instance busy with a full batch, the next one waiting)."""
+        return s.serving(model).depth
+
+    def on_enqueue(self, s: SchedulerView, request: QueuedRequest, now_s: float) -> int | None:
         return None
 
-    def on_dispatch(self, s: Scheduler, request: Request, now_s: float) -> int | None:
+    def on_dispatch(self, s: SchedulerView, request: QueuedRequest, now_s: float) -> int | None:
         return None
 
-    def on_complete(self, s: Scheduler, request: Request, now_s: float) -> int | None:
+    def on_complete(self, s: SchedulerView, request: QueuedRequest, now_s: float) -> int | None:
         return None
 
-    def poll(self, s: Scheduler, now_s: float) -> int | None:
+    def poll(self, s: SchedulerView, now_s: float) -> int | None:
         """Called when :meth:`wake_at_s` falls due."""
         return None
 
     def wake_at_s(self) -> float | None:
         """When this policy wants :meth:`poll` called, if at all."""
         return None
+
+    def tables_changed(self) -> None:  # noqa: B027 (most policies derive nothing from tables)
+        """A model's table or serving changed: forget anything derived from the old ones."""
 
     def _snap_up(self, clock_mhz: float) -> int:
         """The lowest ladder clock at or above ``clock_mhz`` (the top one if none)."""
@@ -69,12 +80,12 @@ class MaxPolicy(ClockPolicy):
 
 
 class FixedPolicy(ClockPolicy):
-    """One clock, forced by an operator (the admin API's ``/admin/clock``)."""
+    """One clock, forced by an operator (``fixed:MHZ``, the admin API's ``/admin/clock``)."""
 
     name = "fixed"
 
-    def __init__(self, table: Time2ClockTable, clocks_mhz: list[int], clock_mhz: int) -> None:
-        super().__init__(table, clocks_mhz)
+    def __init__(self, clocks_mhz: list[int], clock_mhz: int) -> None:
+        super().__init__(clocks_mhz)
         if clock_mhz not in self.clocks_mhz:
             raise ValueError(
                 f"{clock_mhz} MHz is not a supported clock "
@@ -96,36 +107,44 @@ class DefaultPolicy(ClockPolicy):
 
 
 class SeedPolicy(ClockPolicy):
-    """Seed 003 exactly as written.
+    """Seed 003 exactly as written, on each request's own model's batch-1 curve.
 
     Before enqueue: the lowest clock at which a request with the current queue ahead of it meets
     its SLO, from the time2clock mean fit (``ceil((Q+1)/C)·y(f) ≤ SLO``). At dequeue: queue delay
     so far + expected time at the current clock; if that breaks the SLO, raise the clock one step,
-    meaning the clock it would pick for a queue one longer, and at least the next clock up.
+    meaning the clock it would pick for a queue one longer, and at least the next clock up. A
+    model with no table gets the top clock. Seed 003 knows no batching: ``C`` is the batch-1
+    curve's concurrency.
     """
 
     name = "seed"
 
-    def __init__(self, table: Time2ClockTable, clocks_mhz: list[int]) -> None:
-        super().__init__(table, clocks_mhz)
+    def __init__(self, clocks_mhz: list[int]) -> None:
+        super().__init__(clocks_mhz)
         self.current_mhz = self.clocks_mhz[0]
 
     def initial_clock_mhz(self) -> int | None:
         return self.current_mhz
 
-    def on_enqueue(self, s: Scheduler, request: Request, now_s: float) -> int | None:
-        ahead = s.queue_len - 1
-        clock, _ = self.table.clock_for_queue(request.slo_ms, ahead, s.config.max_inflight)
+    def on_enqueue(self, s: SchedulerView, request: QueuedRequest, now_s: float) -> int | None:
+        table = s.table_for(request.model)
+        if table is None:
+            self.current_mhz = self.clocks_mhz[-1]
+            return self.current_mhz
+        curve = table.curve(1)
+        clock, _ = curve.clock_for_queue(request.slo_ms, s.queue_len - 1)
         self.current_mhz = self._snap_up(clock)
         return self.current_mhz
 
-    def on_dispatch(self, s: Scheduler, request: Request, now_s: float) -> int | None:
-        delay_ms = (now_s - request.arrival_s) * 1000.0
-        if delay_ms + self.table.predict_ms(self.current_mhz) <= request.slo_ms:
+    def on_dispatch(self, s: SchedulerView, request: QueuedRequest, now_s: float) -> int | None:
+        table = s.table_for(request.model)
+        if table is None:
             return None
-        longer, _ = self.table.clock_for_queue(
-            request.slo_ms, s.queue_len + 1, s.config.max_inflight
-        )
+        curve = table.curve(1)
+        delay_ms = (now_s - request.deadline_s) * 1000.0 + request.slo_ms
+        if delay_ms + curve.predict_ms(self.current_mhz) <= request.slo_ms:
+            return None
+        longer, _ = curve.clock_for_queue(request.slo_ms, s.queue_len + 1)
         next_up = self._snap_up(self.current_mhz + 1)
         self.current_mhz = self._snap_up(max(longer, next_up))
         return self.current_mhz
@@ -136,6 +155,7 @@ class SlackParams:
     """Knobs of :class:`SlackPolicy`; the defaults are argued in its docstring and measured by
     ``python -m scheduler tune``."""
 
+    batching: bool = True
     quantile: str = "p99"
     lookahead: int = 16
     phantoms: int = 16
@@ -146,54 +166,84 @@ class SlackParams:
     phantom_margin: float = 1.0
 
 
+class _ModelPlan:
+    """One model's predicted execution times at every clock, by batch size (row ``b``, batch 0
+    costs nothing), its tail margin per execution, and its energy floor."""
+
+    def __init__(self, table: ModelTable, max_batch: int, clocks_mhz: list[int], quantile: str):
+        self.max_batch = max_batch
+        self.times_ms = np.array(
+            [[0.0] * len(clocks_mhz)]
+            + [[table.predict_ms(c, b) for c in clocks_mhz] for b in range(1, max_batch + 1)]
+        )
+        self.margin_ms = table.tail_margin_ms(quantile)
+        self.floor_mhz = table.energy_optimal_clock_mhz()
+        self.energy_j = _energy_by_batch(table, max_batch, clocks_mhz)
+
+
+def _energy_by_batch(table: ModelTable, max_batch: int, clocks_mhz: list[int]) -> FloatArray | None:
+    """Measured energy per request at every (batch 0..B, clock), linear in batch between the
+    profiled batches (row 0 unused); None when the table has no energy measurements."""
+    profiled = [b for b in table.batches if b <= max_batch] or table.batches[:1]
+    rows = []
+    for b in profiled:
+        per_clock = [table.energy_per_inference_j(c, b) for c in clocks_mhz]
+        if any(e is None for e in per_clock):
+            return None
+        rows.append([float(e) for e in per_clock if e is not None])
+    known = np.array(rows)
+    wanted = np.arange(0, max_batch + 1)
+    return np.array([np.interp(wanted, profiled, known[:, i]) for i in range(len(clocks_mhz))]).T
+
+
 class SlackPolicy(ClockPolicy):
-    """Ours: the lowest clock at which every request, queued or about to arrive, meets its own
-    deadline at the tail, never below the energy-optimal clock.
+    """Ours: the lowest clock at which every request, in flight, queued or about to arrive,
+    meets its own deadline at the tail, never below the energy-optimal clock.
 
     What it fixes in seed 003 (tails over the SLO on GPUs with wide spread, clocks set too low):
 
-    * **Every request, its own deadline.** Requests are walked in dispatch order (priority and
-      CFS included). With ``C`` lanes holding ``u_1 ≤ … ≤ u_C`` requests' worth of work (in
-      flight; 0 when free), the ``k``-th queued request finishes after ``U = u_(k mod C) +
-      k div C + 1`` service times. The first ``lookahead`` are walked exactly, the rest bounded
-      together (earliest deadline, last position). In-flight requests count with ``U = u_i``.
-    * **The tail, not the mean.** ``U`` service times in a row take ``U·μ(f)`` on average and
-      spread like ``√U``; the constraint is ``U·μ(f) + q·√U ≤ room``, ``μ`` the mean fit and ``q``
-      the table's pooled residual quantile (``p99``). For one request that is exactly the p99
-      fit; for many it does not pile up one p99 per request, which would pin the clock high.
-    * **Requests about to arrive.** ``phantoms`` (16) requests at the back of the queue, from a
-      Poisson stream at the measured rate ``λ``: the ``j``-th arrives after ``Gamma(j, 1/λ)``,
-      planned at its ``arrival_quantile`` (5%), i.e. early, as in a burst. The clock must keep
-      up with a burst, so no backlog builds while the clock is low. Without them the V100 at
-      load 0.5, SLO 3× missed its p99 (21.5 ms for 21 ms): every miss came with the clock
-      already at the top and 4-8 requests queued. Measured over seeds 0-8 of the compare
-      matrix (``python -m scheduler tune``): at the mean spacing (quantile 0.5) 5 of 39
-      cells where ``max`` meets the SLO were missed, at 0.1 1 of 82, at 0.05 none of 121.
-      ``phantom_margin`` scales the tail margin phantoms carry (1.0: none of 39 missed, energy
-      0.795 of ``max``; 0.5: 1 missed, 0.730; 0: 3 missed, 0.695, seeds 0-2): a knob for
-      operators who would trade a little tail for energy. A joint normal tail over arrival
-      and service spread instead (slack ≥ z·√(j/λ² + U·σ²)) was tried and is worse: z = 2.33
-      missed none but spent 0.987 of ``max``; z = 1.64 missed 1 of 39 at 0.835.
+    * **Every request, its own deadline, in batches.** Requests are walked in dispatch order
+      (priority and CFS included), after those already at Triton. Triton's batcher runs each
+      model's requests in batches of up to its ``max_batch``, so ``n`` requests of a model ahead
+      (in flight and queued, this one included) take ``⌊n/B⌋·t(f, B) + t(f, n mod B)``, each
+      ``t`` from that model's own table at that batch size; the models' times add up (they share
+      one GPU). Work already done on what is in flight (the time since the oldest was sent) is
+      credited (no more than the time since that model's last completion). The first
+      ``lookahead`` queued requests are walked exactly, the rest bounded
+      together (earliest deadline, everything queued).
+    * **The tail, not the mean.** ``k`` executions in a row take their mean times plus ``q·√k``,
+      ``q`` the table's pooled residual quantile (``p99``) of one execution: for one execution
+      that is exactly the p99 fit; for many it does not pile up one p99 each.
+    * **Requests about to arrive.** ``phantoms`` (16) requests at the back of the queue from a
+      Poisson stream at the measured rate ``λ`` (each model in proportion to its own rate): the
+      ``j``-th arrives after ``Gamma(j, 1/λ)``, planned at its ``arrival_quantile`` (5%), i.e.
+      early, as in a burst. Measured before batching (seeds 0-8 of the compare matrix, ``python
+      -m scheduler tune``): at the mean spacing (quantile 0.5) 5 of 39 cells where ``max`` met
+      the SLO were missed, at 0.1 1 of 82, at 0.05 none of 121. ``phantom_margin`` scales the
+      tail margin phantoms carry.
     * **Never below the energy-optimal clock.** Below it a slower clock costs more energy per
-      inference, not less; the floor is the table's measured optimum.
-    * **Up at once, down after ``hold_s``.** A raise is set immediately and its budget allows for
-      ``change_delay_ms`` (5 ms) at the old speed; a step down waits until it has been enough
-      for ``hold_s`` (50 ms, 5-7 service times), so a lull costs no clock change. ``safety``
-      (0.95) keeps 5% of every deadline's room for what the model does not know.
+      inference, not less; the floor is the table's measured optimum (the highest of the models
+      present).
+    * **Up at once, down after ``hold_s``.** A raise is set immediately and allows
+      ``change_delay_ms`` (5 ms) for the change to land; a step down waits until it has been
+      enough for ``hold_s`` (50 ms), so a lull costs no clock change. ``safety`` (0.95) keeps 5%
+      of every deadline's room for what the model does not know.
+    * **A model with no table gets the top clock** while any of its requests is queued or in
+      flight: nothing is known of how fast it runs.
+
+    The clock is found by evaluating every constraint at every clock at once (one matrix
+    product: constraints × (model, batch) counts times (model, batch) × clocks times).
     """
 
     name = "slack"
 
-    def __init__(
-        self, table: Time2ClockTable, clocks_mhz: list[int], params: SlackParams | None = None
-    ) -> None:
-        super().__init__(table, clocks_mhz)
+    def __init__(self, clocks_mhz: list[int], params: SlackParams | None = None) -> None:
+        super().__init__(clocks_mhz)
         self.params = params or SlackParams()
-        self.margin_ms = table.tail_margin_ms(self.params.quantile)
-        optimum = table.energy_optimal_clock_mhz()
-        self.floor_mhz = self._snap_up(optimum) if optimum is not None else self.clocks_mhz[0]
-        self.current_mhz = self.floor_mhz
+        self.current_mhz = self.clocks_mhz[0]
         self._lower_since_s: float | None = None
+        self._plans: dict[str, _ModelPlan | None] = {}
+        self._holds: dict[str, float] = {}  # model -> when to look again at requests held
         # The j-th of a Poisson stream's next arrivals comes after Gamma(j, 1/λ); plan for it
         # arriving early (its arrival_quantile), i.e. for a burst, not for the average spacing.
         self._phantom_gaps = [
@@ -201,63 +251,197 @@ class SlackPolicy(ClockPolicy):
             for j in range(1, self.params.phantoms + 1)
         ]
 
+    def release_limit(self, s: SchedulerView, model: str, now_s: float) -> int:
+        """Hold ``model``'s queued requests back while waiting for a fuller batch costs less
+        energy per inference and still meets their deadlines; else all its batcher can use.
+
+        For each batch ``b`` from the ``n`` waiting up to the model's largest: wait for the
+        ``b − n`` more expected at its arrival rate, then run ``b`` at the clock (at or above
+        the lowest that meets the earliest deadline, after the work already at Triton) with the
+        least measured energy per request. The cheapest ``b`` wins; if it is more than ``n``,
+        hold until its expected arrival, or until the last moment ``n`` alone can still make
+        it at the top clock, whichever comes first (re-decided at every event).
+        """
+        depth = s.serving(model).depth
+        self._holds.pop(model, None)
+        plan = self._plan(s, model)
+        waiting = s.queued_of(model)
+        n = len(waiting)
+        rate = s.arrival_rates_rps(now_s).get(model, 0.0)
+        if (
+            not self.params.batching
+            or plan is None
+            or plan.energy_j is None
+            or not 0 < n < plan.max_batch
+            or rate <= 0
+        ):
+            return depth
+        p = self.params
+        deadline_s = min(r.deadline_s for r in waiting)
+        room_ms = (deadline_s - now_s) * 1000.0 * p.safety - p.change_delay_ms - plan.margin_ms
+        ahead = s.inflight_count(model)
+        full, part = divmod(ahead, plan.max_batch)
+        ahead_ms = full * plan.times_ms[plan.max_batch] + plan.times_ms[part]
+        batches = np.arange(n, plan.max_batch + 1)
+        wait_ms = (batches - n) / rate * 1000.0
+        need = plan.times_ms[batches] + ahead_ms  # (batches, clocks)
+        ok = need <= (room_ms - wait_ms)[:, None]
+        feasible = ok.any(axis=1)
+        if not feasible[0] or not feasible[1:].any():
+            return depth
+        lowest = np.argmax(ok, axis=1)
+        # The cheapest clock at or above the lowest that fits, for each batch size.
+        cheapest = np.minimum.accumulate(plan.energy_j[batches][:, ::-1], axis=1)[:, ::-1]
+        energy = np.where(feasible, cheapest[np.arange(len(batches)), lowest], np.inf)
+        best = int(np.argmin(energy))
+        if best == 0:
+            return depth
+        latest_s = now_s + (room_ms - need[0, -1]) / 1000.0
+        until_s = min(now_s + wait_ms[best] / 1000.0, latest_s)
+        if until_s <= now_s + MIN_HOLD_S:
+            return depth
+        self._holds[model] = until_s
+        return s.inflight_count(model)
+
     def initial_clock_mhz(self) -> int | None:
         return self.current_mhz
 
-    def budgets_ms(self, s: Scheduler, now_s: float) -> tuple[float, float]:
-        """The largest mean service time ``μ`` meeting every constraint at the tail: as the
-        clock stands, and if a raise must first wait ``change_delay_ms``.
+    def tables_changed(self) -> None:
+        self._plans.clear()
 
-        Each request gives ``(room, U)``; its budget is ``((room − delay)·safety − q·√U) / U``.
+    def _plan(self, s: SchedulerView, model: str) -> _ModelPlan | None:
+        if model not in self._plans:
+            table = s.table_for(model)
+            self._plans[model] = (
+                None
+                if table is None
+                else _ModelPlan(
+                    table, s.serving(model).max_batch, self.clocks_mhz, self.params.quantile
+                )
+            )
+        return self._plans[model]
+
+    def target_mhz(self, s: SchedulerView, now_s: float) -> int:
+        """The clock the requests need now (before hysteresis)."""
+        inflight = s.inflight_by_model()
+        if not s.queue_len and not inflight:
+            return self._floor(s, list(s.arrival_rates_rps(now_s)))
+        queued = list(s.iter_queue(self.params.lookahead))
+        models = list(dict.fromkeys([*inflight, *(r.model for r in queued)]))
+        plans = {m: self._plan(s, m) for m in models}
+        if any(p is None for p in plans.values()):
+            return self.clocks_mhz[-1]
+        rates = {m: r for m, r in s.arrival_rates_rps(now_s).items() if self._plan(s, m)}
+        for m in rates:
+            if m not in plans:
+                models.append(m)
+                plans[m] = self._plan(s, m)
+        feasible = self._feasible(s, now_s, models, plans, inflight, queued, rates)
+        clock = self._first(feasible)
+        return max(clock, self._floor(s, models))
+
+    def _floor(self, s: SchedulerView, models: list[str]) -> int:
+        floors = [
+            p.floor_mhz
+            for m in models
+            if (p := self._plan(s, m)) is not None and p.floor_mhz is not None
+        ]
+        return self._snap_up(max(floors)) if floors else self.clocks_mhz[0]
+
+    def _first(self, feasible: tuple[BoolArray, BoolArray]) -> int:
+        """The lowest clock meeting every constraint (as it stands, or after a raise's delay)."""
+        now_ok, delayed_ok = feasible
+        idx = int(np.argmax(now_ok)) if now_ok.any() else len(self.clocks_mhz) - 1
+        if self.clocks_mhz[idx] > self.current_mhz:
+            idx = int(np.argmax(delayed_ok)) if delayed_ok.any() else len(self.clocks_mhz) - 1
+        return self.clocks_mhz[idx]
+
+    def _feasible(
+        self,
+        s: SchedulerView,
+        now_s: float,
+        models: list[str],
+        plans: dict[str, _ModelPlan | None],
+        inflight: Mapping[str, list[QueuedRequest]],
+        queued: list[QueuedRequest],
+        rates: dict[str, float],
+    ) -> tuple[BoolArray, BoolArray]:
+        """Per clock, whether every constraint holds: as the clock stands, and if a raise must
+        first wait ``change_delay_ms``.
+
+        A constraint is a request (or a bound on several) of model ``M`` with ``n`` of ``M``
+        ahead of it: its own model's work ``X = W_M(n) − credit`` plus, for every other model
+        ``M'``, ``min(X, Y_M')`` with ``Y_M'`` all the work of ``M'`` known (in flight, queued,
+        about to arrive): models time-share the GPU, so another model's work delays it until
+        either is done, whether it came before or after.
         """
-        c = s.config.max_inflight
-        safety, margin = self.params.safety, self.margin_ms
-        delay = self.params.change_delay_ms * safety
-        inflight = s.inflight_work_left(now_s)
-        lanes = sorted([u for u, _ in inflight] + [0.0] * (c - len(inflight)))
-        best = best_delayed = math.inf
-
-        def take(room_ms: float, units: float, margin: float = margin) -> None:
-            nonlocal best, best_delayed
-            budget = (room_ms * safety - margin * math.sqrt(units)) / units
-            if budget < best:
-                best = budget
-            delayed = budget - delay / units
-            if delayed < best_delayed:
-                best_delayed = delayed
-
-        for u, deadline_s in inflight:
-            take((deadline_s - now_s) * 1000.0, u)
-        queued = s.queue_len
-        k = 0
-        for request in s.iter_queue(self.params.lookahead):
-            take((request.deadline_s - now_s) * 1000.0, lanes[k % c] + k // c + 1)
-            k += 1
-        if queued > k:
+        p = self.params
+        plan_of = {m: plan for m in models if (plan := plans[m]) is not None}
+        margin = max(plan.margin_ms for plan in plan_of.values())
+        counts = dict.fromkeys(models, 0)
+        # (model, its count ahead, room_ms, margin scale) per constraint
+        rows: list[tuple[str, int, float, float]] = []
+        since = dict.fromkeys(models, now_s)
+        for m, reqs in inflight.items():
+            counts[m] = len(reqs)
+            since[m] = max(min(r.dispatch_s for r in reqs), s.last_completion_s(m))
+            rows.append((m, counts[m], (min(r.deadline_s for r in reqs) - now_s) * 1e3, 1.0))
+        inflight_counts = dict(counts)
+        for r in queued:
+            counts[r.model] += 1
+            rows.append((r.model, counts[r.model], (r.deadline_s - now_s) * 1000.0, 1.0))
+        if s.queue_len > len(queued):
             earliest = s.earliest_deadline_s()
             assert earliest is not None
-            take((earliest - now_s) * 1000.0, lanes[-1] + math.ceil(queued / c))
-        rate = s.arrival_rate_rps(now_s)
-        if rate > 0:
-            slo_ms, ms_per_gap = s.last_slo_ms, 1000.0 / rate
-            phantom_margin = margin * self.params.phantom_margin
-            for j, gap in enumerate(self._phantom_gaps):
-                pos = queued + j
-                take(gap * ms_per_gap + slo_ms, lanes[pos % c] + pos // c + 1, phantom_margin)
-        return best, best_delayed
+            for m, n in s.queued_by_model().items():
+                if m not in counts:
+                    none = np.zeros(len(self.clocks_mhz), bool)
+                    return none, none  # a model with no table: the top clock
+                counts[m] = inflight_counts[m] + n
+                rows.append((m, counts[m], (earliest - now_s) * 1000.0, 1.0))
+        total_rate = sum(rates.values())
+        if total_rate > 0:
+            given = dict.fromkeys(rates, 0)
+            ms_per_gap = 1000.0 / total_rate
+            for j, gap in enumerate(self._phantom_gaps, start=1):
+                m = max(rates, key=lambda x: rates[x] * j / total_rate - given[x])
+                given[m] += 1
+                counts[m] += 1
+                room = gap * ms_per_gap + s.last_slo_ms(m)
+                rows.append((m, counts[m], room, p.phantom_margin))
 
-    def target_mhz(self, s: Scheduler, now_s: float) -> int:
-        """The clock the requests need now (before hysteresis)."""
-        if not s.queue_len and not s.inflight:
-            return self.floor_mhz
-        budget, delayed = self.budgets_ms(s, now_s)
-        clock, _ = self.fit.clock_for_budget_mhz(budget, self.clocks_mhz)
-        if clock > self.current_mhz:
-            # A raise lands change_delay_ms late; until then work goes at the current speed.
-            clock, _ = self.fit.clock_for_budget_mhz(delayed, self.clocks_mhz)
-        return max(clock, self.floor_mhz)
+        def work(m: str, n: int) -> tuple[FloatArray, int]:
+            """Mean time of ``n`` requests of ``m`` in full batches, per clock, and batches."""
+            plan = plan_of[m]
+            full, part = divmod(n, plan.max_batch)
+            return full * plan.times_ms[plan.max_batch] + plan.times_ms[part], full + (part > 0)
 
-    def _decide(self, s: Scheduler, now_s: float) -> int | None:
+        # Work done on what is in flight: at most the time since the model's last completion
+        # (all earlier work has left the in-flight set), shared among the models running.
+        share = 1.0 / max(1, len(inflight))
+        credit = {
+            m: np.minimum(
+                (now_s - since[m]) * 1000.0 * share, 0.95 * work(m, inflight_counts[m])[0]
+            )
+            for m in models
+        }
+        known = {m: work(m, counts[m])[0] - credit[m] for m in models}
+        need = np.empty((len(rows), len(self.clocks_mhz)))
+        room = np.empty(len(rows))
+        for i, (m, n, room_ms, margin_scale) in enumerate(rows):
+            own, batches = work(m, n)
+            own = own - credit[m]
+            total = own.copy()
+            for other in models:
+                if other != m:
+                    total += np.minimum(own, known[other])
+            need[i] = total + margin * margin_scale * math.sqrt(max(batches, 1))
+            room[i] = room_ms
+        now_ok = (need <= (room * p.safety)[:, None]).all(axis=0)
+        delayed_ok = (need <= ((room - p.change_delay_ms) * p.safety)[:, None]).all(axis=0)
+        return now_ok, delayed_ok
+
+    def _decide(self, s: SchedulerView, now_s: float) -> int | None:
         target = self.target_mhz(s, now_s)
         if target > self.current_mhz:
             self._lower_since_s = None
@@ -269,28 +453,29 @@ class SlackPolicy(ClockPolicy):
         if self._lower_since_s is None:
             self._lower_since_s = now_s
             return None
-        if now_s >= self._lower_since_s + self.params.hold_s:  # the same sum as wake_at_s
+        if now_s >= self._lower_since_s + self.params.hold_s:  # the same sum as in wake_at_s
             self._lower_since_s = None
             self.current_mhz = target
             return target
         return None
 
-    def on_enqueue(self, s: Scheduler, request: Request, now_s: float) -> int | None:
+    def on_enqueue(self, s: SchedulerView, request: QueuedRequest, now_s: float) -> int | None:
         return self._decide(s, now_s)
 
-    def on_dispatch(self, s: Scheduler, request: Request, now_s: float) -> int | None:
+    def on_dispatch(self, s: SchedulerView, request: QueuedRequest, now_s: float) -> int | None:
         return self._decide(s, now_s)
 
-    def on_complete(self, s: Scheduler, request: Request, now_s: float) -> int | None:
+    def on_complete(self, s: SchedulerView, request: QueuedRequest, now_s: float) -> int | None:
         return self._decide(s, now_s)
 
-    def poll(self, s: Scheduler, now_s: float) -> int | None:
+    def poll(self, s: SchedulerView, now_s: float) -> int | None:
         return self._decide(s, now_s)
 
     def wake_at_s(self) -> float | None:
-        if self._lower_since_s is None:
-            return None
-        return self._lower_since_s + self.params.hold_s
+        times = list(self._holds.values())
+        if self._lower_since_s is not None:
+            times.append(self._lower_since_s + self.params.hold_s)
+        return min(times, default=None)
 
 
 POLICIES: dict[str, type[ClockPolicy]] = {
@@ -298,17 +483,22 @@ POLICIES: dict[str, type[ClockPolicy]] = {
 }
 
 
-def make_policy(
-    name: str,
-    table: Time2ClockTable,
-    clocks_mhz: list[int],
-    slack: SlackParams | None = None,
-) -> ClockPolicy:
-    """The policy called ``name``; ValueError lists the known ones."""
+def make_policy(name: str, clocks_mhz: list[int], slack: SlackParams | None = None) -> ClockPolicy:
+    """The policy called ``name`` (``fixed:MHZ`` for one locked clock); ValueError lists the
+    known ones."""
     if name == SlackPolicy.name:
-        return SlackPolicy(table, clocks_mhz, slack)
+        return SlackPolicy(clocks_mhz, slack)
+    kind, sep, arg = name.partition(":")
+    if kind == FixedPolicy.name and sep:
+        try:
+            mhz = int(arg)
+        except ValueError:
+            raise ValueError(f"fixed:MHZ needs a whole number of MHz, got {arg!r}") from None
+        return FixedPolicy(clocks_mhz, mhz)
     try:
         cls = POLICIES[name]
     except KeyError:
-        raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}") from None
-    return cls(table, clocks_mhz)
+        raise ValueError(
+            f"unknown policy {name!r}; known: {', '.join(POLICIES)}, fixed:MHZ"
+        ) from None
+    return cls(clocks_mhz)

@@ -21,38 +21,39 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Iterator
+from typing import Generic
 
-from scheduler.request import Request
+from scheduler.request import P, Request
 from scheduler.weights import NICE_0_WEIGHT, NICE_MIN, SCHED_PRIO_TO_WEIGHT, weight_for_nice
 
 
-class _Flow:
+class _Flow(Generic[P]):
     __slots__ = ("client_id", "inflight", "requests", "version", "vruntime", "weight")
 
     def __init__(self, client_id: str, vruntime: float) -> None:
         self.client_id = client_id
-        self.requests: deque[Request] = deque()
+        self.requests: deque[Request[P]] = deque()
         self.vruntime = vruntime
         self.version = 0
         self.inflight = 0
         self.weight = NICE_0_WEIGHT
 
 
-class _Level:
+class _Level(Generic[P]):
     __slots__ = ("flows", "heap", "min_vruntime", "size")
 
     def __init__(self) -> None:
-        self.flows: dict[str, _Flow] = {}
+        self.flows: dict[str, _Flow[P]] = {}
         # (vruntime, head seq, version, flow); stale entries (old version) are skipped on pop.
-        self.heap: list[tuple[float, int, int, _Flow]] = []
+        self.heap: list[tuple[float, int, int, _Flow[P]]] = []
         self.min_vruntime = 0.0
         self.size = 0
 
-    def push_key(self, flow: _Flow) -> None:
+    def push_key(self, flow: _Flow[P]) -> None:
         flow.version += 1
         heapq.heappush(self.heap, (flow.vruntime, flow.requests[0].seq, flow.version, flow))
 
-    def leftmost(self) -> _Flow | None:
+    def leftmost(self) -> _Flow[P] | None:
         heap = self.heap
         while heap:
             _, _, version, flow = heap[0]
@@ -75,11 +76,11 @@ def vruntime_charge(service_ms: float, nice: int) -> float:
     return service_ms * NICE_0_WEIGHT / weight_for_nice(nice)
 
 
-class PriorityCfsQueue:
+class PriorityCfsQueue(Generic[P]):
     """Priority levels, CFS flows inside each; see the module docstring for the exact order."""
 
     def __init__(self) -> None:
-        self._levels: dict[int, _Level] = {}
+        self._levels: dict[int, _Level[P]] = {}
         self._order: list[int] = []
         self._size = 0
         self._deadlines: list[tuple[float, int]] = []
@@ -92,14 +93,15 @@ class PriorityCfsQueue:
     def level_sizes(self) -> dict[int, int]:
         return {n: lvl.size for n, lvl in sorted(self._levels.items()) if lvl.size}
 
-    def push(self, request: Request) -> None:
+    def push(self, request: Request[P]) -> None:
         level = self._levels.get(request.level)
         if level is None:
-            level = self._levels[request.level] = _Level()
+            level = self._levels[request.level] = _Level[P]()
             self._order = sorted(self._levels)
         flow = level.flows.get(request.client_id)
         if flow is None:
-            flow = level.flows[request.client_id] = _Flow(request.client_id, level.min_vruntime)
+            flow = _Flow[P](request.client_id, level.min_vruntime)
+            level.flows[request.client_id] = flow
         was_idle = not flow.requests
         weight = weight_for_nice(request.nice)
         if was_idle:
@@ -116,7 +118,17 @@ class PriorityCfsQueue:
         heapq.heappush(self._deadlines, (request.deadline_s, request.seq))
         self._queued.add(request.seq)
 
-    def pop(self, expected_ms: float) -> Request | None:
+    def peek(self) -> Request[P] | None:
+        """The request :meth:`pop` would take next, left in place."""
+        for n in self._order:
+            level = self._levels[n]
+            if level.size:
+                flow = level.leftmost()
+                assert flow is not None, "a non-empty level has a runnable flow"
+                return flow.requests[0]
+        return None
+
+    def pop(self, expected_ms: float) -> Request[P] | None:
         """Take the next request in order and charge its flow the expected service time."""
         for n in self._order:
             level = self._levels[n]
@@ -140,7 +152,7 @@ class PriorityCfsQueue:
             return request
         return None
 
-    def settle(self, request: Request, service_ms: float) -> None:
+    def settle(self, request: Request[P], service_ms: float) -> None:
         """Charge the difference between ``request``'s real and expected service time."""
         level = self._levels[request.level]
         flow = level.flows.get(request.client_id)
@@ -171,7 +183,7 @@ class PriorityCfsQueue:
             heapq.heappop(heap)
         return heap[0][0] if heap else None
 
-    def iter_order(self, limit: int, expected_ms: float) -> Iterator[Request]:
+    def iter_order(self, limit: int, expected_ms: float) -> Iterator[Request[P]]:
         """The first ``limit`` requests in the order :meth:`pop` would give them, read-only."""
         left = limit
         for n in self._order:

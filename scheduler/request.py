@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Generic, TypeVar
+
+P = TypeVar("P")
 
 
 @dataclass(slots=True, eq=False)
-class Request:
+class Request(Generic[P]):
     """One inference request.
 
     ``priority`` follows Triton: 1 is the highest level, larger numbers are lower levels, 0 means
@@ -23,14 +25,11 @@ class Request:
     priority: int = 0
     nice: int = 0
     client_id: str = "default"
-    payload: Any = None
+    payload: P | None = None
     seq: int = -1
     level: int = 0
     dispatch_s: float = math.nan
     charged_ms: float = 0.0
-    predicted_ms: float = 0.0  # one request's whole time at the clock now targeted
-    work_left: float = 1.0  # requests' worth of work left at work_left_at_s
-    work_left_at_s: float = math.nan
 
     @property
     def deadline_s(self) -> float:
@@ -47,16 +46,16 @@ class EnqueueResult:
 
 
 @dataclass(frozen=True, slots=True)
-class Dispatch:
+class Dispatch(Generic[P]):
     """Send ``request`` to the GPU now; set ``clock_mhz`` first when it is not None."""
 
-    request: Request
+    request: Request[P]
     clock_mhz: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
-class Completion:
+class Completion(Generic[P]):
     """A finished request and the clock to set now, if any."""
 
-    request: Request
+    request: Request[P]
     clock_mhz: int | None = None

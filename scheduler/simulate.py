@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -16,13 +18,14 @@ from typing import Any
 
 import numpy as np
 
-from dvfs.profiles import GpuProfile, get_profile
-from dvfs.simulated import SimulatedDevice
+from dvfs.profiles import CNN, GpuProfile, ModelProfile, get_profile
+from dvfs.simulated import SimulatedDevice, shared_time_ms
 from dvfs.timesource import VirtualTime
 from scheduler.core import Scheduler, SchedulerConfig
 from scheduler.oracle import oracle_energy
 from scheduler.policies import SlackParams, make_policy
 from scheduler.request import Request
+from scheduler.view import ModelServing
 from scheduler.workload import (
     ClientSpec,
     FloatArray,
@@ -31,21 +34,59 @@ from scheduler.workload import (
     poisson_arrivals,
     trace_arrivals,
 )
-from time2clock.fit import fit_table
+from time2clock.fit import fit_model_table
 from time2clock.profile import SimulatedMeasurer, sweep
-from time2clock.table import Time2ClockTable
+from time2clock.table import TableSet
 
 # At equal times: clock changes land, then completions, timers, arrivals.
 _CLOCK, _COMPLETE, _TIMER, _ARRIVAL = 0, 1, 2, 3
 
 
 @dataclass(frozen=True)
+class ModelMix:
+    """One model in the simulated traffic: its share of the arrivals and its SLO (None: the
+    run's ``slo_ms``)."""
+
+    name: str
+    share: float = 1.0
+    slo_ms: float | None = None
+
+
+def parse_models(spec: str) -> tuple[ModelMix, ...]:
+    """``"resnet50:0.7,bert-large:0.3"`` (shares, normalised) or ``"resnet50:0.7:60,..."``
+    (share and SLO in ms)."""
+    mixes = []
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        name, *rest = part.split(":")
+        try:
+            share = float(rest[0]) if rest else 1.0
+            slo = float(rest[1]) if len(rest) > 1 else None
+        except ValueError:
+            raise ValueError(
+                f"model {name!r}: share and SLO must be numbers, got {part!r}"
+            ) from None
+        if share <= 0 or (slo is not None and slo <= 0):
+            raise ValueError(f"model {name!r}: share and SLO must be > 0")
+        mixes.append(ModelMix(name, share, slo))
+    if not mixes:
+        raise ValueError("no models in spec")
+    total = sum(m.share for m in mixes)
+    return tuple(ModelMix(m.name, m.share / total, m.slo_ms) for m in mixes)
+
+
+@dataclass(frozen=True)
 class SimConfig:
-    """One simulation run."""
+    """One simulation run.
+
+    ``load`` is a fraction of the GPU's capacity at its top clock with full batches, for the
+    model mix given (see :func:`mix_capacity_rps`). Triton runs each model with ``instances``
+    instances and its dynamic batcher (largest batch: the model's, ``batcher_delay_ms`` of
+    waiting for a fuller one); ``max_inflight`` caps what the sidecar keeps at Triton.
+    """
 
     gpu: str = "v100"
     policy: str = "slack"
-    slo_ms: float = 30.0
+    slo_ms: float = 100.0
     duration_s: float = 30.0
     seed: int = 0
     load: float | None = 0.5
@@ -53,9 +94,13 @@ class SimConfig:
     arrival: str = "poisson"  # poisson | bursty | trace
     trace: Path | None = None
     clients: tuple[ClientSpec, ...] = (ClientSpec("default"),)
-    max_inflight: int = 2
+    models: tuple[ModelMix, ...] = (ModelMix(CNN),)
+    instances: int = 2
+    batcher_delay_ms: float = 0.0
+    max_inflight: int = 256
     max_queue: int = 1000
     priority_levels: int = 2
+    slo_multiplier: float | None = None  # what set the models' SLOs, for reports
     profile_requests_per_clock: int = 20
     with_oracle: bool = True
     slack: SlackParams = field(default_factory=SlackParams)
@@ -64,25 +109,51 @@ class SimConfig:
         if self.rate_rps is not None:
             return self.rate_rps
         assert self.load is not None
-        return self.load * profile.capacity_rps(self.max_inflight)
+        return self.load * mix_capacity_rps(profile, self.models)
+
+    def model_slo_ms(self, mix: ModelMix) -> float:
+        return mix.slo_ms if mix.slo_ms is not None else self.slo_ms
+
+
+def mix_capacity_rps(profile: GpuProfile, models: Sequence[ModelMix]) -> float:
+    """Requests per second the GPU sustains at its top clock in full batches, for this mix."""
+    return 1.0 / sum(m.share / profile.model(m.name).capacity_rps() for m in models)
+
+
+PROFILE_BATCHES = (1, 2, 4, 8, 16, 32)
 
 
 @lru_cache(maxsize=32)
-def profiled_table(gpu: str, seed: int = 0, requests_per_clock: int = 20) -> Time2ClockTable:
-    """The time2clock table the scheduler would have: seed 003's sweep of the simulated GPU
-    (every clock, concurrency 2), not the ground truth."""
-    sim = SimulatedMeasurer.for_profile(gpu, seed=10_000 + seed)
-    result = sweep(
-        sim.device, sim, sim.device.supported_clocks_mhz(), requests_per_clock=requests_per_clock
-    )
-    return fit_table(
-        result.samples,
-        trim=0.2,
-        gpu=gpu,
-        model="inception-sim",
-        concurrency=2,
-        energy_j=result.energy_per_inference_j,
-    )
+def profiled_tables(
+    gpu: str, models: tuple[str, ...] = (CNN,), seed: int = 0, requests_per_clock: int = 20
+) -> TableSet:
+    """The time2clock tables the scheduler would have: seed 003's sweep of the simulated GPU
+    (every clock, each batch size up to the model's largest, one execution at a time), not
+    the ground truth."""
+    tables = TableSet()
+    for i, model in enumerate(models):
+        sim = SimulatedMeasurer.for_profile(gpu, seed=10_000 + seed + 97 * i, model=model)
+        max_batch = sim.device.profile.model(model).max_batch
+        batches = [b for b in PROFILE_BATCHES if b <= max_batch]
+        result = sweep(
+            sim.device,
+            sim,
+            sim.device.supported_clocks_mhz(),
+            batches=batches,
+            requests_per_clock=requests_per_clock,
+            concurrency=1,
+        )
+        tables.add(
+            fit_model_table(
+                result.samples,
+                trim=0.2,
+                gpu=gpu,
+                model=model,
+                concurrency=1,
+                energy_j=result.energy_per_inference_j,
+            )
+        )
+    return tables
 
 
 @dataclass
@@ -110,18 +181,32 @@ class SimResult:
     clock_changes: int
     mean_clock_mhz: float
     clients: dict[str, ClientStats]
+    models: dict[str, ClientStats]
+    batches: int
     events: int
 
     def _pct(self, q: float, values: FloatArray | None = None) -> float:
         data = self.latencies_ms if values is None else values
         return float(np.percentile(data, q)) if len(data) else math.nan
 
+    def p99_over_slo(self) -> float:
+        """The worst model's p99 over its SLO (> 1: some model missed its p99 SLO)."""
+        worst = math.nan
+        for mix in self.config.models:
+            s = self.models[mix.name]
+            if s.completed:
+                ratio = self._pct(99, np.asarray(s.latencies_ms)) / self.config.model_slo_ms(mix)
+                worst = ratio if math.isnan(worst) else max(worst, ratio)
+        return worst
+
     def to_json(self) -> dict[str, Any]:
         c = self.config
         return {
             "policy": c.policy,
             "gpu": c.gpu,
+            "mix": ",".join(f"{m.name}:{m.share:g}" for m in c.models),
             "slo_ms": c.slo_ms,
+            "slo_mult": c.slo_multiplier,
             "load": c.load if c.rate_rps is None else None,
             "rate_rps": c.rate(get_profile(c.gpu)),
             "seed": c.seed,
@@ -139,8 +224,21 @@ class SimResult:
             "p90_ms": self._pct(90),
             "p99_ms": self._pct(99),
             "slo_attainment": self.met / self.completed if self.completed else math.nan,
+            "p99_over_slo": self.p99_over_slo(),
+            "mean_batch": self.completed / self.batches if self.batches else math.nan,
             "clock_changes": self.clock_changes,
             "mean_clock_mhz": self.mean_clock_mhz,
+            "models": {
+                name: {
+                    "completed": s.completed,
+                    "rejected": s.rejected,
+                    "slo_ms": c.model_slo_ms(mix),
+                    "p99_ms": self._pct(99, np.asarray(s.latencies_ms)),
+                    "slo_attainment": s.met / s.completed if s.completed else math.nan,
+                }
+                for mix in c.models
+                for name, s in [(mix.name, self.models[mix.name])]
+            },
             "clients": {
                 name: {
                     "completed": s.completed,
@@ -155,53 +253,81 @@ class SimResult:
 
 
 @dataclass
-class _Running:
-    request: Request
+class _Execution:
+    """One batch running on the GPU."""
+
+    model: ModelProfile
+    requests: list[Request[None]]
     start_s: float
-    base_ms: float  # its duration at the top clock (same noise draw)
+    work: float  # its drawn time over its mean time (the noise draw)
     done: float = 0.0  # fraction of its work done
     since_s: float = 0.0
     version: int = 0
 
 
-class _GpuWork:
-    """Requests on the simulated GPU, progressing at the speed of the clock in force.
-
-    A request's duration is drawn at the clock it starts at; when the clock changes mid-way, the
-    rest of its work goes at the new clock's speed (the latency law scales it), as on a real GPU.
+class _Triton:
+    """Triton on the simulated GPU: per model, a queue, its dynamic batcher and ``instances``
+    instances. Batches running at once share the GPU as :func:`dvfs.simulated.shared_time_ms`
+    says; when the clock, or that sharing, changes mid-way, the rest of each batch's work goes
+    at the new speed.
     """
 
-    def __init__(self, profile: GpuProfile, device: SimulatedDevice) -> None:
+    def __init__(self, profile: GpuProfile, device: SimulatedDevice, instances: int) -> None:
         self.profile = profile
         self.device = device
-        self.inflight: dict[int, _Running] = {}
+        self.instances = instances
+        self.running: dict[int, _Execution] = {}
+        self.busy: dict[str, int] = {}
+        self.requests_running: dict[str, int] = {}
+        self.queues: dict[str, deque[Request[None]]] = {}
         self.clock_mhz = device.clock_mhz()
-        self._top_ms = profile.mean_latency_ms(profile.max_clock_mhz)
+        self._next_id = 0
 
-    def _scale(self) -> float:
-        return self.profile.mean_latency_ms(self.clock_mhz) / self._top_ms
+    def _time_ms(self, run: _Execution) -> float:
+        """How long ``run`` would take in all at the present speed."""
+        models = sum(1 for n in self.requests_running.values() if n)
+        running = self.requests_running[run.model.name]
+        batch = len(run.requests)
+        return run.work * shared_time_ms(run.model, self.clock_mhz, batch, running, models)
 
     def _progress(self, now: float) -> None:
-        scale = self._scale()
-        for run in self.inflight.values():
-            run.done += (now - run.since_s) * 1000.0 / (run.base_ms * scale)
+        for run in self.running.values():
+            run.done += (now - run.since_s) * 1000.0 / self._time_ms(run)
             run.since_s = now
 
-    def start(self, request: Request, now: float) -> None:
+    def release(self, request: Request[None]) -> None:
+        self.queues.setdefault(request.model, deque()).append(request)
+
+    def start_batches(self, now: float) -> bool:
+        """Every free instance takes a batch of what waits for it; whether any started."""
+        started = False
+        for model, queue in self.queues.items():
+            largest = self.profile.model(model).max_batch
+            while queue and self.busy.get(model, 0) < self.instances:
+                batch = [queue.popleft() for _ in range(min(largest, len(queue)))]
+                self._start(model, batch, now)
+                started = True
+        return started
+
+    def _start(self, name: str, batch: list[Request[None]], now: float) -> None:
         self._progress(now)
-        self.device.begin_work()
+        model = self.profile.model(name)
+        self.device.begin_work(name, len(batch))
         self.clock_mhz = self.device.clock_mhz()
-        sample_ms = self.device.sample_latency_ms(self.clock_mhz)
-        self.inflight[request.seq] = _Running(request, now, sample_ms / self._scale(), since_s=now)
+        sample_ms = self.device.sample_latency_ms(self.clock_mhz, model=name, batch=len(batch))
+        work = sample_ms / model.mean_latency_ms(self.clock_mhz, len(batch))
+        self.running[self._next_id] = _Execution(model, batch, now, work, since_s=now)
+        self._next_id += 1
+        self.busy[name] = self.busy.get(name, 0) + 1
+        self.requests_running[name] = self.requests_running.get(name, 0) + len(batch)
 
     def completions(self) -> list[tuple[float, tuple[int, int]]]:
-        """(end time, key) for every in-flight request, each with a fresh version."""
-        scale = self._scale()
+        """(end time, key) for every running execution, each with a fresh version."""
         out = []
-        for seq, run in self.inflight.items():
+        for key, run in self.running.items():
             run.version += 1
-            left_s = max(0.0, 1.0 - run.done) * run.base_ms * scale / 1000.0
-            out.append((run.since_s + left_s, (seq, run.version)))
+            left_s = max(0.0, 1.0 - run.done) * self._time_ms(run) / 1000.0
+            out.append((run.since_s + left_s, (key, run.version)))
         return out
 
     def clock_landed(self, now: float) -> list[tuple[float, tuple[int, int]]]:
@@ -212,17 +338,20 @@ class _GpuWork:
         self.clock_mhz = clock
         return self.completions()
 
-    def finish(self, key: tuple[int, int], now: float) -> tuple[Request, float] | None:
-        seq, version = key
-        run = self.inflight.get(seq)
+    def finish(self, key: tuple[int, int], now: float) -> _Execution | None:
+        ident, version = key
+        run = self.running.get(ident)
         if run is None or run.version != version:
             return None
         self._progress(now)
-        del self.inflight[seq]
-        self.device.end_work()
-        if not self.inflight:
+        del self.running[ident]
+        name = run.model.name
+        self.busy[name] -= 1
+        self.requests_running[name] -= len(run.requests)
+        self.device.end_work(name, len(run.requests))
+        if not self.running:
             self.clock_mhz = self.device.clock_mhz()
-        return run.request, now - run.start_s
+        return run
 
 
 def _arrivals(cfg: SimConfig, profile: GpuProfile, rng: np.random.Generator) -> FloatArray:
@@ -238,24 +367,30 @@ def _arrivals(cfg: SimConfig, profile: GpuProfile, rng: np.random.Generator) -> 
     raise ValueError(f"unknown arrival process {cfg.arrival!r}; known: poisson, bursty, trace")
 
 
-def simulate(cfg: SimConfig, table: Time2ClockTable | None = None) -> SimResult:
+def simulate(cfg: SimConfig, tables: TableSet | None = None) -> SimResult:
     """Run one simulation; deterministic for a given config (seed included)."""
     profile = get_profile(cfg.gpu)
     rng = np.random.default_rng(cfg.seed)
     arrival_rng, client_rng, device_rng = (
         np.random.default_rng(s) for s in rng.integers(0, 2**63, 3)
     )
+    model_rng = np.random.default_rng(int(rng.integers(0, 2**63)))
     arrivals = _arrivals(cfg, profile, arrival_rng)
     who = assign_clients(len(arrivals), list(cfg.clients), client_rng)
-    client_slos_ms = np.array([c.slo_ms or cfg.slo_ms for c in cfg.clients])
-    slos_ms = client_slos_ms[who] if len(arrivals) else np.zeros(0)
+    which = model_rng.choice(len(cfg.models), size=len(arrivals), p=[m.share for m in cfg.models])
+    client_slos = [c.slo_ms for c in cfg.clients]
+    model_slos = [cfg.model_slo_ms(m) for m in cfg.models]
+    slos_ms = np.array(
+        [client_slos[c] or model_slos[m] for c, m in zip(who, which, strict=True)], dtype=float
+    )
 
-    table = table or profiled_table(cfg.gpu, 0, cfg.profile_requests_per_clock)
+    names = tuple(m.name for m in cfg.models)
+    tables = tables or profiled_tables(cfg.gpu, names, 0, cfg.profile_requests_per_clock)
     vt = VirtualTime()
     device = SimulatedDevice(profile, time_source=vt, rng=device_rng)
-    policy = make_policy(cfg.policy, table, device.supported_clocks_mhz(), cfg.slack)
-    sched = Scheduler(
-        table,
+    policy = make_policy(cfg.policy, device.supported_clocks_mhz(), cfg.slack)
+    sched: Scheduler[None] = Scheduler(
+        tables,
         policy,
         SchedulerConfig(
             max_inflight=cfg.max_inflight,
@@ -263,6 +398,7 @@ def simulate(cfg: SimConfig, table: Time2ClockTable | None = None) -> SimResult:
             priority_levels=cfg.priority_levels,
             default_slo_ms=cfg.slo_ms,
         ),
+        serving={n: ModelServing(profile.model(n).max_batch, cfg.instances) for n in names},
     )
 
     initial = policy.initial_clock_mhz()
@@ -272,15 +408,17 @@ def simulate(cfg: SimConfig, table: Time2ClockTable | None = None) -> SimResult:
         device.set_clock_mhz(initial)
 
     stats = {c.name: ClientStats() for c in cfg.clients}
+    per_model = {n: ClientStats() for n in names}
     latencies: list[float] = []
-    met = rejected = events = 0
+    met = rejected = events = batches = 0
     heap: list[tuple[float, int, int, Any]] = [
         (float(t), _ARRIVAL, i, None) for i, t in enumerate(arrivals)
     ]
     heapq.heapify(heap)
     seq = len(arrivals)
     timer_at: float | None = None
-    gpu = _GpuWork(profile, device)
+    batcher_at: float | None = None
+    triton = _Triton(profile, device, cfg.instances)
 
     def push(t: float, kind: int, payload: Any) -> None:
         nonlocal seq
@@ -288,9 +426,9 @@ def simulate(cfg: SimConfig, table: Time2ClockTable | None = None) -> SimResult:
         seq += 1
 
     def after_clock_request(now: float) -> None:
-        """Schedule the moment a requested clock change lands, so in-flight work speeds up."""
+        """Schedule the moment a requested clock change lands, so running work speeds up."""
         pending = device.pending_change()
-        if pending is not None and gpu.inflight:
+        if pending is not None and triton.running:
             push(pending[0], _CLOCK, None)
 
     def apply(clock: int | None, now: float) -> None:
@@ -299,11 +437,22 @@ def simulate(cfg: SimConfig, table: Time2ClockTable | None = None) -> SimResult:
             after_clock_request(now)
 
     def dispatch(now: float) -> None:
+        nonlocal batcher_at
         while (d := sched.next_dispatch(now)) is not None:
             apply(d.clock_mhz, now)
-            gpu.start(d.request, now)
+            triton.release(d.request)
+        if cfg.batcher_delay_ms > 0 and any(triton.queues.values()):
+            # Triton's batcher waits up to its delay for a fuller batch (not past it).
+            oldest = min(q[0].dispatch_s for q in triton.queues.values() if q)
+            due = oldest + cfg.batcher_delay_ms / 1000.0
+            if now < due:
+                if batcher_at != due:
+                    batcher_at = due
+                    push(due, _TIMER, "batcher")
+                return
+        if triton.start_batches(now):
             after_clock_request(now)
-            for t_end, key in gpu.completions():
+            for t_end, key in triton.completions():
                 push(t_end, _COMPLETE, key)
 
     while heap:
@@ -312,8 +461,8 @@ def simulate(cfg: SimConfig, table: Time2ClockTable | None = None) -> SimResult:
         events += 1
         if kind == _ARRIVAL:
             client = cfg.clients[who[idx]]
-            req = Request(
-                model="inception-sim",
+            req: Request[None] = Request(
+                model=names[which[idx]],
                 arrival_s=now,
                 slo_ms=float(slos_ms[idx]),
                 priority=client.priority,
@@ -324,25 +473,32 @@ def simulate(cfg: SimConfig, table: Time2ClockTable | None = None) -> SimResult:
             if not result.accepted:
                 rejected += 1
                 stats[client.name].rejected += 1
+                per_model[req.model].rejected += 1
             apply(result.clock_mhz, now)
         elif kind == _COMPLETE:
-            done = gpu.finish(payload, now)
-            if done is None:
-                continue  # rescheduled after a clock change
-            req, service_s = done
-            apply(sched.on_complete(req, service_s, now).clock_mhz, now)
-            latency_ms = (now - req.arrival_s) * 1000.0
-            latencies.append(latency_ms)
-            s = stats[req.client_id]
-            s.completed += 1
-            s.latencies_ms.append(latency_ms)
-            s.service_ms += service_s * 1000.0
-            if latency_ms <= req.slo_ms:
-                met += 1
-                s.met += 1
-        elif kind == _CLOCK:
-            for t_end, key in gpu.clock_landed(now):
+            run = triton.finish(payload, now)
+            if run is None:
+                continue  # rescheduled after a clock or sharing change
+            batches += 1
+            for t_end, key in triton.completions():
                 push(t_end, _COMPLETE, key)
+            for req in run.requests:
+                service_s = now - req.dispatch_s
+                apply(sched.on_complete(req, service_s, now).clock_mhz, now)
+                latency_ms = (now - req.arrival_s) * 1000.0
+                latencies.append(latency_ms)
+                ok = latency_ms <= req.slo_ms
+                met += ok
+                for s in (stats[req.client_id], per_model[req.model]):
+                    s.completed += 1
+                    s.latencies_ms.append(latency_ms)
+                    s.service_ms += service_s * 1000.0
+                    s.met += ok
+        elif kind == _CLOCK:
+            for t_end, key in triton.clock_landed(now):
+                push(t_end, _COMPLETE, key)
+        elif payload == "batcher":
+            batcher_at = None
         else:
             timer_at = None
             apply(sched.poll(now), now)
@@ -358,7 +514,7 @@ def simulate(cfg: SimConfig, table: Time2ClockTable | None = None) -> SimResult:
     oracle = None
     if cfg.with_oracle and len(arrivals):
         oracle = oracle_energy(
-            profile, arrivals, arrivals + slos_ms / 1000.0, span_s, cfg.max_inflight
+            profile, arrivals, arrivals + slos_ms / 1000.0, span_s, [names[w] for w in which]
         ).energy_j
     return SimResult(
         config=cfg,
@@ -373,5 +529,7 @@ def simulate(cfg: SimConfig, table: Time2ClockTable | None = None) -> SimResult:
         clock_changes=dev_stats.clock_changes,
         mean_clock_mhz=dev_stats.clock_mhz_s / span_s,
         clients=stats,
+        models=per_model,
+        batches=batches,
         events=events,
     )

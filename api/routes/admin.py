@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -17,8 +18,8 @@ from pydantic import BaseModel, Field, ValidationError
 
 from api.runtime import Runtime
 from dvfs.errors import DeviceError
-from scheduler.policies import POLICIES, FixedPolicy, make_policy
-from time2clock.table import TableError, Time2ClockTable
+from scheduler.policies import POLICIES, ClockPolicy, FixedPolicy, make_policy
+from time2clock.table import TableError, TableSet
 
 bearer = HTTPBearer(auto_error=False, description="the sidecar's --admin-token")
 
@@ -62,7 +63,10 @@ class ClockForce(BaseModel):
 
 
 class TableReload(BaseModel):
-    path: str = Field(description="a time2clock table JSON on the sidecar's machine")
+    path: str = Field(
+        description="a time2clock table file on the sidecar's machine; its models replace "
+        "theirs, the other models keep their tables"
+    )
 
 
 BodyT = TypeVar("BodyT", bound=BaseModel)
@@ -80,26 +84,17 @@ def _body_schema(model: type[BaseModel]) -> dict[str, Any]:
 
 @router.get("/state")
 async def state(rt: Admin) -> dict[str, Any]:
-    """Queues, in-flight requests, clock target and reading, policy, table."""
-    assert rt.dispatcher is not None and rt.table is not None
-    snapshot = await asyncio.to_thread(rt.dispatcher.state)
-    return {
-        **snapshot,
-        "triton_url": rt.triton_url,
-        "table": {
-            "gpu": rt.table.gpu,
-            "model": rt.table.model,
-            "m": rt.table.m,
-            "b": rt.table.b,
-            "r2": rt.table.r2,
-        },
-    }
+    """Queues, in-flight requests, clock target and reading, policy, each model's batching and
+    table."""
+    assert rt.dispatcher is not None and rt.device is not None
+    clock_mhz = await asyncio.to_thread(rt.device.clock_mhz)  # may block: not in the loop
+    return {**rt.dispatcher.state(), "clock_mhz": clock_mhz, "triton_url": rt.triton_url}
 
 
-def _swap(rt: Runtime, build: Any) -> dict[str, Any]:
+def _swap(rt: Runtime, build: Callable[[list[int]], ClockPolicy]) -> dict[str, Any]:
     assert rt.dispatcher is not None and rt.device is not None
     scheduler = rt.dispatcher.scheduler
-    scheduler.set_policy(build(scheduler.table, rt.device.supported_clocks_mhz()))
+    scheduler.set_policy(build(rt.device.supported_clocks_mhz()))
     rt.dispatcher.change_policy()
     return {"policy": scheduler.policy.name, "clock_target_mhz": scheduler.clock_target_mhz}
 
@@ -123,7 +118,7 @@ async def change_policy(request: Request, rt: Admin) -> dict[str, Any]:
         raise HTTPException(
             400, f"policy must be one of {', '.join(POLICIES)}, got {change.policy!r}"
         )
-    return _swap(rt, lambda table, clocks: make_policy(change.policy, table, clocks))
+    return _swap(rt, lambda clocks: make_policy(change.policy, clocks))
 
 
 @router.put("/clock", openapi_extra=_body_schema(ClockForce))
@@ -131,28 +126,33 @@ async def force_clock(request: Request, rt: Admin) -> dict[str, Any]:
     """Hold one clock (the policy becomes ``fixed``); ``null`` goes back to ``--policy``."""
     force = await _json(request, ClockForce)
     if force.clock_mhz is None:
-        return _swap(rt, lambda table, clocks: make_policy(rt.config.policy, table, clocks))
+        return _swap(rt, lambda clocks: make_policy(rt.config.policy, clocks))
     clock = force.clock_mhz
     try:
-        return _swap(rt, lambda table, clocks: FixedPolicy(table, clocks, clock))
+        return _swap(rt, lambda clocks: FixedPolicy(clocks, clock))
     except ValueError as err:
         raise HTTPException(400, str(err)) from None
 
 
 @router.post("/table", openapi_extra=_body_schema(TableReload))
 async def reload_table(request: Request, rt: Admin) -> dict[str, Any]:
-    """Load a time2clock table and rebuild the policy on it."""
+    """Load a time2clock table file; its models' tables replace theirs."""
     reload = await _json(request, TableReload)
     try:
-        table = await asyncio.to_thread(Time2ClockTable.load, Path(reload.path))
+        loaded = await asyncio.to_thread(TableSet.load, Path(reload.path))
     except TableError as err:
         raise HTTPException(400, str(err)) from None
     assert rt.dispatcher is not None
-    rt.table = rt.dispatcher.scheduler.table = table
-    name = rt.dispatcher.scheduler.policy.name
+    scheduler = rt.dispatcher.scheduler
+    tables = TableSet(scheduler.tables)
+    for table in loaded:
+        tables.add(table)
+    scheduler.set_tables(tables)
+    name = scheduler.policy.name
     if name == "fixed":
         name = rt.config.policy
     try:
-        return {**_swap(rt, lambda t, clocks: make_policy(name, t, clocks)), "table": reload.path}
+        swapped = _swap(rt, lambda clocks: make_policy(name, clocks))
     except DeviceError as err:
         raise HTTPException(503, str(err)) from None
+    return {**swapped, "table": reload.path, "models": loaded.models}
