@@ -136,11 +136,11 @@ class Runtime:
                 concurrency=2,
             )
             table = fit_table(
-                result.samples,
+                result.samples[1],
                 gpu=gpu_name,
                 model=SIMNET,
                 concurrency=2,
-                energy_j=result.energy_per_inference_j,
+                energy_j=result.energy_per_inference_j[1],
             )
             cache.parent.mkdir(parents=True, exist_ok=True)
             table.save(cache)

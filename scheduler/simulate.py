@@ -73,15 +73,19 @@ def profiled_table(gpu: str, seed: int = 0, requests_per_clock: int = 20) -> Tim
     (every clock, concurrency 2), not the ground truth."""
     sim = SimulatedMeasurer.for_profile(gpu, seed=10_000 + seed)
     result = sweep(
-        sim.device, sim, sim.device.supported_clocks_mhz(), requests_per_clock=requests_per_clock
+        sim.device,
+        sim,
+        sim.device.supported_clocks_mhz(),
+        requests_per_clock=requests_per_clock,
+        concurrency=2,
     )
     return fit_table(
-        result.samples,
+        result.samples[1],
         trim=0.2,
         gpu=gpu,
         model="inception-sim",
         concurrency=2,
-        energy_j=result.energy_per_inference_j,
+        energy_j=result.energy_per_inference_j[1],
     )
 
 
