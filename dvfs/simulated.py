@@ -139,36 +139,54 @@ class SimulatedDevice(Device):
 
     # -- work, as the emulated model or the simulator reports it -----------------------------
 
-    def begin_work(self) -> int:
-        """A request starts on the GPU; returns the clock it starts at."""
+    def begin_work(self, model: str | None = None, batch: int = 1) -> int:
+        """An execution of ``batch`` requests of ``model`` starts; returns its starting clock."""
+        dynamic_w = self.profile.model(model).dynamic_w(batch)
         now = self._now()
         with self._store.transaction() as st:
             self._advance(st, now)
             st.active += 1
+            st.active_dynamic_w += dynamic_w
             if not st.locked and st.clock_mhz < self.profile.max_clock_mhz:
                 self._move_to(st, self.profile.max_clock_mhz, now)
             return int(st.clock_mhz)
 
-    def end_work(self) -> None:
-        """A request finished on the GPU."""
+    def end_work(self, model: str | None = None, batch: int = 1) -> None:
+        """An execution started by :meth:`begin_work` (same model and batch) finished."""
+        dynamic_w = self.profile.model(model).dynamic_w(batch)
         now = self._now()
         with self._store.transaction() as st:
             self._advance(st, now)
             if st.active <= 0:
                 raise RuntimeError("end_work() without a matching begin_work()")
             st.active -= 1
-            st.completed += 1
+            st.completed += batch
+            st.active_dynamic_w = max(0.0, st.active_dynamic_w - dynamic_w) if st.active else 0.0
             if not st.active:
                 st.last_busy_end_s = now
 
-    def sample_latency_ms(self, clock_mhz: float | None = None) -> float:
-        """One request's inference time at ``clock_mhz`` (default: the clock now).
+    def sharing(self) -> tuple[int, int]:
+        """``(clock_mhz, executions running)``: what a running execution's speed depends on.
 
-        Mean ``1/(m·f+b)``; a right-skewed (gamma) spread of the profile's std, so slow outliers
-        are rarer but farther than fast ones, as in seed 003's measurements.
+        Executions running together share the GPU equally (processor sharing): each goes at
+        ``1/k`` of its speed alone, so instances of a model add no throughput that batching
+        does not already give.
+        """
+        with self._store.transaction() as st:
+            self._advance(st, self._now())
+            return int(st.clock_mhz), int(st.active)
+
+    def sample_latency_ms(
+        self, clock_mhz: float | None = None, *, model: str | None = None, batch: int = 1
+    ) -> float:
+        """One execution's time at ``clock_mhz`` (default: the clock now), alone on the GPU.
+
+        Mean ``g(b)/(m·f+c)``; a right-skewed (gamma) spread of the profile's std, so slow
+        outliers are rarer but farther than fast ones, as in seed 003's measurements. Seed 003
+        measured the spread at batch 1 only; a batch carries the same spread (an assumption).
         """
         f = self.clock_mhz() if clock_mhz is None else clock_mhz
-        mean = self.profile.mean_latency_ms(f)
+        mean = self.profile.model(model).mean_latency_ms(f, batch)
         theta, shift = self.profile.noise_gamma_params_ms()
         noise = float(self._rng.gamma(self.profile.noise_shape, theta)) - shift
         return max(mean + noise, 0.3 * mean)
@@ -204,9 +222,13 @@ class SimulatedDevice(Device):
     # -- the physics ----------------------------------------------------------------------
 
     def _power(self, st: DeviceState) -> float:
+        """Busy: the floor plus the running executions' mean dynamic power at this clock."""
+        p = self.profile
         if st.active:
-            return self.profile.busy_power_w(st.clock_mhz)
-        return self.profile.idle_power_w(st.clock_mhz)
+            x = st.clock_mhz / p.max_clock_mhz
+            dynamic_w = st.active_dynamic_w / st.active * x**p.power_exponent
+            return float(min(p.busy_floor_w + dynamic_w, p.tdp_w))
+        return p.idle_power_w(st.clock_mhz)
 
     def _move_to(self, st: DeviceState, clock_mhz: float, now: float) -> None:
         if clock_mhz == st.clock_mhz:

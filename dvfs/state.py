@@ -18,9 +18,9 @@ from dataclasses import astuple, dataclass
 from pathlib import Path
 from typing import Protocol
 
-_MAGIC = b"SIMGPU01"
+_MAGIC = b"SIMGPU02"
 _HEADER = struct.Struct("<8s16s")
-_FIELDS = struct.Struct("<" + "d" * 14)
+_FIELDS = struct.Struct("<" + "d" * 15)
 
 
 @dataclass
@@ -41,6 +41,7 @@ class DeviceState:
     clock_changes: float = 0.0
     completed: float = 0.0
     clock_mhz_s: float = 0.0
+    active_dynamic_w: float = 0.0  # sum over running executions of their dynamic power at top clock
 
 
 class StateStore(Protocol):
