@@ -70,14 +70,12 @@ class SimConfig:
 @lru_cache(maxsize=32)
 def profiled_table(gpu: str, seed: int = 0, requests_per_clock: int = 20) -> Time2ClockTable:
     """The time2clock table the scheduler would have: seed 003's sweep of the simulated GPU
-    (every clock, concurrency 2), not the ground truth."""
+    (every clock), not the ground truth. This simulator runs the requests in flight side by
+    side, each at its own speed, so one request's time measured alone is the time of a round of
+    2 (the table's concurrency)."""
     sim = SimulatedMeasurer.for_profile(gpu, seed=10_000 + seed)
     result = sweep(
-        sim.device,
-        sim,
-        sim.device.supported_clocks_mhz(),
-        requests_per_clock=requests_per_clock,
-        concurrency=2,
+        sim.device, sim, sim.device.supported_clocks_mhz(), requests_per_clock=requests_per_clock
     )
     return fit_table(
         result.samples[1],

@@ -6,7 +6,6 @@ import argparse
 import logging
 import sys
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
@@ -128,9 +127,7 @@ def _sim_models(profile: str, wanted: list[str] | None) -> list[tuple[str, int]]
     """The simulated models to profile, each with its largest batch."""
     from dvfs.profiles import get_profile
 
-    gpu: Any = get_profile(profile)
-    if not hasattr(gpu, "models"):  # TEMPORARY: until dvfs's per-model profiles land
-        return [("inception-sim", 1)]
+    gpu = get_profile(profile)
     if not wanted:
         names = [gpu.default_model]
     elif "all" in wanted:
@@ -166,9 +163,7 @@ def _cmd_profile(args: argparse.Namespace, console: Console) -> int:
         if kind != "sim":
             raise TableError("profiling a real GPU needs --triton-url and --model to drive")
         for model, max_batch in _sim_models(arg, args.model):
-            sim = SimulatedMeasurer.for_profile(
-                arg, seed=args.seed, model=None if model == "inception-sim" else model
-            )
+            sim = SimulatedMeasurer.for_profile(arg, seed=args.seed, model=model)
             jobs.append((model, sim.device, sim, _batches_for(model, max_batch, args.batches)))
         gpu = arg
     else:

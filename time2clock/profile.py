@@ -6,12 +6,11 @@ Each (clock, batch) step runs ``requests_per_clock`` executions of ``batch`` req
 
 from __future__ import annotations
 
-import heapq
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -57,33 +56,33 @@ class SimulatedMeasurer:
         self.vtime.advance_by(self.device.profile.clock_change_delay_s * 2)
 
     def measure(self, requests: int, concurrency: int, batch: int = 1) -> list[float]:
+        """Executions in flight share the GPU equally, as on the device (processor sharing):
+        with ``k`` running, each advances at ``1/k`` of its speed alone."""
         latencies: list[float] = []
-        running: list[tuple[float, float]] = []  # (end_s, start_s), earliest end first
+        running: list[list[float]] = []  # [work left alone (ms), start_s]
         started = 0
         while started < min(concurrency, requests):
-            heapq.heappush(running, self._start(batch))
+            running.append(self._start(batch))
             started += 1
         while running:
-            end_s, start_s = heapq.heappop(running)
-            self.vtime.advance_to(end_s)
-            self.device.end_work(**self._work(batch))
-            latencies.append((end_s - start_s) * 1000.0)
+            k = len(running)
+            first = min(range(k), key=lambda i: running[i][0])
+            step_ms = max(running[first][0], 0.0)
+            self.vtime.advance_by(step_ms * k / 1000.0)
+            for execution in running:
+                execution[0] -= step_ms
+            _, start_s = running.pop(first)
+            self.device.end_work(self.model, batch)
+            latencies.append((self.vtime() - start_s) * 1000.0)
             if started < requests:
-                heapq.heappush(running, self._start(batch))
+                running.append(self._start(batch))
                 started += 1
         return latencies
 
-    def _start(self, batch: int) -> tuple[float, float]:
-        now = self.vtime()
-        clock = self.device.begin_work(**self._work(batch))
-        latency_ms = self.device.sample_latency_ms(clock, **self._work(batch))
-        return now + latency_ms / 1000.0, now
-
-    def _work(self, batch: int) -> dict[str, Any]:
-        # TEMPORARY until dvfs's batched SimulatedDevice lands: name model/batch only when set.
-        if self.model is None and batch == 1:
-            return {}
-        return {"model": self.model, "batch": batch}
+    def _start(self, batch: int) -> list[float]:
+        clock = self.device.begin_work(self.model, batch)
+        alone_ms = self.device.sample_latency_ms(clock, model=self.model, batch=batch)
+        return [alone_ms, self.vtime()]
 
 
 class TritonMeasurer:

@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dvfs.profiles import CNN, TRANSFORMER, get_profile
 from dvfs.simulated import SimulatedDevice
 from dvfs.timesource import VirtualTime
 from time2clock.__main__ import main
@@ -115,6 +116,8 @@ def test_profile_simulated_writes_csv_table_and_plot(tmp_path: Path) -> None:
     )
     tables = TableSet.load(out / "table.json")
     [table] = list(tables)
+    # The profile's default model, at the default batch sizes, one execution at a time.
+    assert table.model == get_profile("v100").default_model and table.batches == [1, 2, 4, 8]
     assert len(table.clocks_mhz) == 12 and table.curve(1).concurrency == 1
     # Energy per inference was measured at every clock; its minimum lies inside the ladder.
     best = table.energy_optimal_clock_mhz()
@@ -138,6 +141,64 @@ def test_profile_simulated_writes_csv_table_and_plot(tmp_path: Path) -> None:
     )
     assert (tmp_path / "p.png").stat().st_size > 10_000
     assert main(["profile", "--device", "nvml:0", "-o", str(out)]) == 2
+
+
+def test_profile_every_model_of_a_simulated_gpu(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "prof"
+    base = ["profile", "--device", "sim:v100", "--clocks", "10", "--requests-per-clock", "20"]
+    assert main([*base, "--model", "all", "-o", str(out)]) == 0
+    gpu = get_profile("v100")
+    tables = TableSet.load(out / "table.json")
+    assert tables.models == sorted(gpu.models) and len(tables) >= 2
+    assert set(read_measurements(out / "measurements.csv")) == set(gpu.models)
+    for table in tables:
+        law = gpu.models[table.model]
+        assert table.gpu == "v100"
+        assert table.batches == [b for b in (1, 2, 4, 8) if b <= law.max_batch]
+        for batch in table.batches:
+            for clock in (table.clocks_mhz[0], table.clocks_mhz[-1]):
+                # Each curve recovers its own model's law at its own batch size.
+                assert table.predict_ms(clock, batch) == pytest.approx(
+                    law.mean_latency_ms(clock, batch), rel=0.05
+                )
+    small, big = (tables.get(m) for m in (CNN, TRANSFORMER))
+    assert small is not None and big is not None
+    assert big.predict_ms(900, 4) > 2 * small.predict_ms(900, 4)
+    capsys.readouterr()
+    slo = ["clock", str(out / "table.json"), "--slo-ms", "60", "--queue", "7", "--batch", "4"]
+    assert main([*slo, "--model", CNN]) == 0
+    cnn_clock = int(capsys.readouterr().out)
+    assert main([*slo, "--model", TRANSFORMER]) == 0
+    assert int(capsys.readouterr().out) > cnn_clock
+    # One named model; unknown models and batches past a model's largest are refused.
+    assert (
+        main([*base, "--model", TRANSFORMER, "--batches", "1,16", "-o", str(tmp_path / "b")]) == 0
+    )
+    assert TableSet.load(tmp_path / "b" / "table.json").get(TRANSFORMER) is not None
+    assert main([*base, "--model", "nosuch", "-o", str(tmp_path / "x")]) == 2
+    assert "sim:v100 has no model 'nosuch'" in capsys.readouterr().err
+    assert main([*base, "--model", TRANSFORMER, "--batches", "64", "-o", str(tmp_path / "x")]) == 2
+    assert f"exceeds {TRANSFORMER}'s largest batch" in capsys.readouterr().err
+
+
+def test_simulated_executions_share_the_gpu_and_energy_is_per_request() -> None:
+    gpu = get_profile("v100")
+    clock = gpu.clocks_mhz[len(gpu.clocks_mhz) // 2]
+    for batch in (1, 8):
+        sim = SimulatedMeasurer.for_profile("v100", seed=3, model=TRANSFORMER)
+        result = sweep(sim.device, sim, [clock], batches=(batch,), requests_per_clock=200)
+        law = gpu.models[TRANSFORMER]
+        alone_ms = law.mean_latency_ms(clock, batch)
+        assert np.mean(result.samples[batch][clock]) == pytest.approx(alone_ms, rel=0.03)
+        assert result.energy_per_inference_j[batch][clock] == pytest.approx(
+            law.energy_per_inference_j(clock, batch), rel=0.05
+        )
+        # Two in flight share the GPU: each takes about twice as long as alone.
+        sim = SimulatedMeasurer.for_profile("v100", seed=3, model=TRANSFORMER)
+        shared = sweep(sim.device, sim, [clock], batches=(batch,), concurrency=2).samples
+        assert np.mean(shared[batch][clock][1:-1]) == pytest.approx(2 * alone_ms, rel=0.05)
 
 
 def test_simulated_sweep_is_seeded_and_recovers_the_profile() -> None:
