@@ -14,6 +14,7 @@ from rich.table import Table
 from dvfs.__main__ import PIPE_WIDTH
 from dvfs.errors import DeviceError
 from time2clock.fit import Samples, fit_model_table, read_measurements, write_measurements
+from time2clock.profile import MeasureError
 from time2clock.table import ModelTable, TableError, TableSet
 
 DEFAULT_BATCHES = (1, 2, 4, 8)
@@ -143,10 +144,11 @@ def _sim_models(profile: str, wanted: list[str] | None) -> list[tuple[str, int]]
     return [(name, gpu.models[name].max_batch) for name in names]
 
 
-def _batches_for(model: str, max_batch: int | None, given: list[int] | None) -> list[int]:
+def _batches_for(model: str, max_batch: int, given: list[int] | None) -> list[int]:
+    """``given`` (default: 1,2,4,8 up to ``max_batch``), checked against ``max_batch``."""
     if given is None:
-        return [b for b in DEFAULT_BATCHES if max_batch is None or b <= max_batch] or [1]
-    if max_batch is not None and given[-1] > max_batch:
+        return [b for b in DEFAULT_BATCHES if b <= max_batch]
+    if given[-1] > max_batch:
         raise TableError(f"--batches {given[-1]} exceeds {model}'s largest batch, {max_batch}")
     return given
 
@@ -155,7 +157,14 @@ def _cmd_profile(args: argparse.Namespace, console: Console) -> int:
     from dvfs.device import Device
     from dvfs.factory import open_device, parse_device_spec
     from time2clock.plot import plot_tables
-    from time2clock.profile import Measurer, SimulatedMeasurer, TritonMeasurer, select_clocks, sweep
+    from time2clock.profile import (
+        Measurer,
+        SimulatedMeasurer,
+        TritonMeasurer,
+        select_clocks,
+        sweep,
+        triton_models,
+    )
 
     kind, arg = parse_device_spec(args.device)
     jobs: list[tuple[str, Device, Measurer, list[int]]] = []  # (model, device, measurer, batches)
@@ -168,11 +177,13 @@ def _cmd_profile(args: argparse.Namespace, console: Console) -> int:
         gpu = arg
     else:
         if not args.model:
-            raise TableError("--model is required with --triton-url (repeat it for each model)")
+            raise TableError(
+                "--model is required with --triton-url (repeat it for each model, or: all)"
+            )
         device = open_device(args.device, seed=args.seed)
         gpu = device.identity.name
-        batches = args.batches or [1]
-        for model in dict.fromkeys(args.model):
+        names = triton_models(args.triton_url) if "all" in args.model else args.model
+        for model in dict.fromkeys(names):
             triton = TritonMeasurer(
                 args.triton_url,
                 model,
@@ -180,6 +191,7 @@ def _cmd_profile(args: argparse.Namespace, console: Console) -> int:
                 shape=args.shape,
                 datatype=args.datatype,
             )
+            batches = _batches_for(model, max(triton.max_batch(), 1), args.batches or [1])
             jobs.append((model, device, triton, batches))
     tables = TableSet()
     measured: dict[str, Samples] = {}
@@ -297,8 +309,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--model",
         action="append",
         default=None,
-        help="a Triton model to profile (repeat for several); on a simulated device one of the "
-        "GPU profile's models, or 'all' (default: its default model)",
+        help="a Triton model to profile (repeat for several; 'all': every model Triton has "
+        "ready); on a simulated device one of the GPU profile's models, or 'all' "
+        "(default: its default model)",
     )
     p.add_argument(
         "--batches",
@@ -342,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(stderr=args.cmd == "clock", width=None if stream.isatty() else PIPE_WIDTH)
     try:
         return int(args.run(args, console))
-    except (TableError, DeviceError, ValueError, KeyError) as err:
+    except (TableError, DeviceError, MeasureError, ValueError, KeyError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
 

@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -19,6 +19,10 @@ from dvfs.simulated import SimulatedDevice
 from dvfs.timesource import VirtualTime
 
 ProgressFn = Callable[[int, int], None]
+
+
+class MeasureError(RuntimeError):
+    """Measuring a model failed (the server refused, went away, or lacks the model)."""
 
 
 class Measurer(Protocol):
@@ -148,10 +152,40 @@ class TritonMeasurer:
         for t in threads:
             t.join()
         if errors:
-            raise RuntimeError(
+            raise MeasureError(
                 f"measuring {self.model} at {self.url} failed: {errors[0]}"
             ) from errors[0]
         return latencies
+
+    def max_batch(self) -> int:
+        """The model's ``max_batch_size`` from its Triton config (0: it does not batch)."""
+        config = _ask_triton(self.url, lambda c: c.get_model_config(self.model))
+        return int(config.get("max_batch_size", 0))
+
+
+def triton_models(url: str) -> list[str]:
+    """The models Triton at ``url`` has ready, from its repository index."""
+    index = _ask_triton(url, lambda c: c.get_model_repository_index())
+    names = sorted({m["name"] for m in index if m.get("state") == "READY"})
+    if not names:
+        # PyTriton's server, for one, answers with an empty index.
+        raise MeasureError(
+            f"Triton at {url} lists no ready models in its repository index; "
+            "name each model with --model"
+        )
+    return names
+
+
+def _ask_triton(url: str, ask: Callable[[Any], Any]) -> Any:
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(url)
+    try:
+        return ask(client)
+    except Exception as err:  # tritonclient raises several types; all mean "Triton said no"
+        raise MeasureError(f"asking Triton at {url} failed: {err}") from err
+    finally:
+        client.close()
 
 
 def select_clocks(ladder: Sequence[int], count: int | None) -> list[int]:

@@ -44,10 +44,11 @@ def test_sweep_drives_a_triton_model_in_batches(triton: tuple[EmbeddedTriton, Pa
     # runs a batch in one request's time).
     profile = device.profile
     low, top = clocks[0], clocks[-1]
+    expected_ms = profile.mean_latency_ms(low) - profile.mean_latency_ms(top)
     for batch in (1, 4):
-        assert table.predict_ms(low, batch) - table.predict_ms(top, batch) == pytest.approx(
-            profile.mean_latency_ms(low) - profile.mean_latency_ms(top), rel=0.25
-        )
+        # Sleeping in steps overshoots more at the bottom clock on a busy machine: a loose band.
+        slower_ms = table.predict_ms(low, batch) - table.predict_ms(top, batch)
+        assert 0.7 * expected_ms < slower_ms < 1.6 * expected_ms
     # A batch past the model's max_batch_size (8) is Triton's error, named with the model.
     with pytest.raises(RuntimeError, match=f"measuring {SIMNET} at .* failed"):
         measurer.measure(1, 1, batch=16)
@@ -71,3 +72,18 @@ def test_profile_cli_writes_one_table_per_triton_model(
     top = simnet.clocks_mhz[-1]
     assert simnet.predict_ms(top, 2) > noop.predict_ms(top, 2)
     assert main(["profile", "--triton-url", server.url, "-o", str(out)]) == 2
+
+
+def test_profile_cli_checks_max_batch_size_and_what_triton_serves(
+    triton: tuple[EmbeddedTriton, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server, _ = triton
+    argv = ["profile", "--triton-url", server.url, "--clocks", "2", "--requests-per-clock", "2"]
+    assert main([*argv, "--model", SIMNET, "--batches", "4,16", "-o", str(tmp_path / "x")]) == 2
+    assert f"--batches 16 exceeds {SIMNET}'s largest batch, 8" in capsys.readouterr().err
+    assert main([*argv, "--model", "nosuch", "-o", str(tmp_path / "x")]) == 2
+    assert f"asking Triton at {server.url} failed" in capsys.readouterr().err
+    # PyTriton's Triton answers its repository index with no models: said, not guessed.
+    assert main([*argv, "--model", "all", "-o", str(tmp_path / "x")]) == 2
+    assert "lists no ready models in its repository index" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
