@@ -79,7 +79,7 @@ def write_measurements(
     """Write ``{model: {batch: {clock_mhz: latencies}}}`` as :func:`read_measurements` reads it."""
     with Path(path).open("w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(("model", "batch", *REQUIRED_COLUMNS))
+        writer.writerow((*OPTIONAL_COLUMNS, *REQUIRED_COLUMNS))
         for model in sorted(samples):
             for batch in sorted(samples[model]):
                 by_clock = samples[model][batch]
