@@ -3,47 +3,89 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from dvfs.__main__ import PIPE_WIDTH
 from dvfs.errors import DeviceError
-from time2clock.fit import fit_table, read_measurements, write_measurements
-from time2clock.table import TableError, Time2ClockTable
+from time2clock.fit import Samples, fit_model_table, read_measurements, write_measurements
+from time2clock.profile import MeasureError
+from time2clock.table import ModelTable, TableError, TableSet
+
+DEFAULT_BATCHES = (1, 2, 4, 8)
 
 
-def _print_table(console: Console, table: Time2ClockTable) -> None:
-    view = Table(
-        title=f"time2clock {table.model} on {table.gpu}: "
-        f"y = 1/({table.m:.4g}·x + {table.b:.4g}), R² = {table.r2:.4f}"
-    )
-    for col in ("clock MHz", "n", "trimmed mean ms", "fit ms", "p50 ms", "p99 ms", "std ms"):
+def _print_table(console: Console, table: ModelTable) -> None:
+    view = Table(title=f"time2clock {table.model} on {table.gpu}: y = 1/(m·x + b) per batch size")
+    for col in (
+        "batch",
+        "m",
+        "b",
+        "R²",
+        "clocks",
+        "ms at lowest",
+        "ms at top",
+        "p99 margin ms",
+        "least J/inference",
+        "at MHz",
+    ):
         view.add_column(col, justify="right")
-    step = max(1, len(table.points) // 20)
-    for p in table.points[::step]:
+    for batch, curve in table.curves.items():
+        lo, hi = curve.clocks_mhz[0], curve.clocks_mhz[-1]
+        best = curve.energy_optimal_clock_mhz()
+        energy = None if best is None else table.energy_per_inference_j(best, batch)
         view.add_row(
-            str(p.clock_mhz),
-            str(p.n),
-            f"{p.trimmed_mean_ms:.2f}",
-            f"{table.predict_ms(p.clock_mhz):.2f}",
-            f"{p.p50_ms:.2f}",
-            f"{p.p99_ms:.2f}",
-            f"{p.std_ms:.2f}",
+            str(batch),
+            f"{curve.m:.4g}",
+            f"{curve.b:.4g}",
+            f"{curve.r2:.4f}",
+            f"{len(curve.points)} ({lo}-{hi})",
+            f"{curve.predict_ms(lo):.2f}",
+            f"{curve.predict_ms(hi):.2f}",
+            f"{curve.tail_margin_ms('p99'):.2f}" if "p99" in curve.tail_fits else "-",
+            "-" if energy is None else f"{energy:.4f}",
+            "-" if best is None else str(best),
         )
     console.print(view)
 
 
+def _pick_model(tables: TableSet, model: str | None, path: Path) -> ModelTable:
+    """The table of ``model``, or the only one when ``model`` is None."""
+    if model is None:
+        if len(tables) == 1:
+            return next(iter(tables))
+        raise TableError(
+            f"{path} holds tables of {', '.join(tables.models)}: pick one with --model"
+        )
+    table = tables.get(model)
+    if table is None:
+        raise TableError(f"{path} has no table of {model!r}; it has: {', '.join(tables.models)}")
+    return table
+
+
 def _cmd_fit(args: argparse.Namespace, console: Console) -> int:
-    samples = read_measurements(args.measurements)
-    table = fit_table(
-        samples, trim=args.trim, gpu=args.gpu, model=args.model, concurrency=args.concurrency
+    measured = read_measurements(args.measurements, default_model=args.model or "unknown")
+    if args.model is not None:
+        if args.model not in measured:
+            raise TableError(
+                f"{args.measurements} has no measurements of {args.model!r}; "
+                f"it has: {', '.join(sorted(measured))}"
+            )
+        measured = {args.model: measured[args.model]}
+    tables = TableSet(
+        fit_model_table(
+            samples, trim=args.trim, gpu=args.gpu, model=model, concurrency=args.concurrency
+        )
+        for model, samples in measured.items()
     )
-    table.save(args.output)
-    _print_table(console, table)
+    tables.save(args.output)
+    for table in tables:
+        _print_table(console, table)
     console.print(f"wrote {args.output}")
     return 0
 
@@ -51,13 +93,17 @@ def _cmd_fit(args: argparse.Namespace, console: Console) -> int:
 def _cmd_clock(args: argparse.Namespace, console: Console) -> int:
     if args.slo_ms <= 0:
         raise TableError(f"--slo-ms must be > 0, got {args.slo_ms}")
-    table = Time2ClockTable.load(args.table)
-    clock, met = table.clock_for_queue(args.slo_ms, args.queue, args.concurrency, args.quantile)
+    if args.batch < 1 or args.queue < 0:
+        raise TableError(f"--batch must be >= 1 and --queue >= 0 (got {args.batch}, {args.queue})")
+    table = _pick_model(TableSet.load(args.table), args.model, args.table)
+    clock, met = table.clock_for_queue(
+        args.slo_ms, args.queue, args.batch, args.concurrency, args.quantile
+    )
     if not met:
+        top_ms = table.completion_ms(clock, args.queue, args.batch, args.concurrency, args.quantile)
         print(
-            f"no clock meets {args.slo_ms} ms with {args.queue} queued "
-            f"(the top clock predicts {table.predict_ms(clock, args.quantile):.2f} ms per round); "
-            "printing the highest clock",
+            f"no clock meets {args.slo_ms} ms with {args.queue} queued in batches of "
+            f"{args.batch} (the top clock predicts {top_ms:.2f} ms); printing the highest clock",
             file=sys.stderr,
         )
     print(clock)
@@ -65,76 +111,149 @@ def _cmd_clock(args: argparse.Namespace, console: Console) -> int:
 
 
 def _cmd_plot(args: argparse.Namespace, console: Console) -> int:
-    from time2clock.plot import plot_table
+    from time2clock.plot import plot_tables
 
-    table = Time2ClockTable.load(args.table)
-    samples = read_measurements(args.measurements) if args.measurements else None
-    console.print(f"wrote {plot_table(table, args.output, samples)}")
+    tables = TableSet.load(args.table)
+    if args.model is not None:
+        tables = TableSet([_pick_model(tables, args.model, args.table)])
+    samples = None
+    if args.measurements:
+        default = tables.models[0] if len(tables) == 1 else "unknown"
+        samples = read_measurements(args.measurements, default_model=default)
+    console.print(f"wrote {plot_tables(tables, args.output, samples)}")
     return 0
+
+
+def _sim_models(profile: str, wanted: list[str] | None) -> list[tuple[str, int]]:
+    """The simulated models to profile, each with its largest batch."""
+    from dvfs.profiles import get_profile
+
+    gpu = get_profile(profile)
+    if not wanted:
+        names = [gpu.default_model]
+    elif "all" in wanted:
+        names = list(gpu.models)
+    else:
+        unknown = [m for m in wanted if m not in gpu.models]
+        if unknown:
+            raise TableError(
+                f"sim:{profile} has no model {', '.join(map(repr, unknown))}; "
+                f"it has: {', '.join(gpu.models)} (or: all)"
+            )
+        names = list(dict.fromkeys(wanted))
+    return [(name, gpu.models[name].max_batch) for name in names]
+
+
+def _batches_for(model: str, max_batch: int, given: list[int] | None) -> list[int]:
+    """``given`` (default: 1,2,4,8 up to ``max_batch``), checked against ``max_batch``."""
+    if given is None:
+        return [b for b in DEFAULT_BATCHES if b <= max_batch]
+    if given[-1] > max_batch:
+        raise TableError(f"--batches {given[-1]} exceeds {model}'s largest batch, {max_batch}")
+    return given
 
 
 def _cmd_profile(args: argparse.Namespace, console: Console) -> int:
     from dvfs.device import Device
     from dvfs.factory import open_device, parse_device_spec
-    from time2clock.plot import plot_table
-    from time2clock.profile import Measurer, SimulatedMeasurer, TritonMeasurer, select_clocks, sweep
+    from time2clock.plot import plot_tables
+    from time2clock.profile import (
+        Measurer,
+        SimulatedMeasurer,
+        TritonMeasurer,
+        select_clocks,
+        sweep,
+        triton_models,
+    )
 
     kind, arg = parse_device_spec(args.device)
-    measurer: Measurer
-    device: Device
+    jobs: list[tuple[str, Device, Measurer, list[int]]] = []  # (model, device, measurer, batches)
     if args.triton_url is None:
         if kind != "sim":
             raise TableError("profiling a real GPU needs --triton-url and --model to drive")
-        sim = SimulatedMeasurer.for_profile(arg, seed=args.seed)
-        device, measurer, gpu = sim.device, sim, arg
-        model = args.model or "inception-sim"
+        for model, max_batch in _sim_models(arg, args.model):
+            sim = SimulatedMeasurer.for_profile(arg, seed=args.seed, model=model)
+            jobs.append((model, sim.device, sim, _batches_for(model, max_batch, args.batches)))
+        gpu = arg
     else:
         if not args.model:
-            raise TableError("--model is required with --triton-url")
+            raise TableError(
+                "--model is required with --triton-url (repeat it for each model, or: all)"
+            )
         device = open_device(args.device, seed=args.seed)
-        measurer = TritonMeasurer(
-            args.triton_url,
-            args.model,
-            input_name=args.input_name,
-            shape=args.shape,
-            datatype=args.datatype,
-        )
-        gpu, model = device.identity.name, args.model
-    clocks = select_clocks(device.supported_clocks_mhz(), args.clocks)
+        gpu = device.identity.name
+        names = triton_models(args.triton_url) if "all" in args.model else args.model
+        for model in dict.fromkeys(names):
+            triton = TritonMeasurer(
+                args.triton_url,
+                model,
+                input_name=args.input_name,
+                shape=args.shape,
+                datatype=args.datatype,
+            )
+            batches = _batches_for(model, max(triton.max_batch(), 1), args.batches or [1])
+            jobs.append((model, device, triton, batches))
+    tables = TableSet()
+    measured: dict[str, Samples] = {}
     with Progress(
         TextColumn("[bold]profiling {task.description}"),
         BarColumn(),
-        TextColumn("{task.completed}/{task.total} clocks"),
+        TextColumn("{task.completed}/{task.total} clock × batch steps"),
         TimeRemainingColumn(),
         console=console,
         transient=False,
     ) as bar:
-        task = bar.add_task(f"{model} on {gpu}", total=len(clocks))
-        result = sweep(
-            device,
-            measurer,
-            clocks,
-            requests_per_clock=args.requests_per_clock,
-            concurrency=args.concurrency,
-            progress=lambda done, _total: bar.update(task, completed=done),
-        )
-    samples = result.samples
+        for model, device, measurer, batches in jobs:
+            clocks = select_clocks(device.supported_clocks_mhz(), args.clocks)
+            task = bar.add_task(
+                f"{model} on {gpu}, batches {','.join(map(str, batches))}",
+                total=len(clocks) * len(batches),
+            )
+
+            def advance(done: int, _total: int, task: TaskID = task) -> None:
+                bar.update(task, completed=done)
+
+            result = sweep(
+                device,
+                measurer,
+                clocks,
+                batches=batches,
+                requests_per_clock=args.requests_per_clock,
+                concurrency=args.concurrency,
+                progress=advance,
+            )
+            measured[model] = result.samples
+            tables.add(
+                fit_model_table(
+                    result.samples,
+                    trim=args.trim,
+                    gpu=gpu,
+                    model=model,
+                    concurrency=args.concurrency,
+                    energy_j=result.energy_per_inference_j,
+                )
+            )
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    write_measurements(out / "measurements.csv", samples)
-    table = fit_table(
-        samples,
-        trim=args.trim,
-        gpu=gpu,
-        model=model,
-        concurrency=args.concurrency,
-        energy_j=result.energy_per_inference_j,
-    )
-    table.save(out / "table.json")
-    plot_table(table, out / "fit.png", samples)
-    _print_table(console, table)
+    write_measurements(out / "measurements.csv", measured)
+    tables.save(out / "table.json")
+    plot_tables(tables, out / "fit.png", measured)
+    for table in tables:
+        _print_table(console, table)
     console.print(f"wrote {out / 'measurements.csv'}, {out / 'table.json'}, {out / 'fit.png'}")
     return 0
+
+
+def _batch_list(text: str) -> list[int]:
+    try:
+        batches = sorted({int(b) for b in text.split(",") if b.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected batch sizes like 1,2,4,8, got {text!r}"
+        ) from None
+    if not batches or batches[0] < 1:
+        raise argparse.ArgumentTypeError(f"batch sizes must be integers >= 1, got {text!r}")
+    return batches
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -142,16 +261,24 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="cmd", required=True)
 
     p = sub.add_parser("fit", help="fit a table from a measurements CSV")
-    p.add_argument("measurements", type=Path, help="CSV with clock_mhz,latency_ms per request")
+    p.add_argument(
+        "measurements",
+        type=Path,
+        help="CSV with clock_mhz,latency_ms per execution (optional columns: batch, model)",
+    )
     p.add_argument("-o", "--output", type=Path, required=True, help="table JSON to write")
     p.add_argument("--trim", type=float, default=0.2, help="fraction dropped at each end (0.2)")
     p.add_argument("--gpu", default="unknown")
-    p.add_argument("--model", default="unknown")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="with a model column: fit only this model; without: the name of the table",
+    )
     p.add_argument(
         "--concurrency",
         type=int,
-        default=2,
-        help="the concurrency the data was measured at (2, as in seed 003)",
+        default=1,
+        help="executions in flight when the data was measured (1; seed 003 used 2)",
     )
     p.set_defaults(run=_cmd_fit)
 
@@ -159,6 +286,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("table", type=Path)
     p.add_argument("--slo-ms", type=float, required=True)
     p.add_argument("--queue", type=int, default=0, help="requests ahead of this one (0)")
+    p.add_argument("--batch", type=int, default=1, help="requests per execution (1)")
+    p.add_argument("--model", default=None, help="whose table (needed when the file has several)")
     p.add_argument("--concurrency", type=int, default=None, help="default: the table's")
     p.add_argument(
         "--quantile",
@@ -176,17 +305,34 @@ def build_parser() -> argparse.ArgumentParser:
         help="Triton to drive (host:port); "
         "without it a simulated device is measured directly in virtual time",
     )
-    p.add_argument("--model", default=None)
+    p.add_argument(
+        "--model",
+        action="append",
+        default=None,
+        help="a Triton model to profile (repeat for several; 'all': every model Triton has "
+        "ready); on a simulated device one of the GPU profile's models, or 'all' "
+        "(default: its default model)",
+    )
+    p.add_argument(
+        "--batches",
+        type=_batch_list,
+        default=None,
+        help="batch sizes to sweep, comma-separated "
+        "(default: 1,2,4,8 up to the simulated model's largest; 1 on a real Triton)",
+    )
     p.add_argument(
         "--shape",
         type=lambda s: [int(d) for d in s.split(",")],
         default=[1, 16],
-        help="input shape including the batch dimension, comma-separated (1,16)",
+        help="one request's input shape including the batch dimension, which --batches "
+        "replaces, comma-separated (1,16)",
     )
     p.add_argument("--input-name", default="INPUT0", help="the model's input tensor (INPUT0)")
     p.add_argument("--datatype", default="FP32", help="its Triton datatype (FP32, FP16, INT8, ...)")
-    p.add_argument("--requests-per-clock", type=int, default=10)
-    p.add_argument("--concurrency", type=int, default=2)
+    p.add_argument(
+        "--requests-per-clock", type=int, default=10, help="executions per clock and batch (10)"
+    )
+    p.add_argument("--concurrency", type=int, default=1, help="executions in flight (1)")
     p.add_argument("--clocks", type=int, default=None, help="how many clocks (default: every one)")
     p.add_argument("--trim", type=float, default=0.2)
     p.add_argument("--seed", type=int, default=0)
@@ -197,17 +343,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("table", type=Path)
     p.add_argument("-o", "--output", type=Path, required=True)
     p.add_argument("--measurements", type=Path, default=None)
+    p.add_argument("--model", default=None, help="plot only this model's table")
     p.set_defaults(run=_cmd_plot)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     stream = sys.stderr if args.cmd == "clock" else sys.stdout
     console = Console(stderr=args.cmd == "clock", width=None if stream.isatty() else PIPE_WIDTH)
     try:
         return int(args.run(args, console))
-    except (TableError, DeviceError, ValueError, KeyError) as err:
+    except (TableError, DeviceError, MeasureError, ValueError, KeyError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
 

@@ -9,7 +9,6 @@ robust: a few slow outliers (GC pauses, a context switch, a copy that waited) wo
 from __future__ import annotations
 
 import csv
-from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,18 +19,27 @@ from time2clock.table import (
     TAIL_QUANTILES,
     ClockPoint,
     InverseLinearFit,
+    ModelTable,
     TableError,
     Time2ClockTable,
 )
 
 REQUIRED_COLUMNS = ("clock_mhz", "latency_ms")
+OPTIONAL_COLUMNS = ("model", "batch")  # absent: the model named by the caller, batch 1
+
+Samples = dict[int, dict[int, list[float]]]
+"""Latencies (ms) of executions: ``samples[batch][clock_mhz]``."""
 
 
-def read_measurements(path: Path) -> dict[int, list[float]]:
-    """Read a measurements CSV (header with at least ``clock_mhz`` and ``latency_ms``)."""
+def read_measurements(path: Path, default_model: str = "unknown") -> dict[str, Samples]:
+    """Read a measurements CSV: ``{model: {batch: {clock_mhz: [latency_ms, ...]}}}``.
+
+    The header needs ``clock_mhz`` and ``latency_ms`` (one row per execution); ``batch`` (the
+    requests in that execution, default 1) and ``model`` (default ``default_model``) are optional.
+    """
     if not Path(path).is_file():
         raise TableError(f"no measurements file at {path}")
-    samples: dict[int, list[float]] = defaultdict(list)
+    samples: dict[str, Samples] = {}
     with Path(path).open(newline="") as handle:
         reader = csv.DictReader(handle)
         found = list(reader.fieldnames or [])
@@ -54,18 +62,30 @@ def read_measurements(path: Path) -> dict[int, list[float]]:
                 raise TableError(
                     f"{path}:{line}: clock_mhz and latency_ms must be positive and finite"
                 )
-            samples[round(clock)].append(latency)
-    return dict(samples)
+            batch_text = row.get("batch") or "1"
+            if not batch_text.strip().isdigit() or int(batch_text) < 1:
+                raise TableError(
+                    f"{path}:{line}: batch must be an integer >= 1, got {batch_text!r}"
+                )
+            model = row.get("model") or default_model
+            by_clock = samples.setdefault(model, {}).setdefault(int(batch_text), {})
+            by_clock.setdefault(round(clock), []).append(latency)
+    return samples
 
 
-def write_measurements(path: Path, samples: Mapping[int, Sequence[float]]) -> None:
-    """Write samples in the format :func:`read_measurements` reads."""
+def write_measurements(
+    path: Path, samples: Mapping[str, Mapping[int, Mapping[int, Sequence[float]]]]
+) -> None:
+    """Write ``{model: {batch: {clock_mhz: latencies}}}`` as :func:`read_measurements` reads it."""
     with Path(path).open("w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(REQUIRED_COLUMNS)
-        for clock in sorted(samples):
-            for latency in samples[clock]:
-                writer.writerow((clock, f"{latency:.6f}"))
+        writer.writerow((*OPTIONAL_COLUMNS, *REQUIRED_COLUMNS))
+        for model in sorted(samples):
+            for batch in sorted(samples[model]):
+                by_clock = samples[model][batch]
+                for clock in sorted(by_clock):
+                    for latency in by_clock[clock]:
+                        writer.writerow((model, batch, clock, f"{latency:.6f}"))
 
 
 def trimmed_mean(values: Sequence[float] | np.ndarray[Any, Any], trim: float) -> float:
@@ -127,15 +147,19 @@ def fit_table(
     model: str = "unknown",
     concurrency: int = 2,
     energy_j: Mapping[int, float] | None = None,
+    batch: int = 1,
 ) -> Time2ClockTable:
     """Build a :class:`Time2ClockTable` from latencies (ms) grouped by clock (MHz).
 
-    ``energy_j`` (optional): energy per inference measured at each clock, in joules.
+    ``batch``: the requests in each measured execution. ``energy_j`` (optional): energy per
+    inference (per request, not per execution) measured at each clock, in joules.
     """
     if not 0.0 <= trim < 0.5:
         raise TableError(f"--trim must be in [0, 0.5), got {trim}")
     if concurrency < 1:
         raise TableError(f"concurrency must be >= 1, got {concurrency}")
+    if batch < 1:
+        raise TableError(f"batch must be >= 1, got {batch}")
     points = []
     for clock in sorted(samples):
         data = np.asarray(samples[clock], dtype=float)
@@ -167,4 +191,37 @@ def fit_table(
         points=tuple(points),
         tail_fits=tails,
         residual_quantiles_ms=residual_quantiles(samples, mean_fit),
+        batch=batch,
     )
+
+
+def fit_model_table(
+    samples: Mapping[int, Mapping[int, Sequence[float]]],
+    *,
+    trim: float = 0.2,
+    gpu: str,
+    model: str,
+    concurrency: int = 1,
+    energy_j: Mapping[int, Mapping[int, float]] | None = None,
+) -> ModelTable:
+    """Fit one curve per batch size (seed 003's method for each): ``samples[batch][clock]``.
+
+    ``energy_j[batch][clock]`` (optional): energy per request measured there, in joules.
+    """
+    curves = {}
+    for batch in sorted(samples):
+        try:
+            curves[batch] = fit_table(
+                samples[batch],
+                trim=trim,
+                gpu=gpu,
+                model=model,
+                concurrency=concurrency,
+                energy_j=None if energy_j is None else energy_j.get(batch),
+                batch=batch,
+            )
+        except TableError as err:
+            raise TableError(f"{model}, batch {batch}: {err}") from err
+    if not curves:
+        raise TableError(f"no measurements of {model} to fit")
+    return ModelTable(gpu=gpu, model=model, curves=curves)

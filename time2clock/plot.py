@@ -1,72 +1,78 @@
-"""Plot a time2clock table like seed 003's Figure 2: points, spread, fitted curves, R²."""
+"""Plot time2clock tables like seed 003's Figure 2: a line per batch size, points and fits."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from time2clock.table import Time2ClockTable
+from time2clock.table import ModelTable, TableSet
+
+BatchSamples = Mapping[int, Mapping[int, Sequence[float]]]  # batch -> clock_mhz -> ms
 
 
-def plot_table(
-    table: Time2ClockTable,
+def plot_tables(
+    tables: TableSet,
     out_path: Path,
-    samples: Mapping[int, Sequence[float]] | None = None,
+    samples: Mapping[str, BatchSamples] | None = None,
 ) -> Path:
-    """Write a PNG of the measured points (and raw samples if given) with the fitted curves."""
+    """Write a PNG with one panel per model: per batch size the measured trimmed means (± std),
+    the raw executions if ``samples`` (model -> batch -> clock -> ms) is given, the mean fit, and
+    the p99 fit dashed. Log-scaled time, so that batch 1 and batch 64 both read."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
-    if samples:
-        xs = [c for c, vals in samples.items() for _ in vals]
-        ys = [v for vals in samples.values() for v in vals]
-        ax.scatter(xs, ys, s=6, alpha=0.25, color="grey", label="requests")
-    clocks = np.array(table.clocks_mhz, dtype=float)
-    means = np.array([p.trimmed_mean_ms for p in table.points])
-    stds = np.array([p.std_ms for p in table.points])
-    ax.errorbar(
-        clocks,
-        means,
-        yerr=stds,
-        fmt="o",
-        ms=3,
-        capsize=2,
-        color="tab:blue",
-        label=f"trimmed mean (trim {table.trim:g}) ± std",
-    )
-    ax.plot(clocks, [p.p99_ms for p in table.points], "v", ms=3, color="tab:red", label="p99")
-    grid = np.linspace(clocks.min(), clocks.max(), 200)
-    ax.plot(
-        grid,
-        [table.predict_ms(f) for f in grid],
-        color="tab:blue",
-        label=f"mean fit 1/(m·x+b), R²={table.r2:.4f}",
-    )
-    if "p99" in table.tail_fits:
-        fit = table.tail_fits["p99"]
-        ax.plot(
-            grid,
-            [fit.predict_ms(f) for f in grid],
-            "--",
-            color="tab:red",
-            label=f"p99 fit, R²={fit.r2:.4f}",
-        )
-    ax.set_xlabel("graphics clock (MHz)")
-    ax.set_ylabel("inference time (ms)")
-    ax.set_title(
-        f"time2clock: {table.model} on {table.gpu} (concurrency {table.concurrency})\n"
-        f"m={table.m:.4g}, b={table.b:.4g}"
-    )
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    models = list(tables)
+    fig, axes = plt.subplots(1, len(models), figsize=(8 * len(models), 5.5), dpi=120, squeeze=False)
+    for ax, table in zip(axes[0], models, strict=True):
+        _draw_model(ax, table, None if samples is None else samples.get(table.model))
     fig.tight_layout()
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out)
     plt.close(fig)
     return out
+
+
+def _draw_model(ax: Any, table: ModelTable, samples: BatchSamples | None) -> None:
+    import matplotlib.pyplot as plt
+
+    colors = plt.get_cmap("viridis")(np.linspace(0.0, 0.9, len(table.batches)))
+    for color, (batch, curve) in zip(colors, table.curves.items(), strict=True):
+        if samples and batch in samples:
+            xs = [c for c, vals in samples[batch].items() for _ in vals]
+            ys = [v for vals in samples[batch].values() for v in vals]
+            ax.scatter(xs, ys, s=4, alpha=0.15, color=color)
+        clocks = np.array(curve.clocks_mhz, dtype=float)
+        ax.errorbar(
+            clocks,
+            [p.trimmed_mean_ms for p in curve.points],
+            yerr=[p.std_ms for p in curve.points],
+            fmt="o",
+            ms=3,
+            capsize=2,
+            color=color,
+        )
+        grid = np.linspace(clocks.min(), clocks.max(), 200)
+        ax.plot(
+            grid,
+            [curve.predict_ms(f) for f in grid],
+            color=color,
+            label=f"batch {batch}: 1/({curve.m:.3g}·x+{curve.b:.3g}), R²={curve.r2:.4f}",
+        )
+        if "p99" in curve.tail_fits:
+            ax.plot(grid, [curve.predict_ms(f, "p99") for f in grid], "--", lw=0.8, color=color)
+    ax.set_yscale("log")
+    ax.set_xlabel("graphics clock (MHz)")
+    ax.set_ylabel("time of one execution (ms); dashed: p99 fit")
+    first = table.curve(table.batches[0])
+    ax.set_title(
+        f"time2clock: {table.model} on {table.gpu} "
+        f"(trim {first.trim:g}, concurrency {first.concurrency})"
+    )
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)

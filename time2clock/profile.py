@@ -1,13 +1,16 @@
-"""Sweep a device's clocks while measuring a model at a fixed concurrency (seed 003's method)."""
+"""Sweep a device's clocks × batch sizes while measuring a model (seed 003's method per curve).
+
+Each (clock, batch) step runs ``requests_per_clock`` executions of ``batch`` requests each, with
+``concurrency`` executions in flight; one latency is recorded per execution.
+"""
 
 from __future__ import annotations
 
-import heapq
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -18,54 +21,80 @@ from dvfs.timesource import VirtualTime
 ProgressFn = Callable[[int, int], None]
 
 
-class Measurer(Protocol):
-    """Runs ``requests`` inferences with ``concurrency`` in flight; returns each latency in ms."""
+class MeasureError(RuntimeError):
+    """Measuring a model failed (the server refused, went away, or lacks the model)."""
 
-    def measure(self, requests: int, concurrency: int) -> list[float]: ...
+
+class Measurer(Protocol):
+    """Runs ``requests`` executions of ``batch`` requests each, ``concurrency`` in flight.
+
+    Returns each execution's latency in ms.
+    """
+
+    def measure(self, requests: int, concurrency: int, batch: int = 1) -> list[float]: ...
 
 
 class SimulatedMeasurer:
-    """Measures a :class:`SimulatedDevice` running in virtual time: instant, and exactly seeded."""
+    """Measures a :class:`SimulatedDevice` running in virtual time: instant, and exactly seeded.
 
-    def __init__(self, device: SimulatedDevice, vtime: VirtualTime) -> None:
+    ``model`` names one of the device profile's models (``None``: its default model).
+    """
+
+    def __init__(
+        self, device: SimulatedDevice, vtime: VirtualTime, model: str | None = None
+    ) -> None:
         self.device = device
         self.vtime = vtime
+        self.model = model
 
     @classmethod
-    def for_profile(cls, profile: str, seed: int = 0) -> SimulatedMeasurer:
+    def for_profile(
+        cls, profile: str, seed: int = 0, model: str | None = None
+    ) -> SimulatedMeasurer:
         vtime = VirtualTime()
         device = SimulatedDevice(profile, time_source=vtime, rng=np.random.default_rng(seed))
-        return cls(device, vtime)
+        return cls(device, vtime, model)
 
     def settle(self) -> None:
         """Let a requested clock change take effect."""
         self.vtime.advance_by(self.device.profile.clock_change_delay_s * 2)
 
-    def measure(self, requests: int, concurrency: int) -> list[float]:
+    def measure(self, requests: int, concurrency: int, batch: int = 1) -> list[float]:
+        """Executions in flight share the GPU equally, as on the device (processor sharing):
+        with ``k`` running, each advances at ``1/k`` of its speed alone."""
         latencies: list[float] = []
-        running: list[tuple[float, float]] = []  # (end_s, start_s), earliest end first
+        running: list[list[float]] = []  # [work left alone (ms), start_s]
         started = 0
         while started < min(concurrency, requests):
-            heapq.heappush(running, self._start())
+            running.append(self._start(batch))
             started += 1
         while running:
-            end_s, start_s = heapq.heappop(running)
-            self.vtime.advance_to(end_s)
-            self.device.end_work()
-            latencies.append((end_s - start_s) * 1000.0)
+            k = len(running)
+            first = min(range(k), key=lambda i: running[i][0])
+            step_ms = max(running[first][0], 0.0)
+            self.vtime.advance_by(step_ms * k / 1000.0)
+            for execution in running:
+                execution[0] -= step_ms
+            _, start_s = running.pop(first)
+            self.device.end_work(self.model, batch)
+            latencies.append((self.vtime() - start_s) * 1000.0)
             if started < requests:
-                heapq.heappush(running, self._start())
+                running.append(self._start(batch))
                 started += 1
         return latencies
 
-    def _start(self) -> tuple[float, float]:
-        now = self.vtime()
-        clock = self.device.begin_work()
-        return now + self.device.sample_latency_ms(clock) / 1000.0, now
+    def _start(self, batch: int) -> list[float]:
+        clock = self.device.begin_work(self.model, batch)
+        alone_ms = self.device.sample_latency_ms(clock, model=self.model, batch=batch)
+        return [alone_ms, self.vtime()]
 
 
 class TritonMeasurer:
-    """Measures a model on a Triton server (KServe v2 HTTP) with ``concurrency`` closed loops."""
+    """Measures a model on a Triton server (KServe v2 HTTP) with ``concurrency`` closed loops.
+
+    ``shape`` is one request's input shape including the batch dimension; an execution of
+    ``batch`` sends one request of shape ``[batch, *shape[1:]]``.
+    """
 
     def __init__(
         self,
@@ -85,11 +114,12 @@ class TritonMeasurer:
     def settle(self) -> None:
         time.sleep(0.05)
 
-    def measure(self, requests: int, concurrency: int) -> list[float]:
+    def measure(self, requests: int, concurrency: int, batch: int = 1) -> list[float]:
         import tritonclient.http as httpclient
         from tritonclient.utils import triton_to_np_dtype
 
-        data = np.zeros(self.shape, dtype=triton_to_np_dtype(self.datatype))
+        shape = [batch, *self.shape[1:]]
+        data = np.zeros(shape, dtype=triton_to_np_dtype(self.datatype))
         latencies: list[float] = []
         errors: list[BaseException] = []
         lock = threading.Lock()
@@ -97,7 +127,7 @@ class TritonMeasurer:
 
         def loop() -> None:
             client = httpclient.InferenceServerClient(self.url)
-            tensor = httpclient.InferInput(self.input_name, self.shape, self.datatype)
+            tensor = httpclient.InferInput(self.input_name, shape, self.datatype)
             tensor.set_data_from_numpy(data)
             try:
                 while True:
@@ -122,10 +152,40 @@ class TritonMeasurer:
         for t in threads:
             t.join()
         if errors:
-            raise RuntimeError(
+            raise MeasureError(
                 f"measuring {self.model} at {self.url} failed: {errors[0]}"
             ) from errors[0]
         return latencies
+
+    def max_batch(self) -> int:
+        """The model's ``max_batch_size`` from its Triton config (0: it does not batch)."""
+        config = _ask_triton(self.url, lambda c: c.get_model_config(self.model))
+        return int(config.get("max_batch_size", 0))
+
+
+def triton_models(url: str) -> list[str]:
+    """The models Triton at ``url`` has ready, from its repository index."""
+    index = _ask_triton(url, lambda c: c.get_model_repository_index())
+    names = sorted({m["name"] for m in index if m.get("state") == "READY"})
+    if not names:
+        # PyTriton's server, for one, answers with an empty index.
+        raise MeasureError(
+            f"Triton at {url} lists no ready models in its repository index; "
+            "name each model with --model"
+        )
+    return names
+
+
+def _ask_triton(url: str, ask: Callable[[Any], Any]) -> Any:
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(url)
+    try:
+        return ask(client)
+    except Exception as err:  # tritonclient raises several types; all mean "Triton said no"
+        raise MeasureError(f"asking Triton at {url} failed: {err}") from err
+    finally:
+        client.close()
 
 
 def select_clocks(ladder: Sequence[int], count: int | None) -> list[int]:
@@ -141,10 +201,11 @@ def select_clocks(ladder: Sequence[int], count: int | None) -> list[int]:
 
 @dataclass
 class SweepResult:
-    """Latencies (ms) per clock, and energy per inference (J) per clock as the device counted it."""
+    """Per batch size and clock: execution latencies (ms), and energy per request (J) as the
+    device counted it (energy over the step / (executions × batch))."""
 
-    samples: dict[int, list[float]] = field(default_factory=dict)
-    energy_per_inference_j: dict[int, float] = field(default_factory=dict)
+    samples: dict[int, dict[int, list[float]]] = field(default_factory=dict)
+    energy_per_inference_j: dict[int, dict[int, float]] = field(default_factory=dict)
 
 
 def sweep(
@@ -152,26 +213,37 @@ def sweep(
     measurer: Measurer,
     clocks_mhz: Sequence[int],
     *,
+    batches: Sequence[int] = (1,),
     requests_per_clock: int = 10,
-    concurrency: int = 2,
+    concurrency: int = 1,
     progress: ProgressFn | None = None,
 ) -> SweepResult:
-    """Lock each clock in turn, measure, and give the clock back at the end whatever happens."""
+    """Lock each clock in turn, measure every batch size there, and give the clock back at the
+    end whatever happens. ``progress(done, total)`` counts (clock, batch) steps."""
     if requests_per_clock < 1 or concurrency < 1:
         raise ValueError("requests per clock and concurrency must both be >= 1")
+    if not batches or min(batches) < 1:
+        raise ValueError(f"batch sizes must be >= 1, got {list(batches)}")
     result = SweepResult()
+    total = len(clocks_mhz) * len(batches)
+    done = 0
     try:
-        for i, clock in enumerate(clocks_mhz):
+        for clock in clocks_mhz:
             device.set_clock_mhz(clock)
             settle = getattr(measurer, "settle", None)
             if settle is not None:
                 settle()
-            before_j = device.energy_j()
-            latencies = measurer.measure(requests_per_clock, concurrency)
-            result.samples[clock] = latencies
-            result.energy_per_inference_j[clock] = (device.energy_j() - before_j) / len(latencies)
-            if progress is not None:
-                progress(i + 1, len(clocks_mhz))
+            for batch in batches:
+                before_j = device.energy_j()
+                latencies = measurer.measure(requests_per_clock, concurrency, batch)
+                used_j = device.energy_j() - before_j
+                result.samples.setdefault(batch, {})[clock] = latencies
+                result.energy_per_inference_j.setdefault(batch, {})[clock] = used_j / (
+                    len(latencies) * batch
+                )
+                done += 1
+                if progress is not None:
+                    progress(done, total)
     finally:
         device.reset()
     return result

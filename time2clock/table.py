@@ -1,20 +1,32 @@
-"""The time2clock table: per-clock latency statistics and the fits ``y = 1/(m·x + b)``.
+"""The time2clock tables: per-clock latency statistics and the fits ``y = 1/(m·x + b)``.
 
 x is the graphics clock in MHz, y the inference time in ms. The mean fit is seed 003's; the tail
 fits (p90, p99) are the same law fitted to per-clock quantiles, for policies that must keep the
 tail, not the mean, under the SLO.
+
+Three levels: a :class:`Time2ClockTable` is one such curve (one batch size at one concurrency);
+a :class:`ModelTable` holds every curve profiled for one (GPU, model), one per batch size; a
+:class:`TableSet` holds the tables of every model behind one GPU and is what a file stores
+(format version 2; version-1 files, one curve without a batch size, still load).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 1  # one curve per file (Time2ClockTable.save); read by TableSet.load too
+TABLE_FORMAT_VERSION = 2  # a TableSet: every model of one GPU, one curve per batch size
+SUPPORTED_VERSIONS = (FORMAT_VERSION, TABLE_FORMAT_VERSION)
+LAW = "latency_ms = 1 / (m * clock_mhz + b)"
 TAIL_QUANTILES = ("p90", "p99")
+
+log = logging.getLogger(__name__)
 
 
 class TableError(ValueError):
@@ -69,7 +81,12 @@ class ClockPoint:
 
 @dataclass(frozen=True)
 class Time2ClockTable:
-    """What profiling one (GPU, model) pair at one concurrency taught us."""
+    """What profiling one (GPU, model) pair at one concurrency and one batch size taught us.
+
+    ``batch`` is the number of requests in every execution measured for this curve: its times
+    are those of one execution, and its ``energy_per_inference_j`` is per request (per batch
+    element), not per execution.
+    """
 
     gpu: str
     model: str
@@ -79,6 +96,7 @@ class Time2ClockTable:
     points: tuple[ClockPoint, ...]
     tail_fits: dict[str, InverseLinearFit] = field(default_factory=dict)
     residual_quantiles_ms: dict[str, float] = field(default_factory=dict)
+    batch: int = 1
 
     @property
     def m(self) -> float:
@@ -149,11 +167,19 @@ class Time2ClockTable:
     # -- persistence ----------------------------------------------------------------------
 
     def to_json(self) -> dict[str, Any]:
+        """This curve alone, as a version-1 file stores it (with its batch size)."""
         return {
             "version": FORMAT_VERSION,
-            "law": "latency_ms = 1 / (m * clock_mhz + b)",
+            "law": LAW,
             "gpu": self.gpu,
             "model": self.model,
+            **self.curve_json(),
+        }
+
+    def curve_json(self) -> dict[str, Any]:
+        """The curve's own fields, as a :class:`ModelTable` stores each of its curves."""
+        return {
+            "batch": self.batch,
             "trim": self.trim,
             "concurrency": self.concurrency,
             "m": self.m,
@@ -166,7 +192,7 @@ class Time2ClockTable:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Time2ClockTable:
+    def from_json(cls, data: Mapping[str, Any]) -> Time2ClockTable:
         try:
             points = tuple(ClockPoint(**p) for p in data["points"])
             table = cls(
@@ -183,26 +209,345 @@ class Time2ClockTable:
                 residual_quantiles_ms={
                     q: float(v) for q, v in data.get("residual_quantiles_ms", {}).items()
                 },
+                batch=int(data.get("batch", 1)),
             )
-        except (KeyError, TypeError, ValueError) as err:
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise TableError(f"not a time2clock table: {err!r}") from err
         if not table.points or table.clocks_mhz != sorted(set(table.clocks_mhz)):
             raise TableError("a time2clock table needs points at distinct clocks, ascending")
         if table.concurrency < 1:
             raise TableError(f"concurrency must be >= 1, got {table.concurrency}")
+        if table.batch < 1:
+            raise TableError(f"batch must be >= 1, got {table.batch}")
         return table
 
     def save(self, path: Path) -> None:
+        """Write this one curve as a version-1 file (a :class:`TableSet` writes version 2)."""
         Path(path).write_text(json.dumps(self.to_json(), indent=2) + "\n")
 
     @classmethod
     def load(cls, path: Path) -> Time2ClockTable:
-        try:
-            data = json.loads(Path(path).read_text())
-        except FileNotFoundError:
-            raise TableError(f"no time2clock table at {path}") from None
-        except json.JSONDecodeError as err:
-            raise TableError(f"{path} is not JSON: {err}") from err
-        if not isinstance(data, dict):
-            raise TableError(f"{path}: a time2clock table is a JSON object")
+        """Read a version-1 file (one curve); :meth:`TableSet.load` reads every version."""
+        data = _read_json(path)
+        version = data.get("version")
+        if version not in (None, FORMAT_VERSION):
+            raise TableError(
+                f"{path}: Time2ClockTable.load reads format version {FORMAT_VERSION} (one curve); "
+                f"found version {version!r}: load it with TableSet.load"
+            )
         return cls.from_json(data)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise TableError(f"no time2clock table at {path}") from None
+    except OSError as err:
+        raise TableError(f"cannot read the time2clock table {path}: {err}") from err
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise TableError(f"{path} is not JSON: {err}") from err
+    if not isinstance(data, dict):
+        raise TableError(f"{path}: a time2clock table is a JSON object")
+    return data
+
+
+@dataclass(frozen=True)
+class ModelTable:
+    """Every curve profiled for one (GPU, model): one :class:`Time2ClockTable` per batch size.
+
+    A prediction is for one execution of ``batch`` requests. Between profiled batch sizes it is
+    interpolated linearly in the batch, since the time of a batch grows smoothly with its size;
+    above the largest it is extrapolated from the last two curves (never falling); below the
+    smallest, the smallest curve is used, which overestimates rather than promises too much.
+    """
+
+    gpu: str
+    model: str
+    curves: Mapping[int, Time2ClockTable]
+
+    def __post_init__(self) -> None:
+        if not self.curves:
+            raise TableError(f"the table of {self.model} on {self.gpu} has no curves")
+        for batch, curve in self.curves.items():
+            if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+                raise TableError(f"{self.model}: batch sizes are integers >= 1, got {batch!r}")
+            if curve.batch != batch:
+                raise TableError(
+                    f"{self.model}: the curve filed under batch {batch} was measured "
+                    f"at batch {curve.batch}"
+                )
+            if (curve.gpu, curve.model) != (self.gpu, self.model):
+                raise TableError(
+                    f"the table of {self.model} on {self.gpu} holds a curve of "
+                    f"{curve.model} on {curve.gpu}"
+                )
+        object.__setattr__(self, "curves", dict(sorted(self.curves.items())))
+
+    @property
+    def batches(self) -> list[int]:
+        return list(self.curves)
+
+    @property
+    def max_batch(self) -> int:
+        return self.batches[-1]
+
+    @property
+    def clocks_mhz(self) -> list[int]:
+        """The clocks of the smallest batch's curve (the one every profile has)."""
+        return self.curves[self.batches[0]].clocks_mhz
+
+    def curve(self, batch: int = 1) -> Time2ClockTable:
+        """The curve of the smallest profiled batch ``>= batch`` (the largest when none is)."""
+        if batch < 1:
+            raise ValueError(f"batch must be >= 1, got {batch}")
+        for b, curve in self.curves.items():
+            if b >= batch:
+                return curve
+        return self.curves[self.max_batch]
+
+    def predict_ms(self, clock_mhz: float, batch: int = 1, quantile: str | None = None) -> float:
+        """Predicted time (ms) of one execution of ``batch`` requests at ``clock_mhz``."""
+        if batch < 1:
+            raise ValueError(f"batch must be >= 1, got {batch}")
+        if batch in self.curves:
+            return self.curves[batch].predict_ms(clock_mhz, quantile)
+        batches = self.batches
+        if batch < batches[0]:
+            return self.curves[batches[0]].predict_ms(clock_mhz, quantile)
+        if batch > batches[-1]:
+            hi = batches[-1]
+            t_hi = self.curves[hi].predict_ms(clock_mhz, quantile)
+            if len(batches) == 1 or math.isinf(t_hi):
+                return t_hi * batch / hi
+            lo = batches[-2]
+            t_lo = self.curves[lo].predict_ms(clock_mhz, quantile)
+            slope = max((t_hi - t_lo) / (hi - lo), 0.0) if math.isfinite(t_lo) else 0.0
+            return t_hi + slope * (batch - hi)
+        hi = next(b for b in batches if b > batch)
+        lo = batches[batches.index(hi) - 1]
+        t_lo = self.curves[lo].predict_ms(clock_mhz, quantile)
+        t_hi = self.curves[hi].predict_ms(clock_mhz, quantile)
+        if math.isinf(t_lo) or math.isinf(t_hi):
+            return math.inf
+        return t_lo + (t_hi - t_lo) * (batch - lo) / (hi - lo)
+
+    def tail_margin_ms(self, quantile: str, batch: int = 1) -> float:
+        """How far the ``quantile`` of one execution lies above the mean fit, for ``batch``."""
+        return self.curve(batch).tail_margin_ms(quantile)
+
+    def energy_per_inference_j(self, clock_mhz: float, batch: int = 1) -> float | None:
+        """Measured energy per request at the measured clock nearest ``clock_mhz``, if any."""
+        measured = [p for p in self.curve(batch).points if p.energy_per_inference_j is not None]
+        if not measured:
+            return None
+        nearest = min(measured, key=lambda p: (abs(p.clock_mhz - clock_mhz), p.clock_mhz))
+        return nearest.energy_per_inference_j
+
+    def energy_optimal_clock_mhz(self, batch: int = 1) -> int | None:
+        """The measured clock with the least energy per request at ``batch``, if measured."""
+        return self.curve(batch).energy_optimal_clock_mhz()
+
+    def completion_ms(
+        self,
+        clock_mhz: float,
+        queue: int = 0,
+        batch: int = 1,
+        concurrency: int | None = None,
+        quantile: str | None = None,
+    ) -> float:
+        """Predicted time until a request with ``queue`` requests ahead of it completes.
+
+        The ``queue + 1`` requests run as executions of ``batch`` (the last one holds what is
+        left), ``concurrency`` executions at a time (default: the curve's; 1 for tables
+        profiled one execution at a time), each round taking its largest execution's time.
+        """
+        c = self.curve(batch).concurrency if concurrency is None else concurrency
+        if queue < 0 or batch < 1 or c < 1:
+            raise ValueError(
+                f"queue must be >= 0, batch and concurrency >= 1 (got {queue}, {batch}, {c})"
+            )
+        requests = queue + 1
+        executions = math.ceil(requests / batch)
+        rounds = math.ceil(executions / c)
+        rest = requests - (executions - 1) * batch  # requests in the last execution
+        last_round_alone = executions - (rounds - 1) * c == 1
+        last_batch = rest if last_round_alone else batch
+        full_ms = self.predict_ms(clock_mhz, batch, quantile) if rounds > 1 else 0.0
+        return (rounds - 1) * full_ms + self.predict_ms(clock_mhz, last_batch, quantile)
+
+    def clock_for_queue(
+        self,
+        slo_ms: float,
+        queue: int = 0,
+        batch: int = 1,
+        concurrency: int | None = None,
+        quantile: str | None = None,
+    ) -> tuple[int, bool]:
+        """Lowest table clock at which :meth:`completion_ms` fits ``slo_ms``; ``(clock, met)``.
+
+        When no clock does, the highest clock and ``False``.
+        """
+        clocks = self.clocks_mhz
+        for clock in clocks:
+            if self.completion_ms(clock, queue, batch, concurrency, quantile) <= slo_ms:
+                return clock, True
+        return clocks[-1], False
+
+    # -- persistence ----------------------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "gpu": self.gpu,
+            "model": self.model,
+            "curves": {str(b): c.curve_json() for b, c in self.curves.items()},
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> ModelTable:
+        if not isinstance(data, dict) or not isinstance(data.get("curves"), dict):
+            raise TableError("a model's table is a JSON object with gpu, model and curves")
+        gpu, model = str(data.get("gpu", "unknown")), str(data.get("model", "unknown"))
+        curves: dict[int, Time2ClockTable] = {}
+        for key, curve in data["curves"].items():
+            try:
+                batch = int(key)
+            except ValueError:
+                raise TableError(f"{model}: curves are keyed by batch size, got {key!r}") from None
+            if not isinstance(curve, dict):
+                raise TableError(f"{model}: the curve of batch {batch} is not a JSON object")
+            try:
+                curves[batch] = Time2ClockTable.from_json(
+                    {**curve, "gpu": gpu, "model": model, "batch": curve.get("batch", batch)}
+                )
+            except TableError as err:
+                raise TableError(f"{model}, batch {batch}: {err}") from err
+        return cls(gpu=gpu, model=model, curves=curves)
+
+    @classmethod
+    def single(cls, curve: Time2ClockTable) -> ModelTable:
+        """A model table of one curve (a version-1 file, or a hand-made table)."""
+        return cls(gpu=curve.gpu, model=curve.model, curves={curve.batch: curve})
+
+
+class TableSet:
+    """The tables of every model behind one GPU; the one owner of tables in the scheduler."""
+
+    def __init__(self, tables: Iterable[ModelTable] = ()) -> None:
+        self._tables: dict[str, ModelTable] = {}
+        for table in tables:
+            self.add(table)
+
+    def get(self, model: str) -> ModelTable | None:
+        return self._tables.get(model)
+
+    def add(self, table: ModelTable) -> None:
+        """Add ``table``, replacing any table of the same model."""
+        others = {t.gpu for name, t in self._tables.items() if name != table.model}
+        if others and table.gpu not in others:
+            log.warning(
+                "the time2clock table of %s was profiled on %s, the others on %s",
+                table.model,
+                table.gpu,
+                ", ".join(sorted(others)),
+            )
+        self._tables[table.model] = table
+
+    @property
+    def models(self) -> list[str]:
+        return sorted(self._tables)
+
+    @property
+    def gpu(self) -> str:
+        """The GPU the tables were profiled on (names joined by ``,`` if they differ)."""
+        return ",".join(sorted({t.gpu for t in self._tables.values()}))
+
+    def __len__(self) -> int:
+        return len(self._tables)
+
+    def __contains__(self, model: object) -> bool:
+        return model in self._tables
+
+    def __iter__(self) -> Iterator[ModelTable]:
+        return iter([self._tables[name] for name in self.models])
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TableSet) and self._tables == other._tables
+
+    __hash__ = None  # type: ignore[assignment]  # mutable
+
+    def __repr__(self) -> str:
+        return f"TableSet(gpu={self.gpu!r}, models={self.models!r})"
+
+    # -- persistence ----------------------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": TABLE_FORMAT_VERSION,
+            "law": LAW,
+            "gpu": self.gpu,
+            "models": {t.model: t.to_json() for t in self},
+        }
+
+    def save(self, path: Path) -> None:
+        """Write every model's table to ``path`` (format version 2)."""
+        if not self._tables:
+            raise TableError(f"not writing {path}: the table set has no models")
+        Path(path).write_text(json.dumps(self.to_json(), indent=2) + "\n")
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], source: str = "the table") -> TableSet:
+        """Read a version-2 or version-1 object; ``source`` names it in errors and warnings."""
+        version = data.get("version")
+        if isinstance(version, bool) or version not in SUPPORTED_VERSIONS:
+            raise TableError(
+                f"{source}: time2clock table format version {version!r} is not supported "
+                f"(supported: {', '.join(map(str, SUPPORTED_VERSIONS))}); "
+                "re-profile with `python -m time2clock profile`"
+            )
+        if version == FORMAT_VERSION:
+            try:
+                curve = Time2ClockTable.from_json(data)
+            except TableError as err:
+                raise TableError(f"{source} (version 1): {err}") from err
+            log.warning(
+                "%s is a version-1 time2clock table: one curve of %s, without batch sizes; "
+                "it is used as the batch-1 curve. Re-profile with `python -m time2clock profile "
+                "--batches 1,2,4,8` for a curve per batch size",
+                source,
+                curve.model,
+            )
+            return cls([ModelTable.single(curve)])
+        models = data.get("models")
+        if not isinstance(models, dict) or not models:
+            raise TableError(f"{source} (version 2): no models; expected an object of tables")
+        tables = []
+        for name, entry in models.items():
+            try:
+                table = ModelTable.from_json(entry)
+            except TableError as err:
+                raise TableError(f"{source}: model {name!r}: {err}") from err
+            if table.model != name:
+                raise TableError(f"{source}: the table filed as {name!r} is of {table.model!r}")
+            tables.append(table)
+        return cls(tables)
+
+    @classmethod
+    def load(cls, path: Path) -> TableSet:
+        """Read a table file of any supported version (version 1 with a warning)."""
+        return cls.from_json(_read_json(path), source=str(path))
+
+    @classmethod
+    def load_many(cls, paths: Iterable[Path]) -> TableSet:
+        """Several files into one set; two files with a table of the same model are an error."""
+        merged = cls()
+        origin: dict[str, Path] = {}
+        for path in paths:
+            for table in cls.load(path):
+                if table.model in origin:
+                    raise TableError(
+                        f"{path} and {origin[table.model]} both hold a table of {table.model!r}"
+                    )
+                origin[table.model] = path
+                merged.add(table)
+        return merged

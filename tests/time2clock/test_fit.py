@@ -77,7 +77,7 @@ def test_table_has_every_documented_field_and_round_trips(tmp_path: Path) -> Non
 
 
 def test_csv_round_trip_and_clear_errors(tmp_path: Path) -> None:
-    samples = {300: [30.0, 31.0], 2100: [7.0]}
+    samples = {"inception": {1: {300: [30.0, 31.0], 2100: [7.0]}}}
     path = tmp_path / "m.csv"
     write_measurements(path, samples)
     assert read_measurements(path) == samples
