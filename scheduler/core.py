@@ -19,6 +19,7 @@ from time2clock.table import ModelTable, TableSet
 FAIR_FROM = 0.5
 RESERVE = 0.1
 RATE_WINDOW_S = 1.0
+SCAN_LIMIT = 256  # how far down the queue a dispatch looks past models held back
 
 
 @dataclass(frozen=True)
@@ -245,26 +246,35 @@ class Scheduler(Generic[P]):
     def next_dispatch(self, now_s: float) -> Dispatch[P] | None:
         """The next request to send, if one is waiting and Triton should have it now.
 
-        The queue's head goes when fewer than ``max_inflight`` requests are at Triton and fewer
-        of its model than the policy's release limit for that model; otherwise nothing goes
-        (the order is never bypassed, so priority and CFS hold across models).
+        While fewer than ``max_inflight`` requests are at Triton: the first waiting request,
+        in queue order, whose model has fewer at Triton than the policy's release limit for it
+        (a model held back for a fuller batch does not block the others).
         """
-        if len(self.inflight) >= self.config.max_inflight:
+        if len(self.inflight) >= self.config.max_inflight or not self.queue_len:
             return None
-        head = self.queue.peek()
-        if head is None:
+        request = self._next_sendable(now_s)
+        if request is None:
             return None
-        limit = self.policy.release_limit(self, head.model, now_s)
-        if self.inflight_count(head.model) >= limit:
-            return None
-        request = self.queue.pop(self.charge_ms(head.model))
-        assert request is head
+        self.queue.take(request, self.charge_ms(request.model))
         self._unqueue(request)
         request.dispatch_s = now_s
         self.inflight[request.seq] = request
         self._inflight_by_model.setdefault(request.model, []).append(request)
         clock = self._clock(self.policy.on_dispatch(self, request, now_s))
         return Dispatch(request=request, clock_mhz=clock)
+
+    def _next_sendable(self, now_s: float) -> Request[P] | None:
+        limits: dict[str, bool] = {}
+        for request in self.iter_queue(SCAN_LIMIT):
+            room = limits.get(request.model)
+            if room is None:
+                limit = self.policy.release_limit(self, request.model, now_s)
+                room = limits[request.model] = self.inflight_count(request.model) < limit
+            if room:
+                return request
+            if len(limits) == len(self._queued_of):
+                return None  # every model waiting is held back
+        return None
 
     def on_complete(self, request: Request[P], service_s: float, now_s: float) -> Completion[P]:
         """``request`` finished after ``service_s`` at Triton (queue there included)."""

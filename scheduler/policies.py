@@ -155,7 +155,7 @@ class SlackParams:
     """Knobs of :class:`SlackPolicy`; the defaults are argued in its docstring and measured by
     ``python -m scheduler tune``."""
 
-    batching: bool = True
+    batch_hold: float = 0.5
     quantile: str = "p99"
     lookahead: int = 16
     phantoms: int = 16
@@ -178,22 +178,6 @@ class _ModelPlan:
         )
         self.margin_ms = table.tail_margin_ms(quantile)
         self.floor_mhz = table.energy_optimal_clock_mhz()
-        self.energy_j = _energy_by_batch(table, max_batch, clocks_mhz)
-
-
-def _energy_by_batch(table: ModelTable, max_batch: int, clocks_mhz: list[int]) -> FloatArray | None:
-    """Measured energy per request at every (batch 0..B, clock), linear in batch between the
-    profiled batches (row 0 unused); None when the table has no energy measurements."""
-    profiled = [b for b in table.batches if b <= max_batch] or table.batches[:1]
-    rows = []
-    for b in profiled:
-        per_clock = [table.energy_per_inference_j(c, b) for c in clocks_mhz]
-        if any(e is None for e in per_clock):
-            return None
-        rows.append([float(e) for e in per_clock if e is not None])
-    known = np.array(rows)
-    wanted = np.arange(0, max_batch + 1)
-    return np.array([np.interp(wanted, profiled, known[:, i]) for i in range(len(clocks_mhz))]).T
 
 
 class SlackPolicy(ClockPolicy):
@@ -244,6 +228,7 @@ class SlackPolicy(ClockPolicy):
         self._lower_since_s: float | None = None
         self._plans: dict[str, _ModelPlan | None] = {}
         self._holds: dict[str, float] = {}  # model -> when to look again at requests held
+        self._released_upto: dict[str, int] = {}  # model -> the last request of a batch let go
         # The j-th of a Poisson stream's next arrivals comes after Gamma(j, 1/λ); plan for it
         # arriving early (its arrival_quantile), i.e. for a burst, not for the average spacing.
         self._phantom_gaps = [
@@ -252,53 +237,42 @@ class SlackPolicy(ClockPolicy):
         ]
 
     def release_limit(self, s: SchedulerView, model: str, now_s: float) -> int:
-        """Hold ``model``'s queued requests back while waiting for a fuller batch costs less
-        energy per inference and still meets their deadlines; else all its batcher can use.
+        """Hold ``model``'s waiting requests back for a fuller batch while that is safe; else
+        let go all its batcher can use.
 
-        For each batch ``b`` from the ``n`` waiting up to the model's largest: wait for the
-        ``b − n`` more expected at its arrival rate, then run ``b`` at the clock (at or above
-        the lowest that meets the earliest deadline, after the work already at Triton) with the
-        least measured energy per request. The cheapest ``b`` wins; if it is more than ``n``,
-        hold until its expected arrival, or until the last moment ``n`` alone can still make
-        it at the top clock, whichever comes first (re-decided at every event).
+        Energy per inference falls steeply with the batch (dvfs/profiles.py), and at low load
+        Triton's batcher only gets what arrives while an instance is busy. So with fewer than
+        a full batch waiting, the sidecar waits for more, until the earliest of: a full batch;
+        ``batch_hold`` of the tightest waiting request's SLO since it arrived; the last moment
+        the batch expected by then, after what is already at Triton, still meets the earliest
+        deadline at the energy-optimal clock with the tail margin. Re-decided at every event.
         """
         depth = s.serving(model).depth
         self._holds.pop(model, None)
         plan = self._plan(s, model)
         waiting = s.queued_of(model)
         n = len(waiting)
-        rate = s.arrival_rates_rps(now_s).get(model, 0.0)
-        if (
-            not self.params.batching
-            or plan is None
-            or plan.energy_j is None
-            or not 0 < n < plan.max_batch
-            or rate <= 0
-        ):
+        if not self.params.batch_hold or plan is None or not 0 < n < plan.max_batch:
             return depth
+        if waiting[0].seq <= self._released_upto.get(model, -1):
+            return depth  # the rest of a batch let go: it goes together
         p = self.params
-        deadline_s = min(r.deadline_s for r in waiting)
-        room_ms = (deadline_s - now_s) * 1000.0 * p.safety - p.change_delay_ms - plan.margin_ms
+        rate = s.arrival_rates_rps(now_s).get(model, 0.0)
+        by_slo = min(r.deadline_s - r.slo_ms * (1.0 - p.batch_hold) / 1000.0 for r in waiting)
+        expected = min(plan.max_batch, n + int(rate * max(0.0, by_slo - now_s)))
+        clock = self.clocks_mhz.index(self._snap_up(plan.floor_mhz or self.clocks_mhz[-1]))
         ahead = s.inflight_count(model)
-        full, part = divmod(ahead, plan.max_batch)
-        ahead_ms = full * plan.times_ms[plan.max_batch] + plan.times_ms[part]
-        batches = np.arange(n, plan.max_batch + 1)
-        wait_ms = (batches - n) / rate * 1000.0
-        need = plan.times_ms[batches] + ahead_ms  # (batches, clocks)
-        ok = need <= (room_ms - wait_ms)[:, None]
-        feasible = ok.any(axis=1)
-        if not feasible[0] or not feasible[1:].any():
-            return depth
-        lowest = np.argmax(ok, axis=1)
-        # The cheapest clock at or above the lowest that fits, for each batch size.
-        cheapest = np.minimum.accumulate(plan.energy_j[batches][:, ::-1], axis=1)[:, ::-1]
-        energy = np.where(feasible, cheapest[np.arange(len(batches)), lowest], np.inf)
-        best = int(np.argmin(energy))
-        if best == 0:
-            return depth
-        latest_s = now_s + (room_ms - need[0, -1]) / 1000.0
-        until_s = min(now_s + wait_ms[best] / 1000.0, latest_s)
+        full, part = divmod(ahead + expected, plan.max_batch)
+        need_ms = (
+            full * plan.times_ms[plan.max_batch, clock]
+            + plan.times_ms[part, clock]
+            + plan.margin_ms * math.sqrt(full + (part > 0))
+        )
+        deadline_s = min(r.deadline_s for r in waiting)
+        by_deadline = deadline_s - (need_ms / p.safety + p.change_delay_ms) / 1000.0
+        until_s = min(by_slo, by_deadline)
         if until_s <= now_s + MIN_HOLD_S:
+            self._released_upto[model] = waiting[-1].seq
             return depth
         self._holds[model] = until_s
         return s.inflight_count(model)
@@ -410,11 +384,16 @@ class SlackPolicy(ClockPolicy):
                 room = gap * ms_per_gap + s.last_slo_ms(m)
                 rows.append((m, counts[m], room, p.phantom_margin))
 
+        memo: dict[tuple[str, int], tuple[FloatArray, int]] = {}
+
         def work(m: str, n: int) -> tuple[FloatArray, int]:
             """Mean time of ``n`` requests of ``m`` in full batches, per clock, and batches."""
-            plan = plan_of[m]
-            full, part = divmod(n, plan.max_batch)
-            return full * plan.times_ms[plan.max_batch] + plan.times_ms[part], full + (part > 0)
+            if (m, n) not in memo:
+                plan = plan_of[m]
+                full, part = divmod(n, plan.max_batch)
+                times = full * plan.times_ms[plan.max_batch] + plan.times_ms[part]
+                memo[m, n] = times, full + (part > 0)
+            return memo[m, n]
 
         # Work done on what is in flight: at most the time since the model's last completion
         # (all earlier work has left the in-flight set), shared among the models running.

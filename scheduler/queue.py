@@ -130,27 +130,39 @@ class PriorityCfsQueue(Generic[P]):
 
     def pop(self, expected_ms: float) -> Request[P] | None:
         """Take the next request in order and charge its flow the expected service time."""
-        for n in self._order:
-            level = self._levels[n]
-            if not level.size:
-                continue
-            flow = level.leftmost()
-            assert flow is not None, "a non-empty level has a runnable flow"
-            heapq.heappop(level.heap)
-            request = flow.requests.popleft()
-            request.charged_ms = expected_ms
-            flow.vruntime += vruntime_charge(request.charged_ms, request.nice)
-            flow.inflight += 1
-            if flow.requests:
-                level.push_key(flow)
-            else:
-                self._backlogged_weight -= flow.weight
-            level.size -= 1
-            self._size -= 1
+        head = self.peek()
+        if head is not None:
+            self.take(head, expected_ms)
+        return head
+
+    def take(self, request: Request[P], expected_ms: float) -> None:
+        """Take ``request`` (waiting, in any position) and charge its flow as :meth:`pop` does."""
+        self.remove(request)
+        level = self._levels[request.level]
+        flow = level.flows[request.client_id]
+        request.charged_ms = expected_ms
+        flow.vruntime += vruntime_charge(request.charged_ms, request.nice)
+        flow.inflight += 1
+        if flow.requests:
+            level.push_key(flow)  # re-keyed on the vruntime just charged
             level.advance_min()
-            self._queued.discard(request.seq)
-            return request
-        return None
+
+    def remove(self, request: Request[P]) -> None:
+        """Take ``request`` out of the queue, uncharged; KeyError if it is not waiting."""
+        if request.seq not in self._queued:
+            raise KeyError(f"request {request.seq} is not waiting")
+        level = self._levels[request.level]
+        flow = level.flows[request.client_id]
+        was_head = flow.requests[0] is request
+        flow.requests.remove(request)
+        if not flow.requests:
+            self._backlogged_weight -= flow.weight
+        elif was_head:
+            level.push_key(flow)  # its key is its head's: the old heap entry goes stale
+        level.size -= 1
+        self._size -= 1
+        level.advance_min()
+        self._queued.discard(request.seq)
 
     def settle(self, request: Request[P], service_ms: float) -> None:
         """Charge the difference between ``request``'s real and expected service time."""

@@ -20,6 +20,9 @@ class QueuedRequest(Protocol):
     def model(self) -> str: ...
 
     @property
+    def seq(self) -> int: ...
+
+    @property
     def slo_ms(self) -> float: ...
 
     @property
