@@ -5,10 +5,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from dvfs.profiles import CNN
+from scheduler.compare import DEFAULT_MIX, slo_models
 from scheduler.core import Scheduler, SchedulerConfig
 from scheduler.policies import POLICIES, make_policy
 from scheduler.request import Request
-from scheduler.simulate import SimConfig, profiled_table, simulate
+from scheduler.simulate import SimConfig, profiled_tables, simulate
 
 
 @dataclass(frozen=True)
@@ -23,17 +25,18 @@ def core_cost(
     policy: str, *, queue_len: int = 1000, flows: int = 3, rounds: int = 3000, gpu: str = "v100"
 ) -> CoreCost:
     """Mean µs for one enqueue plus one dispatch (and its completion) at a steady queue length."""
-    table = profiled_table(gpu)
-    sched = Scheduler(
-        table,
-        make_policy(policy, table, table.clocks_mhz),
+    tables = profiled_tables(gpu)
+    clocks = next(iter(tables)).clocks_mhz
+    sched: Scheduler[None] = Scheduler(
+        tables,
+        make_policy(policy, clocks),
         SchedulerConfig(max_queue=queue_len + 10, default_slo_ms=10_000.0),
     )
     now = 0.0
 
-    def make(i: int) -> Request:
+    def make(i: int) -> Request[None]:
         return Request(
-            model="m",
+            model=CNN,
             arrival_s=now,
             slo_ms=10_000.0,
             nice=(i % flows) * 5 - 5,
@@ -57,10 +60,16 @@ def simulator_speed(
     gpu: str = "v100", policy: str = "slack", duration_s: float = 30.0
 ) -> dict[str, float]:
     """Wall time, events per second and simulated seconds per wall second for one run."""
-    profiled_table(gpu)
+    profiled_tables(gpu)
     start = time.perf_counter()
     result = simulate(
-        SimConfig(gpu=gpu, policy=policy, load=0.5, slo_ms=35.0, duration_s=duration_s)
+        SimConfig(
+            gpu=gpu,
+            policy=policy,
+            load=0.5,
+            models=slo_models(gpu, DEFAULT_MIX, 3.0),
+            duration_s=duration_s,
+        )
     )
     wall = time.perf_counter() - start
     return {

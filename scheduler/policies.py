@@ -252,10 +252,13 @@ class SlackPolicy(ClockPolicy):
         plan = self._plan(s, model)
         waiting = s.queued_of(model)
         n = len(waiting)
-        if not self.params.batch_hold or plan is None or not 0 < n < plan.max_batch:
+        if not self.params.batch_hold or plan is None or n == 0:
             return depth
         if waiting[0].seq <= self._released_upto.get(model, -1):
             return depth  # the rest of a batch let go: it goes together
+        if n >= plan.max_batch:
+            self._released_upto[model] = waiting[plan.max_batch - 1].seq
+            return depth
         p = self.params
         rate = s.arrival_rates_rps(now_s).get(model, 0.0)
         by_slo = min(r.deadline_s - r.slo_ms * (1.0 - p.batch_hold) / 1000.0 for r in waiting)
@@ -381,8 +384,7 @@ class SlackPolicy(ClockPolicy):
                 m = max(rates, key=lambda x: rates[x] * j / total_rate - given[x])
                 given[m] += 1
                 counts[m] += 1
-                room = gap * ms_per_gap + s.last_slo_ms(m)
-                rows.append((m, counts[m], room, p.phantom_margin))
+                rows.append((m, counts[m], gap * ms_per_gap + s.last_slo_ms(m), p.phantom_margin))
 
         memo: dict[tuple[str, int], tuple[FloatArray, int]] = {}
 
@@ -391,14 +393,14 @@ class SlackPolicy(ClockPolicy):
             if (m, n) not in memo:
                 plan = plan_of[m]
                 full, part = divmod(n, plan.max_batch)
-                times = full * plan.times_ms[plan.max_batch] + plan.times_ms[part]
+                times: FloatArray = full * plan.times_ms[plan.max_batch] + plan.times_ms[part]
                 memo[m, n] = times, full + (part > 0)
             return memo[m, n]
 
         # Work done on what is in flight: at most the time since the model's last completion
         # (all earlier work has left the in-flight set), shared among the models running.
         share = 1.0 / max(1, len(inflight))
-        credit = {
+        credit: dict[str, FloatArray] = {
             m: np.minimum(
                 (now_s - since[m]) * 1000.0 * share, 0.95 * work(m, inflight_counts[m])[0]
             )
@@ -408,8 +410,8 @@ class SlackPolicy(ClockPolicy):
         need = np.empty((len(rows), len(self.clocks_mhz)))
         room = np.empty(len(rows))
         for i, (m, n, room_ms, margin_scale) in enumerate(rows):
-            own, batches = work(m, n)
-            own = own - credit[m]
+            ahead, batches = work(m, n)
+            own: FloatArray = ahead - credit[m]
             total = own.copy()
             for other in models:
                 if other != m:

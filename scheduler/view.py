@@ -52,7 +52,7 @@ class ModelServing:
 
     @property
     def depth(self) -> int:
-        return 2 * self.instances * self.max_batch
+        return (self.instances + 1) * self.max_batch
 
 
 class SchedulerView(Protocol):

@@ -4,12 +4,12 @@ import pytest
 
 from scheduler.core import Scheduler, SchedulerConfig
 from scheduler.policies import make_policy
-from tests.scheduler.helpers import CLOCKS, make_request, make_table
+from tests.scheduler import helpers
+from tests.scheduler.helpers import CLOCKS, make_request
 
 
-def make_scheduler(policy: str = "max", **cfg: object) -> Scheduler:
-    table = make_table()
-    return Scheduler(table, make_policy(policy, table, CLOCKS), SchedulerConfig(**cfg))  # type: ignore[arg-type]
+def make_scheduler(policy: str = "max", **cfg: object) -> Scheduler[None]:
+    return helpers.make_scheduler(make_policy(policy, CLOCKS), **cfg)  # type: ignore[arg-type]
 
 
 def test_bounded_inflight_and_completion() -> None:

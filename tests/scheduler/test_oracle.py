@@ -4,20 +4,26 @@ import numpy as np
 import pytest
 
 from dvfs.profiles import get_profile
+from scheduler.compare import DEFAULT_MIX, slo_models
 from scheduler.oracle import energy_hull, oracle_energy, taut_string
 from scheduler.simulate import SimConfig, simulate
 
 
-def test_hull_is_convex_from_idle_and_below_every_clock() -> None:
+@pytest.mark.parametrize("model", ["resnet50", "bert-large"])
+def test_hull_is_convex_from_idle_and_below_every_clock_and_batch(model: str) -> None:
     p = get_profile("v100")
-    xs, ys = energy_hull(p, 2)
+    m = p.model(model)
+    xs, ys = energy_hull(p, model)
     assert (xs[0], ys[0]) == (0.0, 0.0)
     slopes = np.diff(ys) / np.diff(xs)
     assert np.all(np.diff(slopes) >= -1e-9)
     idle = p.idle_power_w(p.min_clock_mhz)
     for f in p.clocks_mhz:
-        speed = 2000.0 / p.mean_latency_ms(f)
-        assert np.interp(speed, xs, ys) <= p.busy_power_w(f) - idle + 1e-9
+        for b in range(1, m.max_batch + 1):
+            speed = b * 1000.0 / m.mean_latency_ms(f, b)
+            assert np.interp(speed, xs, ys) <= m.busy_power_w(f, b) - idle + 1e-9
+    # The fastest point is a full batch at the top clock, not one request at a time.
+    assert xs[-1] == pytest.approx(m.capacity_rps())
 
 
 def test_taut_string_by_hand() -> None:
@@ -41,8 +47,8 @@ def test_taut_string_by_hand() -> None:
 
 def test_oracle_energy_of_one_request_by_hand() -> None:
     p = get_profile("v100")
-    res = oracle_energy(p, np.array([0.0]), np.array([0.5]), duration_s=1.0, concurrency=2)
-    xs, ys = energy_hull(p, 2)
+    res = oracle_energy(p, np.array([0.0]), np.array([0.5]), duration_s=1.0)
+    xs, ys = energy_hull(p)
     idle = p.idle_power_w(p.min_clock_mhz)
     assert res.energy_j == pytest.approx(idle * 1.0 + np.interp(2.0, xs, ys) * 0.5)
     assert res.infeasible_requests == 0
@@ -54,8 +60,19 @@ def test_oracle_marks_impossible_deadlines() -> None:
     assert res.infeasible_requests == 10
 
 
+def test_oracle_of_two_models_adds_each_models_busy_bound() -> None:
+    p = get_profile("v100")
+    arrivals, deadlines = np.array([0.0, 0.1]), np.array([0.5, 0.6])
+    both = oracle_energy(p, arrivals, deadlines, 1.0, ["resnet50", "bert-large"])
+    cnn = oracle_energy(p, arrivals[:1], deadlines[:1], 1.0, ["resnet50"])
+    bert = oracle_energy(p, arrivals[1:], deadlines[1:], 1.0, ["bert-large"])
+    assert both.idle_energy_j == cnn.idle_energy_j
+    assert both.busy_energy_j == pytest.approx(cnn.busy_energy_j + bert.busy_energy_j)
+
+
 @pytest.mark.parametrize("policy", ["max", "slack", "default"])
 def test_oracle_is_below_what_policies_spend(policy: str) -> None:
-    r = simulate(SimConfig(gpu="v100", policy=policy, load=0.3, slo_ms=40.0, duration_s=10.0))
+    models = slo_models("v100", DEFAULT_MIX, 3.0)
+    r = simulate(SimConfig(gpu="v100", policy=policy, load=0.3, models=models, duration_s=10.0))
     assert r.oracle_energy_j is not None
     assert r.oracle_energy_j < r.energy_j

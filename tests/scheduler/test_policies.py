@@ -4,36 +4,40 @@ import math
 
 import pytest
 
-from scheduler.core import Scheduler, SchedulerConfig
 from scheduler.policies import SeedPolicy, SlackParams, SlackPolicy, make_policy
-from tests.scheduler.helpers import CLOCKS, make_request, make_table
+from scheduler.view import ModelServing
+from tests.scheduler.helpers import (
+    CLOCKS,
+    MODEL,
+    make_model_table,
+    make_request,
+    make_scheduler,
+    make_table,
+)
 
-NO_DELAY = SlackParams(change_delay_ms=0.0, phantoms=0)
+NO_DELAY = SlackParams(change_delay_ms=0.0, phantoms=0, batch_hold=0.0)
 
 
-def slack_scheduler(params: SlackParams = NO_DELAY, **cfg: object) -> tuple[Scheduler, SlackPolicy]:
-    table = make_table()
-    policy = SlackPolicy(table, CLOCKS, params)
-    return Scheduler(table, policy, SchedulerConfig(**cfg)), policy  # type: ignore[arg-type]
-
-
-def clock_for_mean_ms(budget_ms: float) -> int:
+def clock_for_mean_ms(budget_ms: float, slower: float = 1.0) -> int:
     """Brute force over the ladder: the lowest clock whose mean time fits the budget."""
-    fit = make_table().mean_fit
+    fit = make_table(slower=slower).mean_fit
     return min((c for c in CLOCKS if fit.predict_ms(c) <= budget_ms), default=CLOCKS[-1])
 
 
-def test_max_and_default() -> None:
-    table = make_table()
-    assert make_policy("max", table, CLOCKS).initial_clock_mhz() == 2100
-    assert make_policy("default", table, CLOCKS).initial_clock_mhz() is None
+def test_max_default_fixed_and_unknown() -> None:
+    assert make_policy("max", CLOCKS).initial_clock_mhz() == 2100
+    assert make_policy("default", CLOCKS).initial_clock_mhz() is None
+    assert make_policy("fixed:900", CLOCKS).initial_clock_mhz() == 900
+    with pytest.raises(ValueError, match=r"whole number of MHz, got .900\.5."):
+        make_policy("fixed:900.5", CLOCKS)
+    with pytest.raises(ValueError, match="1000 MHz is not a supported clock"):
+        make_policy("fixed:1000", CLOCKS)
     with pytest.raises(ValueError, match="unknown policy 'fast'; known: max, default, seed, slack"):
-        make_policy("fast", table, CLOCKS)
+        make_policy("fast", CLOCKS)
 
 
 def test_seed_sets_the_clock_for_the_queue_at_enqueue() -> None:
-    table = make_table()
-    s = Scheduler(table, SeedPolicy(table, CLOCKS), SchedulerConfig())
+    s = make_scheduler(SeedPolicy(CLOCKS))
     # Nothing ahead: one round of 40 ms -> the lowest clock (37.6 ms) will do.
     assert s.enqueue(make_request(slo_ms=40.0), 0.0).clock_mhz is None  # already at 300
     assert s.clock_target_mhz == 300
@@ -43,8 +47,7 @@ def test_seed_sets_the_clock_for_the_queue_at_enqueue() -> None:
 
 
 def test_seed_steps_up_one_step_at_dequeue_when_the_slo_would_break() -> None:
-    table = make_table()
-    s = Scheduler(table, SeedPolicy(table, CLOCKS), SchedulerConfig())
+    s = make_scheduler(SeedPolicy(CLOCKS))
     for _ in range(3):
         s.enqueue(make_request(slo_ms=40.0), 0.0)
     assert s.clock_target_mhz == 900
@@ -53,57 +56,68 @@ def test_seed_steps_up_one_step_at_dequeue_when_the_slo_would_break() -> None:
     d = s.next_dispatch(0.030)
     assert d is not None and d.clock_mhz == 1200
     # In time: no change.
-    s2 = Scheduler(table, SeedPolicy(table, CLOCKS), SchedulerConfig())
+    s2 = make_scheduler(SeedPolicy(CLOCKS))
     s2.enqueue(make_request(slo_ms=40.0), 0.0)
     d2 = s2.next_dispatch(0.001)
     assert d2 is not None and d2.clock_mhz is None
 
 
 def test_slack_never_below_the_energy_optimal_clock() -> None:
-    s, policy = slack_scheduler()
-    assert policy.floor_mhz == 900 and policy.initial_clock_mhz() == 900
+    policy = SlackPolicy(CLOCKS, NO_DELAY)
+    s = make_scheduler(policy)
     s.enqueue(make_request(slo_ms=1000.0), 0.0)
     assert policy.target_mhz(s, 0.0) == 900
 
 
-def test_slack_meets_one_request_at_its_tail_in_closed_form() -> None:
-    s, policy = slack_scheduler()
+def test_slack_meets_one_request_at_its_tail() -> None:
+    policy = SlackPolicy(CLOCKS, NO_DELAY)
+    s = make_scheduler(policy)
     s.enqueue(make_request(slo_ms=12.0), 0.0)
-    # ((room·safety) − q·√1) / 1 = 12·0.95 − 1 = 10.4 ms of mean time -> 1500 MHz.
-    assert policy.budgets_ms(s, 0.0)[0] == pytest.approx(12.0 * 0.95 - 1.0)
-    assert policy.target_mhz(s, 0.0) == clock_for_mean_ms(10.4) == 1500
+    # mean + q·√1 <= room·safety: 12·0.95 − 1 = 10.4 ms of mean time -> 1500 MHz.
+    assert policy.target_mhz(s, 0.0) == clock_for_mean_ms(12.0 * 0.95 - 1.0) == 1500
 
 
 def test_slack_walks_every_request_in_dispatch_order() -> None:
-    s, policy = slack_scheduler(max_inflight=1)
+    policy = SlackPolicy(CLOCKS, NO_DELAY)
+    s = make_scheduler(policy)
     s.enqueue(make_request(slo_ms=100.0, client_id="a"), 0.0)
     s.enqueue(make_request(slo_ms=25.0, client_id="a"), 0.0)
-    # The second one finishes after two service times: (25·0.95 − √2)/2 ms each.
+    # Batches of 1: the second finishes after two executions, 2·t + √2 <= 25·0.95.
     expected = (25.0 * 0.95 - math.sqrt(2.0)) / 2.0
-    assert policy.budgets_ms(s, 0.0)[0] == pytest.approx(expected)
     assert policy.target_mhz(s, 0.0) == clock_for_mean_ms(expected)
 
 
-def test_slack_counts_in_flight_work() -> None:
-    s, policy = slack_scheduler(max_inflight=1)
+def test_slack_plans_in_batches_and_needs_a_lower_clock_for_them() -> None:
+    """Four requests run as one batch of 4 (1.5× a single one), not four in a row."""
+    batched = SlackPolicy(CLOCKS, NO_DELAY)
+    table = make_model_table(batches={1: 1.0, 4: 1.5})
+    s = make_scheduler(batched, table, serving={MODEL: ModelServing(4, 1)})
+    for _ in range(4):
+        s.enqueue(make_request(slo_ms=30.0), 0.0)
+    expected = (30.0 * 0.95 - 1.0) / 1.5
+    assert batched.target_mhz(s, 0.0) == clock_for_mean_ms(expected) == 900
+    one_by_one = SlackPolicy(CLOCKS, NO_DELAY)
+    s1 = make_scheduler(one_by_one, table, serving={MODEL: ModelServing(1, 1)})
+    for _ in range(4):
+        s1.enqueue(make_request(slo_ms=30.0), 0.0)
+    assert one_by_one.target_mhz(s1, 0.0) == 2100  # 4·t + 2 ms <= 28.5 needs 6.6 ms: none
+
+
+def test_slack_counts_in_flight_work_less_what_is_done() -> None:
+    policy = SlackPolicy(CLOCKS, NO_DELAY)
+    s = make_scheduler(policy, serving={MODEL: ModelServing(1, 1)})
     s.enqueue(make_request(slo_ms=30.0), 0.0)
-    s.next_dispatch(0.0)
-    assert s.clock_target_mhz == 900
+    assert s.next_dispatch(0.0) is not None
     s.enqueue(make_request(slo_ms=30.0, arrival_s=0.0), 0.0)
-    # The queued one needs two service times, (30·0.95 − √2)/2 = 13.5 ms: raised to 1200 MHz,
-    # and the request in flight now goes at that speed.
-    assert s.clock_target_mhz == 1200
-    now = 0.005
-    work_left = 1.0 - 5.0 / policy.table.predict_ms(1200)
-    assert s.inflight_work_left(now)[0][0] == pytest.approx(work_left)
-    units = work_left + 1.0
-    room = 30.0 - 5.0
-    assert policy.budgets_ms(s, now)[0] == pytest.approx((room * 0.95 - math.sqrt(units)) / units)
+    # Two executions ahead of the second: 2·t + √2 <= 30·0.95.
+    assert s.clock_target_mhz == clock_for_mean_ms((30.0 * 0.95 - math.sqrt(2)) / 2) == 1200
+    # 5 ms later the one in flight has done 5 ms of its work: 2·t − 5 + √2 <= 25·0.95.
+    assert policy.target_mhz(s, 0.005) == clock_for_mean_ms((25 * 0.95 - math.sqrt(2) + 5) / 2)
 
 
 def test_slack_raises_at_once_and_lowers_only_after_the_hold() -> None:
-    params = SlackParams(change_delay_ms=0.0, phantoms=0, hold_s=0.05)
-    s, _ = slack_scheduler(params)
+    params = SlackParams(change_delay_ms=0.0, phantoms=0, hold_s=0.05, batch_hold=0.0)
+    s = make_scheduler(SlackPolicy(CLOCKS, params))
     result = s.enqueue(make_request(slo_ms=12.0), 0.0)
     assert result.clock_mhz == 1500
     d = s.next_dispatch(0.0)
@@ -117,24 +131,99 @@ def test_slack_raises_at_once_and_lowers_only_after_the_hold() -> None:
 
 
 def test_slack_allows_for_the_clock_change_delay_when_raising() -> None:
-    s, policy = slack_scheduler(SlackParams(change_delay_ms=2.0, phantoms=0))
+    policy = SlackPolicy(CLOCKS, SlackParams(change_delay_ms=2.0, phantoms=0, batch_hold=0.0))
+    s = make_scheduler(policy)
     s.enqueue(make_request(slo_ms=14.0), 0.0)
-    budget, delayed = policy.budgets_ms(s, 0.0)
-    assert delayed == pytest.approx(budget - 2.0 * 0.95)
-    assert policy.target_mhz(s, 0.0) == clock_for_mean_ms(delayed)
+    assert policy.target_mhz(s, 0.0) == clock_for_mean_ms((14.0 - 2.0) * 0.95 - 1.0)
 
 
 def test_slack_phantoms_keep_up_with_the_arrival_rate() -> None:
-    s_without, p_without = slack_scheduler(SlackParams(change_delay_ms=0.0, phantoms=0))
-    s_with, p_with = slack_scheduler(SlackParams(change_delay_ms=0.0, phantoms=16))
-    for s in (s_without, s_with):
+    results = []
+    for phantoms in (0, 16):
+        policy = SlackPolicy(CLOCKS, SlackParams(change_delay_ms=0.0, phantoms=phantoms))
+        s = make_scheduler(policy, serving={MODEL: ModelServing(1, 2)})
         for i in range(300):  # 150 requests/s for 2 s, each served at once
             s.enqueue(make_request(slo_ms=60.0, arrival_s=i / 150.0), i / 150.0)
             d = s.next_dispatch(i / 150.0)
             assert d is not None
             s.on_complete(d.request, 0.001, i / 150.0)
         s.enqueue(make_request(slo_ms=60.0, arrival_s=2.0), 2.0)
-    # With 150 req/s coming, 2 lanes need a mean time well under 2/150 s = 13.3 ms.
-    assert p_without.target_mhz(s_without, 2.0) == 900
-    assert p_with.target_mhz(s_with, 2.0) > 900
-    assert p_with.table.predict_ms(p_with.target_mhz(s_with, 2.0)) < 1000.0 * 2 / 150
+        results.append(policy.target_mhz(s, 2.0))
+    # 16 more at 150 req/s, in a burst, one at a time: each must take well under 60/16 ms.
+    assert results[0] == 900
+    assert results[1] > 900
+    assert make_table().predict_ms(results[1]) < 1000.0 * 2 / 150
+
+
+def test_two_models_each_predicted_by_its_own_table() -> None:
+    """A fast and a 3× slower model share one queue; each request's work is its own model's."""
+    fast = make_model_table(model="fast")
+    slow = make_model_table(model="slow", slower=3.0)
+    policy = SlackPolicy(CLOCKS, NO_DELAY)
+    serving = {"fast": ModelServing(1, 1), "slow": ModelServing(1, 1)}
+    s = make_scheduler(policy, fast, slow, serving=serving)
+    clock = s.clock_target_mhz
+    assert clock is not None
+    assert s.charge_ms("fast") == pytest.approx(fast.predict_ms(clock))
+    assert s.charge_ms("slow") == pytest.approx(slow.predict_ms(clock))
+    assert s.charge_ms("slow") == pytest.approx(3 * s.charge_ms("fast"))
+    s.enqueue(make_request(model="slow", slo_ms=40.0), 0.0)
+    # The slow model alone: t_slow + 1 <= 38 -> its own table's clock, not the fast one's.
+    assert policy.target_mhz(s, 0.0) == clock_for_mean_ms(40 * 0.95 - 1, slower=3.0) == 1500
+    s2 = make_scheduler(SlackPolicy(CLOCKS, NO_DELAY), fast, slow, serving=serving)
+    s2.enqueue(make_request(model="fast", slo_ms=40.0), 0.0)
+    assert s2.policy.target_mhz(s2, 0.0) == 900  # type: ignore[attr-defined]
+
+
+def test_slack_gives_a_model_without_a_table_the_top_clock() -> None:
+    policy = SlackPolicy(CLOCKS, NO_DELAY)
+    s = make_scheduler(policy)
+    s.enqueue(make_request(model="unprofiled", slo_ms=1000.0), 0.0)
+    assert policy.target_mhz(s, 0.0) == 2100
+
+
+def test_slack_holds_a_partial_batch_while_it_pays_and_lets_it_go_together() -> None:
+    policy = SlackPolicy(CLOCKS, SlackParams(change_delay_ms=0.0, phantoms=0, batch_hold=0.5))
+    table = make_model_table(batches={1: 1.0, 8: 2.0})
+    s = make_scheduler(policy, table, serving={MODEL: ModelServing(8, 1)})
+    for i in range(20):  # 200 requests/s measured, served one by one (too tight to hold)
+        s.enqueue(make_request(slo_ms=5.0, arrival_s=i / 200), i / 200)
+        d = s.next_dispatch(i / 200)
+        assert d is not None
+        s.on_complete(d.request, 0.001, i / 200)
+    now = 0.2
+    first = make_request(slo_ms=100.0, arrival_s=now)
+    s.enqueue(first, now)
+    assert s.next_dispatch(now) is None  # held: more are on their way
+    hold = s.wake_at_s()
+    assert hold is not None and now < hold <= now + 0.05 + 1e-9  # at most half its SLO
+    s.enqueue(make_request(slo_ms=100.0, arrival_s=now + 0.01), now + 0.01)
+    assert s.next_dispatch(now + 0.01) is None
+    s.poll(hold)  # the hold falls due
+    sent = [s.next_dispatch(hold), s.next_dispatch(hold)]
+    assert all(d is not None for d in sent)  # both go together, as one batch
+    assert s.next_dispatch(hold) is None
+
+
+def test_slack_lets_a_full_batch_go_at_once() -> None:
+    policy = SlackPolicy(CLOCKS, SlackParams(change_delay_ms=0.0, phantoms=0, batch_hold=0.5))
+    table = make_model_table(batches={1: 1.0, 4: 1.5})
+    s = make_scheduler(policy, table, serving={MODEL: ModelServing(4, 1)})
+    for i in range(4):
+        s.enqueue(make_request(slo_ms=100.0), 0.001 * i)
+    assert sum(s.next_dispatch(0.004) is not None for _ in range(5)) == 4
+
+
+def test_dispatch_keeps_the_batcher_fed_under_saturation() -> None:
+    """(instances + 1) full batches at Triton: every instance busy, and the next batch ready."""
+    s = make_scheduler(make_policy("max", CLOCKS), serving={MODEL: ModelServing(8, 2)})
+    for _ in range(100):
+        s.enqueue(make_request(), 0.0)
+    sent = 0
+    while s.next_dispatch(0.0) is not None:
+        sent += 1
+    assert sent == ModelServing(8, 2).depth == 24
+    assert s.queue_len == 76
+    d_done = next(iter(s.inflight.values()))
+    s.on_complete(d_done, 0.01, 0.01)
+    assert s.next_dispatch(0.01) is not None and s.next_dispatch(0.01) is None

@@ -10,7 +10,7 @@ from tests.scheduler.helpers import make_request
 _seq = iter(range(1_000_000))
 
 
-def push(q: PriorityCfsQueue, **kw: object) -> Request:
+def push(q: PriorityCfsQueue[None], **kw: object) -> Request[None]:
     r = make_request(**kw)  # type: ignore[arg-type]
     r.seq = next(_seq)
     r.level = r.priority or 2
@@ -19,7 +19,7 @@ def push(q: PriorityCfsQueue, **kw: object) -> Request:
 
 
 def test_strict_priority_then_fifo_within_a_flow() -> None:
-    q = PriorityCfsQueue()
+    q: PriorityCfsQueue[None] = PriorityCfsQueue()
     low1 = push(q, priority=2)
     low2 = push(q, priority=0)  # the default level is 2 here
     high = push(q, priority=1)
@@ -27,7 +27,7 @@ def test_strict_priority_then_fifo_within_a_flow() -> None:
 
 
 def test_cfs_shares_follow_nice_weights() -> None:
-    q = PriorityCfsQueue()
+    q: PriorityCfsQueue[None] = PriorityCfsQueue()
     for _ in range(2000):
         push(q, client_id="a", nice=0)
         push(q, client_id="b", nice=5)
@@ -41,7 +41,7 @@ def test_cfs_shares_follow_nice_weights() -> None:
 
 
 def test_waking_flow_is_placed_at_min_vruntime() -> None:
-    q = PriorityCfsQueue()
+    q: PriorityCfsQueue[None] = PriorityCfsQueue()
     for _ in range(50):
         push(q, client_id="busy")
     for _ in range(20):
@@ -57,7 +57,7 @@ def test_waking_flow_is_placed_at_min_vruntime() -> None:
 
 
 def test_sleeper_gets_no_credit_for_sleeping() -> None:
-    q = PriorityCfsQueue()
+    q: PriorityCfsQueue[None] = PriorityCfsQueue()
     push(q, client_id="sleeper")
     q.pop(10.0)
     for _ in range(30):
@@ -69,7 +69,7 @@ def test_sleeper_gets_no_credit_for_sleeping() -> None:
 
 
 def test_ties_go_to_the_oldest_request() -> None:
-    q = PriorityCfsQueue()
+    q: PriorityCfsQueue[None] = PriorityCfsQueue()
     first = push(q, client_id="x")
     second = push(q, client_id="y")
     assert q.pop(1.0) is first
@@ -78,7 +78,7 @@ def test_ties_go_to_the_oldest_request() -> None:
 
 
 def test_settle_charges_real_minus_expected() -> None:
-    q = PriorityCfsQueue()
+    q: PriorityCfsQueue[None] = PriorityCfsQueue()
     r = push(q, client_id="a", nice=5)
     push(q, client_id="a", nice=5)
     q.pop(10.0)
@@ -89,7 +89,7 @@ def test_settle_charges_real_minus_expected() -> None:
 
 def test_iter_order_is_exactly_the_pop_order() -> None:
     rng = random.Random(4)
-    q = PriorityCfsQueue()
+    q: PriorityCfsQueue[None] = PriorityCfsQueue()
     for _ in range(300):
         push(
             q,
@@ -107,7 +107,7 @@ def test_iter_order_is_exactly_the_pop_order() -> None:
 
 
 def test_earliest_deadline_tracks_pops() -> None:
-    q = PriorityCfsQueue()
+    q: PriorityCfsQueue[None] = PriorityCfsQueue()
     a = push(q, slo_ms=50.0, client_id="a")
     push(q, slo_ms=20.0, client_id="a", arrival_s=0.01)
     assert q.earliest_deadline_s() == 0.03

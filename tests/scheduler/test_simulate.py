@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from scheduler.__main__ import main
+from scheduler.compare import DEFAULT_MIX, slo_models
 from scheduler.simulate import SimConfig, simulate
 from scheduler.workload import ClientSpec, bursty_arrivals, parse_clients, trace_arrivals
 
@@ -37,8 +38,11 @@ def test_json_has_every_documented_field() -> None:
         "p90_ms",
         "p99_ms",
         "slo_attainment",
+        "p99_over_slo",
+        "mean_batch",
         "clock_changes",
         "mean_clock_mhz",
+        "models",
         "clients",
     ):
         assert key in out
@@ -60,34 +64,39 @@ def test_saturated_clients_get_gpu_time_in_the_ratio_of_their_weights() -> None:
     service = {k: v["service_ms"] for k, v in out["clients"].items()}
     total = sum(service.values())
     weights = {"a": 3121, "b": 1024, "c": 335}
+    # Within 6%: a batch (up to 32 requests, several flows' among them) is the unit of GPU
+    # time, and every request in it is charged the batch's whole time.
     for name, w in weights.items():
-        assert service[name] / total == pytest.approx(w / sum(weights.values()), rel=0.03)
+        assert service[name] / total == pytest.approx(w / sum(weights.values()), rel=0.06)
         assert out["clients"][name]["completed"] > 0  # nobody starves
 
 
 def test_a_priority_client_keeps_its_tail_while_another_floods() -> None:
-    clients = parse_clients("vip:priority=1,share=0.1;flood:share=0.9")
+    """At 3× capacity the flood is refused in part; the priority client's requests overtake
+    it in the queue and wait at most for the batches already at Triton."""
+    clients = parse_clients("vip:priority=1,share=0.05;flood:share=0.95")
     out = simulate(
         SimConfig(
             gpu="v100",
             policy="slack",
-            rate_rps=400.0,
-            slo_ms=30.0,
-            duration_s=20.0,
+            load=3.0,
+            slo_ms=150.0,
+            duration_s=10.0,
             clients=tuple(clients),
         )
     ).to_json()
     vip, flood = out["clients"]["vip"], out["clients"]["flood"]
     assert vip["rejected"] == 0
-    assert vip["p99_ms"] <= 30.0 and vip["slo_attainment"] >= 0.99
+    assert vip["p99_ms"] <= 150.0 and vip["slo_attainment"] >= 0.99
     assert flood["completed"] > 0 and flood["rejected"] > 0
 
 
 def test_slack_saves_energy_against_max_and_meets_the_slo() -> None:
-    base = dict(gpu="titanrtx", load=0.5, slo_ms=37.5, duration_s=20.0)
+    models = slo_models("titanrtx", DEFAULT_MIX, 3.0)
+    base = dict(gpu="titanrtx", load=0.3, models=models, duration_s=20.0)
     slack = simulate(SimConfig(policy="slack", **base)).to_json()  # type: ignore[arg-type]
     top = simulate(SimConfig(policy="max", **base)).to_json()  # type: ignore[arg-type]
-    assert slack["p99_ms"] <= 37.5
+    assert slack["p99_over_slo"] <= 1.0 and top["p99_over_slo"] <= 1.0
     assert slack["energy_per_inference_j"] < 0.85 * top["energy_per_inference_j"]
     assert slack["oracle_energy_j"] < slack["energy_j"]
 
@@ -177,7 +186,7 @@ def test_cli_compare_writes_table_csv_and_plot(
         == 0
     )
     header = (tmp_path / "compare.csv").read_text().splitlines()[0]
-    assert header.startswith("gpu,load,slo_ms,policy,")
+    assert header.startswith("gpu,mix,load,slo_mult,policy,")
     assert len((tmp_path / "compare.csv").read_text().splitlines()) == 5  # 4 policies
     assert (tmp_path / "compare.png").read_bytes()[:4] == b"\x89PNG"
     assert "slack" in capsys.readouterr().out

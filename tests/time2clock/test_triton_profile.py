@@ -49,9 +49,9 @@ def test_sweep_drives_a_triton_model_in_batches(triton: tuple[EmbeddedTriton, Pa
         # Sleeping in steps overshoots more at the bottom clock on a busy machine: a loose band.
         slower_ms = table.predict_ms(low, batch) - table.predict_ms(top, batch)
         assert 0.7 * expected_ms < slower_ms < 1.6 * expected_ms
-    # A batch past the model's max_batch_size (8) is Triton's error, named with the model.
+    # A batch past the model's max_batch_size (32) is Triton's error, named with the model.
     with pytest.raises(RuntimeError, match=f"measuring {SIMNET} at .* failed"):
-        measurer.measure(1, 1, batch=16)
+        measurer.measure(1, 1, batch=33)
 
 
 def test_profile_cli_writes_one_table_per_triton_model(
@@ -79,8 +79,8 @@ def test_profile_cli_checks_max_batch_size_and_what_triton_serves(
 ) -> None:
     server, _ = triton
     argv = ["profile", "--triton-url", server.url, "--clocks", "2", "--requests-per-clock", "2"]
-    assert main([*argv, "--model", SIMNET, "--batches", "4,16", "-o", str(tmp_path / "x")]) == 2
-    assert f"--batches 16 exceeds {SIMNET}'s largest batch, 8" in capsys.readouterr().err
+    assert main([*argv, "--model", SIMNET, "--batches", "4,64", "-o", str(tmp_path / "x")]) == 2
+    assert f"--batches 64 exceeds {SIMNET}'s largest batch, 32" in capsys.readouterr().err
     assert main([*argv, "--model", "nosuch", "-o", str(tmp_path / "x")]) == 2
     assert f"asking Triton at {server.url} failed" in capsys.readouterr().err
     # PyTriton's Triton answers its repository index with no models: said, not guessed.
