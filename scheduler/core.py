@@ -92,6 +92,7 @@ class Scheduler(Generic[P]):
         self._inflight_by_model: dict[str, list[QueuedRequest]] = {}
         self._queued_of: dict[str, list[QueuedRequest]] = {}
         self._serving = dict(serving or {})
+        policy.attach(self)
         self.clock_target_mhz: int | None = policy.initial_clock_mhz()
         self._seq = 0
         self._rates: dict[str, tuple[float, float]] = {}  # model -> (rate, at_s)
@@ -101,6 +102,7 @@ class Scheduler(Generic[P]):
     def set_policy(self, policy: ClockPolicy) -> None:
         """Swap the clock policy (the admin API does this); its initial clock becomes the target."""
         self.policy = policy
+        policy.attach(self)
         self.clock_target_mhz = policy.initial_clock_mhz()
 
     # -- tables and serving ---------------------------------------------------------------

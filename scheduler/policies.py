@@ -37,6 +37,9 @@ class ClockPolicy(ABC):
     def initial_clock_mhz(self) -> int | None:
         """The clock to start at; None leaves clocks to the GPU."""
 
+    def attach(self, s: SchedulerView) -> None:  # noqa: B027 (most policies need nothing)
+        """The scheduler this policy now serves, before :meth:`initial_clock_mhz` is asked."""
+
     def release_limit(self, s: SchedulerView, model: str, now_s: float) -> int:
         """How many requests of ``model`` to keep at Triton: by default all its batcher can use
         (every instance busy with a full batch, the next one waiting)."""
@@ -283,6 +286,11 @@ class SlackPolicy(ClockPolicy):
     def initial_clock_mhz(self) -> int | None:
         return self.current_mhz
 
+    def attach(self, s: SchedulerView) -> None:
+        """Idle, the clock rests at the highest energy-optimal clock of the models profiled."""
+        self._plans.clear()
+        self.current_mhz = self._floor(s, s.tables.models)
+
     def tables_changed(self) -> None:
         self._plans.clear()
 
@@ -302,7 +310,7 @@ class SlackPolicy(ClockPolicy):
         """The clock the requests need now (before hysteresis)."""
         inflight = s.inflight_by_model()
         if not s.queue_len and not inflight:
-            return self._floor(s, list(s.arrival_rates_rps(now_s)))
+            return self._floor(s, s.tables.models)
         queued = list(s.iter_queue(self.params.lookahead))
         models = list(dict.fromkeys([*inflight, *(r.model for r in queued)]))
         plans = {m: self._plan(s, m) for m in models}

@@ -133,7 +133,7 @@ def test_bad_arguments(stack: SidecarServer, capsys: pytest.CaptureFixture[str])
     assert main(["-m", "ghost", "-u", stack.url, "-p", "100"]) == 2
     assert "404" in capsys.readouterr().err
     assert main(["-m", "simnet", "-u", stack.url, "-b", "100", "-p", "100"]) == 2
-    assert "exceeds the model's max_batch_size 8" in capsys.readouterr().err
+    assert "exceeds the model's max_batch_size 32" in capsys.readouterr().err
     assert main(["-m", "simnet", "-u", "127.0.0.1:1", "-p", "100"]) == 3
     assert main(["-m", "simnet", "-u", stack.url, "--percentile", "0"]) == 2
     assert main(["-m", "simnet", "-u", stack.url, "--mix", "a:nice=99"]) == 2
