@@ -22,7 +22,9 @@ class GatewayConfig:
 
     host: str = "127.0.0.1"
     port: int = 8000
+    grpc_port: int = 8001
     triton_url: str | None = None
+    triton_grpc_url: str | None = None
     device: str | None = None
     policy: str = "slack"
     table: Path | None = None
@@ -41,6 +43,10 @@ class GatewayConfig:
             raise ValueError(f"--policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
         if not 0 <= self.port < 65536:
             raise ValueError(f"--port must be in 0..65535 (0: any free port), got {self.port}")
+        if not 0 <= self.grpc_port < 65536:
+            raise ValueError(
+                f"--grpc-port must be in 0..65535 (0: any free port), got {self.grpc_port}"
+            )
         if self.slo_ms <= 0:
             raise ValueError(f"--slo-ms must be > 0, got {self.slo_ms}")
         if self.max_inflight < 1 or self.max_queue < 1:
@@ -54,7 +60,9 @@ class GatewayConfig:
 _HELP = {
     "host": "address to listen on",
     "port": "port to listen on (Triton's own HTTP port, so the sidecar can take its place)",
+    "grpc_port": "port for the KServe v2 gRPC front end (Triton's own gRPC port; 0: any free)",
     "triton_url": "an existing Triton (host:port); omitted: start the embedded default",
+    "triton_grpc_url": "that Triton's gRPC (host:port); omitted: --triton-url's host, port + 1",
     "device": "sim:<profile> or nvml:<index> (default: NVML GPU 0 if present, else sim:v100)",
     "policy": "clock policy: " + ", ".join(POLICIES),
     "table": "a time2clock table (JSON); omitted in the embedded default: profile and cache one",
@@ -90,7 +98,7 @@ def from_args(args: argparse.Namespace) -> GatewayConfig:
     for name in ("table", "state_dir"):
         if values[name] is not None:
             values[name] = Path(values[name])
-    for name in ("triton_url", "device", "admin_token", "table"):
+    for name in ("triton_url", "triton_grpc_url", "device", "admin_token", "table"):
         if values[name] in ("", None):
             values[name] = None
     return GatewayConfig(**values)

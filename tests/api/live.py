@@ -14,7 +14,7 @@ class LiveSidecar(SidecarServer):
     """A :class:`SidecarServer` on a free port, with ``get``/``post`` shortcuts."""
 
     def __init__(self, config: GatewayConfig) -> None:
-        super().__init__(GatewayConfig(**{**config.__dict__, "port": 0}))
+        super().__init__(GatewayConfig(**{**config.__dict__, "port": 0, "grpc_port": 0}))
 
     def get(self, path: str, **kw: object) -> httpx.Response:
         return httpx.get(f"http://{self.url}{path}", timeout=30.0, **kw)  # type: ignore[arg-type]

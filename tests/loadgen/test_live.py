@@ -16,7 +16,7 @@ from tests.loadgen.test_units import EXPECTED_HEADER
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SidecarServer]:
-    cfg = embedded_config(tmp_path_factory.mktemp("state"), max_queue=1000, port=0)
+    cfg = embedded_config(tmp_path_factory.mktemp("state"), max_queue=1000, port=0, grpc_port=0)
     with SidecarServer(cfg) as sc:
         yield sc
 
