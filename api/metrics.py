@@ -129,6 +129,7 @@ class GatewayMetrics:
         )
         self._clients: set[str] = set()
         self._request_children: dict[tuple[str, str, str, str, str], Any] = {}
+        self.requests_by_protocol: dict[str, int] = {}  # for the admin state
 
     def count(
         self, model: str, priority: str, client: str, outcome: str, protocol: str = "http"
@@ -139,6 +140,7 @@ class GatewayMetrics:
         if child is None:
             child = self._request_children[key] = self.requests.labels(*key)
         child.inc()
+        self.requests_by_protocol[protocol] = self.requests_by_protocol.get(protocol, 0) + 1
 
     def client_label(self, client_id: str) -> str:
         if client_id in self._clients:

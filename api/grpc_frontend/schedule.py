@@ -8,6 +8,7 @@ errors are gRPC statuses with the meaning of the HTTP ones.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -88,6 +89,9 @@ async def schedule(
     )
     try:
         answer: GrpcAnswer = await rt.dispatcher.submit(sched_request)
+    except asyncio.CancelledError:  # the client went away; the dispatcher will not send it
+        metrics.count(model, priority, client, "cancelled", PROTOCOL)
+        raise
     except RejectedError as err:
         metrics.count(model, priority, client, "rejected", PROTOCOL)
         raise GrpcStatusError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err)) from None

@@ -96,7 +96,9 @@ class GrpcFrontend:
                     timeout=context.time_remaining(),
                 )
             except grpc.aio.AioRpcError as err:
-                await context.abort(err.code(), err.details() or "", err.trailing_metadata())
+                await context.abort(
+                    err.code(), err.details() or "", tuple(err.trailing_metadata() or ())
+                )
                 raise  # abort raised already; for the type checker
             return reply
 

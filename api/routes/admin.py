@@ -80,12 +80,15 @@ def _body_schema(model: type[BaseModel]) -> dict[str, Any]:
 
 @router.get("/state")
 async def state(rt: Admin) -> dict[str, Any]:
-    """Queues, in-flight requests, clock target and reading, policy, table."""
+    """Queues, in-flight requests, clock target and reading, policy, table, requests taken by
+    protocol (HTTP and gRPC feed the same queue)."""
     assert rt.dispatcher is not None and rt.table is not None
     snapshot = await asyncio.to_thread(rt.dispatcher.state)
     return {
         **snapshot,
         "triton_url": rt.triton_url,
+        "triton_grpc_url": rt.triton_grpc_url,
+        "requests_by_protocol": dict(rt.metrics.requests_by_protocol),
         "table": {
             "gpu": rt.table.gpu,
             "model": rt.table.model,
