@@ -27,8 +27,8 @@ from rich.progress import (
 
 from dvfs.__main__ import PIPE_WIDTH
 from loadgen.classes import RequestClass, parse_mix
-from loadgen.engine import Payload, Recorder, Target, build_payloads, new_session
-from loadgen.grpc_client import GrpcClient, infer_requests
+from loadgen.engine import Recorder, Target, build_payloads, new_session
+from loadgen.grpc_client import GrpcClient, grpc_payloads
 from loadgen.inputs import InputError, build_inputs, parse_shapes
 from loadgen.measure import Load, MeasureOptions, StepResult, measure_step
 from loadgen.report import console_lines, write_csv
@@ -186,8 +186,7 @@ async def run(args: argparse.Namespace, console: Console) -> list[StepResult]:
             rng=rng,
         )
         if via_grpc is not None:
-            encoded = infer_requests(classes, inputs, args.model, args.version)
-            payloads = [Payload(body, {}) for body in encoded]
+            payloads = grpc_payloads(classes, inputs, args.model, args.version)
         else:
             payloads = build_payloads(classes, inputs=inputs)
         target = Target(

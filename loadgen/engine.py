@@ -12,7 +12,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import numpy as np
@@ -20,7 +20,9 @@ import numpy.typing as npt
 import tritonclient.http as httpclient
 
 from loadgen.classes import RequestClass
-from loadgen.grpc_client import GrpcClient
+
+if TYPE_CHECKING:
+    from loadgen.grpc_client import GrpcClient
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,8 @@ from tritonclient.grpc import service_pb2
 from tritonclient.utils import serialize_byte_tensor
 
 from loadgen.classes import RequestClass
+from loadgen.engine import InputTensor, Payload
+from loadgen.inputs import InputError
 
 SERVICE = "/inference.GRPCInferenceService/"
 HTTP_STATUS = {
@@ -34,9 +36,12 @@ _OPTIONS = (
 )
 
 
-def infer_requests(
-    classes: Sequence[RequestClass], inputs: Sequence[Any], model: str, version: str | None
-) -> list[bytes]:
+def grpc_payloads(
+    classes: Sequence[RequestClass],
+    inputs: Sequence[InputTensor],
+    model: str,
+    version: str | None,
+) -> list[Payload]:
     """One encoded ``ModelInferRequest`` per class, its hints in ``parameters`` (``priority``
     as tritonclient sends it, an unsigned integer)."""
     out = []
@@ -57,7 +62,7 @@ def infer_requests(
                 request.parameters[key].int64_param = value
             else:
                 request.parameters[key].double_param = float(value)  # type: ignore[arg-type]
-        out.append(request.SerializeToString())
+        out.append(Payload(request.SerializeToString(), {}))
     return out
 
 
@@ -92,7 +97,14 @@ class GrpcClient:
             request_serializer=request.__class__.SerializeToString,
             response_deserializer=reply.FromString,
         )
-        message = await call(request, timeout=30)
+        try:
+            message = await call(request, timeout=30)
+        except grpc.aio.AioRpcError as err:
+            if err.code() == grpc.StatusCode.UNAVAILABLE:
+                raise  # the server is not there: not the user's input
+            raise InputError(
+                f"{self.url} (gRPC {method}): {err.code().name}: {err.details()}"
+            ) from None
         out: dict[str, Any] = json_format.MessageToDict(message, preserving_proto_field_name=True)
         return out
 
