@@ -19,7 +19,6 @@ from api.dispatcher import Job, RejectedError, UnavailableError
 from api.grpc_frontend.protocol import parameter_values
 from api.hints import BadRequestError, parse_hints
 from api.runtime import Runtime
-from scheduler.request import Request
 from scheduler.weights import weight_for_nice
 
 PROTOCOL = "grpc"
@@ -78,15 +77,7 @@ async def schedule(
             grpc.StatusCode.NOT_FOUND, f"Request for unknown model: '{model}' is not found"
         )
     job = Job(timeout_us=hints.timeout_us, send=send)
-    sched_request = Request(
-        model=model,
-        arrival_s=arrival_s,
-        slo_ms=hints.slo_ms or rt.config.slo_ms,
-        priority=hints.priority,
-        nice=hints.nice,
-        client_id=hints.client_id,
-        payload=job,
-    )
+    sched_request = hints.request(model, arrival_s, rt.config.slo_ms, job)
     try:
         answer: GrpcAnswer = await rt.dispatcher.submit(sched_request)
     except asyncio.CancelledError:  # the client went away; the dispatcher will not send it

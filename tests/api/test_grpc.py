@@ -24,7 +24,7 @@ from tritonclient.utils import InferenceServerException
 from api.config import GatewayConfig
 from api.embedded import free_port
 from api.grpc_frontend.protocol import method_path
-from tests.api.live import LiveSidecar, embedded_config
+from tests.api.live import LiveSidecar, embedded_config, timeout_in_queue
 from tests.api.test_gateway import admin, slow_gpu  # noqa: F401 (a fixture, used by name)
 from tests.api.test_gateway import client as http_client
 from tests.api.test_gateway import tensor as http_tensor
@@ -203,13 +203,15 @@ def test_stream_of_requests(sidecar: LiveSidecar) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [
-        ({"parameters": {"nice": 50}}, "nice must be in -20..19"),
-        ({"parameters": {"slo_ms": -1}}, "slo_ms must be a positive"),
-        ({"priority": 9}, "priority must be in 0..2"),
-        ({"parameters": {"client_id": ""}}, "client_id"),
-        ({"parameters": {"nice": True}}, "nice must be an integer"),
-        ({"headers": {"x-nice": "-30"}}, "nice must be in -20..19"),
-        ({"headers": {"x-slo-ms": "soon"}}, "slo_ms must be a positive"),
+        # Each parameter type gRPC has (int64, uint64, double, bool, string), then metadata.
+        ({"parameters": {"nice": 50}}, "nice must be in -20..19, got 50"),
+        ({"priority": 9}, "priority must be in 0..2, got 9"),
+        ({"parameters": {"slo_ms": 0.0}}, "slo_ms must be a positive number"),
+        ({"parameters": {"nice": True}}, "nice must be an integer, got True"),
+        ({"parameters": {"client_id": "c" * 200}}, "client_id must be a string of 1..128"),
+        ({"headers": {"x-nice": "-30"}}, "nice must be in -20..19, got -30"),
+        ({"headers": {"x-slo-ms": "soon"}}, "slo_ms must be a positive number"),
+        ({"headers": {"x-priority": "one"}}, "priority must be an integer"),
     ],
 )
 def test_bad_hints_are_invalid_argument(
@@ -268,36 +270,12 @@ def test_full_queue_is_resource_exhausted_and_every_accepted_request_is_answered
 @pytest.mark.usefixtures("slow_gpu")
 def test_timeout_expired_in_the_queue_is_unavailable(sidecar: LiveSidecar) -> None:
     x = np.ones((1, 16), dtype=np.float32)
-    go = threading.Barrier(3)
-    outcomes: list[str] = []
-
-    def send(i: int) -> None:
-        if i < 3:
-            go.wait()
-        try:
-            gclient(sidecar.grpc_url).infer(
-                "simnet", [gtensor(x)], timeout=1000 if i == 3 else None
-            )
-            outcomes.append(f"{i}:ok")
-        except InferenceServerException as err:
-            outcomes.append(f"{i}:{err.status()}:{err.message()}")
-
-    threads = [threading.Thread(target=send, args=(i,)) for i in range(4)]
-    for t in threads[:3]:
-        t.start()
-    deadline = time.monotonic() + 10
-    while admin(sidecar, "GET", "/state").json()["queue_length"] < 2:  # one in flight, two wait
-        assert time.monotonic() < deadline, "the first three never filled the GPU"
-        time.sleep(0.002)
-    threads[3].start()
-    for t in threads:
-        t.join(30)
-    assert sorted(outcomes) == [
-        "0:ok",
-        "1:ok",
-        "2:ok",
-        "3:StatusCode.UNAVAILABLE:Request timeout expired",
-    ]
+    clients = [gclient(sidecar.grpc_url) for _ in range(8)]
+    others, last = timeout_in_queue(
+        sidecar, lambda i, timeout_us: clients[i].infer("simnet", [gtensor(x)], timeout=timeout_us)
+    )
+    assert last == "StatusCode.UNAVAILABLE:Request timeout expired"  # as Triton says it
+    assert others == ["ok"] * len(others)
 
 
 @pytest.mark.usefixtures("slow_gpu")
