@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -24,6 +25,7 @@ from tritonclient.utils import InferenceServerException
 from api.config import GatewayConfig
 from api.embedded import free_port
 from api.grpc_frontend.protocol import method_path
+from api.server import SidecarServer
 from tests.api.live import LiveSidecar, embedded_config, timeout_in_queue
 from tests.api.test_gateway import admin, slow_gpu  # noqa: F401 (a fixture, used by name)
 from tests.api.test_gateway import client as http_client
@@ -462,3 +464,24 @@ def test_grpc_port_option(monkeypatch: pytest.MonkeyPatch) -> None:
         metrics,  # type: ignore[arg-type]
     )
     assert rt.triton_grpc_url == "g:9001"
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # uvicorn exits
+def test_grpc_port_taken_fails_the_start_cleanly(tmp_path: Path) -> None:
+    dead = f"127.0.0.1:{free_port()}"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        cfg = GatewayConfig(
+            port=free_port(),
+            grpc_port=taken.getsockname()[1],
+            triton_url=dead,
+            device="sim:v100",
+            policy="max",
+            state_dir=tmp_path,
+        )
+        server = SidecarServer(cfg)
+        with pytest.raises(RuntimeError, match="failed to start"):
+            server.__enter__()
+        server.close()
+    assert not server.thread.is_alive()
