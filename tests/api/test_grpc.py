@@ -485,3 +485,29 @@ def test_grpc_port_taken_fails_the_start_cleanly(tmp_path: Path) -> None:
             server.__enter__()
         server.close()
     assert not server.thread.is_alive()
+
+
+def test_shutdown_answers_every_queued_call(tmp_path: Path) -> None:
+    x = np.ones((1, 16), dtype=np.float32)
+    answers: list[str] = []
+    done = threading.Event()
+
+    def callback(result: Any, error: Any) -> None:
+        answers.append("ok" if error is None else f"{error.status()}:{error.message()}")
+        if len(answers) == 6:
+            done.set()
+
+    with LiveSidecar(embedded_config(tmp_path, max_inflight=1)) as sc:
+        assert admin(sc, "PUT", "/clock", {"clock_mhz": 135}).status_code == 200
+        c = gclient(sc.grpc_url)
+        for _ in range(6):
+            c.async_infer("simnet", [gtensor(x)], callback)
+        deadline = time.monotonic() + 10
+        while admin(sc, "GET", "/state").json()["queue_length"] < 3:
+            assert time.monotonic() < deadline, "the calls never queued"
+            time.sleep(0.002)
+    assert done.wait(30)
+    # The one in flight finishes; those still queued are told why, none is left hanging.
+    assert "ok" in answers
+    assert set(answers) <= {"ok", "StatusCode.UNAVAILABLE:the sidecar is shutting down"}, answers
+    assert "StatusCode.UNAVAILABLE:the sidecar is shutting down" in answers
