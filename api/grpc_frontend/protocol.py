@@ -62,14 +62,11 @@ def text_metadata(metadata: Metadata) -> dict[str, str]:
 
 
 def stream_error(message: str, request: Any | None) -> bytes:
-    """A ``ModelStreamInferResponse`` carrying an error, as Triton answers in a stream; it names
-    the request's model and id, so that a client can tell which request failed."""
+    """A ``ModelStreamInferResponse`` carrying an error, exactly as Triton sends one in a stream:
+    the message, and the request's id (so that a client can tell which request failed)."""
     response = service_pb2.ModelStreamInferResponse(error_message=message)
     if request is not None:
-        inner = response.infer_response
-        inner.model_name = request.model_name
-        inner.model_version = request.model_version
-        inner.id = request.id
+        response.infer_response.id = request.id
     data: bytes = response.SerializeToString()
     return data
 

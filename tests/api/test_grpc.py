@@ -202,6 +202,25 @@ def test_stream_of_requests(sidecar: LiveSidecar) -> None:
     }
 
 
+def stream_once(url: str, payload: bytes) -> list[bytes]:
+    """One request on its own stream, every reply's bytes."""
+    with grpc.insecure_channel(url) as channel:
+        call = channel.stream_stream(method_path("ModelStreamInfer"))
+        return list(call(iter([payload]), timeout=60))
+
+
+def test_stream_replies_and_errors_byte_for_byte(sidecar: LiveSidecar) -> None:
+    x = np.ones((1, 16), dtype=np.float32)
+    ok = infer_request("noop", x)
+    ghost = infer_request("ghost", x)  # the sidecar answers this one itself, as Triton would
+    wrong = service_pb2.ModelInferRequest.FromString(ok)
+    wrong.inputs[0].name = "NOPE"  # Triton answers this one
+    for payload in (ok, ghost, wrong.SerializeToString()):
+        via = stream_once(sidecar.grpc_url, payload)
+        assert via == stream_once(sidecar.runtime.triton_grpc_url, payload)
+        assert len(via) == 1
+
+
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [
