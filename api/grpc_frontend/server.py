@@ -109,7 +109,8 @@ class GrpcFrontend:
     async def _infer(self, raw: bytes, context: Context) -> bytes:
         arrival_s = time.monotonic()
         metadata = forwarded(context.invocation_metadata())
-        timeout_s = context.time_remaining()
+        remaining_s = context.time_remaining()  # the client's deadline, if it set one
+        deadline_s = None if remaining_s is None else arrival_s + remaining_s
         try:
             request = parse_infer_request(raw)
             answer = await schedule(
@@ -117,7 +118,7 @@ class GrpcFrontend:
                 request,
                 text_metadata(metadata),
                 arrival_s,
-                lambda: self._upstream_infer(raw, metadata, timeout_s),
+                lambda: self._upstream_infer(raw, metadata, deadline_s),
             )
         except BadMessageError as err:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
@@ -130,8 +131,10 @@ class GrpcFrontend:
         return answer.body
 
     async def _upstream_infer(
-        self, raw: bytes, metadata: Metadata, timeout_s: float | None
+        self, raw: bytes, metadata: Metadata, deadline_s: float | None
     ) -> GrpcAnswer:
+        """Send to Triton with what is left of the client's deadline after the queue."""
+        timeout_s = None if deadline_s is None else max(0.0, deadline_s - time.monotonic())
         try:
             body: bytes = await self._unary[MODEL_INFER](raw, metadata=metadata, timeout=timeout_s)
         except grpc.aio.AioRpcError as err:

@@ -359,12 +359,13 @@ def _simnet_executions(sidecar: LiveSidecar) -> int:
 
 
 @pytest.mark.usefixtures("slow_gpu")
-def test_a_cancelled_call_leaves_the_queue(sidecar: LiveSidecar) -> None:
+@pytest.mark.parametrize(("how", "status"), [("cancel", "CANCELLED"), ("deadline", "DEADLINE")])
+def test_a_cancelled_call_leaves_the_queue(sidecar: LiveSidecar, how: str, status: str) -> None:
     x = np.ones((1, 16), dtype=np.float32)
     before = _simnet_executions(sidecar)
     c = gclient(sidecar.grpc_url)
     answers: list[Any] = []
-    flow = {"client_id": "cancel-me"}  # one flow: FIFO, so the last one sent waits longest
+    flow = {"client_id": f"{how}-me"}  # one flow: FIFO, so the last one sent waits longest
     for _ in range(8):  # one in flight, seven waiting: 8 × 45 ms of work
         c.async_infer(
             "simnet", [gtensor(x)], lambda result, error: answers.append(error), parameters=flow
@@ -379,19 +380,24 @@ def test_a_cancelled_call_leaves_the_queue(sidecar: LiveSidecar) -> None:
         [gtensor(x)],
         lambda result, error: cancelled.append(error),
         parameters=flow,
+        client_timeout=0.05 if how == "deadline" else None,
     )
     time.sleep(0.015)  # it reaches the queue (the metric below says so), behind 5 × 45 ms
-    call.cancel()
+    if how == "cancel":
+        call.cancel()
     while len(answers) < 8:
         assert time.monotonic() < deadline
         time.sleep(0.01)
     time.sleep(0.1)  # time enough for the cancelled one to have been sent, had it been
     assert answers == [None] * 8
-    assert cancelled and "CANCELLED" in str(cancelled[0])
-    assert _simnet_executions(sidecar) == before + 8, outcomes_of(sidecar, "cancel-me")
+    assert cancelled and status in str(cancelled[0])
+    assert _simnet_executions(sidecar) == before + 8, outcomes_of(sidecar, flow["client_id"])
     assert admin(sidecar, "GET", "/state").json()["queue_length"] == 0
     # It reached the sidecar's queue, then left it.
-    assert outcomes_of(sidecar, "cancel-me") == {("ok", "grpc"): 8.0, ("cancelled", "grpc"): 1.0}
+    assert outcomes_of(sidecar, flow["client_id"]) == {
+        ("ok", "grpc"): 8.0,
+        ("cancelled", "grpc"): 1.0,
+    }
 
 
 def test_system_shared_memory_beside_triton(sidecar: LiveSidecar) -> None:
