@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -10,6 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from api import errors
 from api.config import GatewayConfig
+from api.grpc_frontend.server import GrpcFrontend
 from api.metrics import GatewayMetrics
 from api.routes import admin, health, inference, metrics
 from api.routes.inference import InferenceFastPath
@@ -19,14 +21,19 @@ from api.runtime import Runtime
 def create_app(config: GatewayConfig, *, registry: CollectorRegistry | None = None) -> FastAPI:
     """Build the app; the device, Triton and dispatcher open when it starts and close after."""
     runtime = Runtime(config, GatewayMetrics(registry))
+    grpc_frontend = GrpcFrontend(runtime)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await runtime.start()
         try:
+            await grpc_frontend.start()
             yield
         finally:
+            # gRPC stops taking calls while the dispatcher answers those still queued.
+            stopping = asyncio.create_task(grpc_frontend.stop())
             await runtime.stop()
+            await stopping
 
     app = FastAPI(
         title="energy-aware scheduling sidecar",
@@ -36,6 +43,7 @@ def create_app(config: GatewayConfig, *, registry: CollectorRegistry | None = No
         lifespan=lifespan,
     )
     app.state.runtime = runtime
+    app.state.grpc = grpc_frontend
     errors.install(app)
     for module in (inference, health, metrics, admin):
         app.include_router(module.router)

@@ -22,7 +22,9 @@ class GatewayConfig:
 
     host: str = "127.0.0.1"
     port: int = 8000
+    grpc_port: int = 8001
     triton_url: str | None = None
+    triton_grpc_url: str | None = None
     device: str | None = None
     policy: str = "slack"
     table: tuple[Path, ...] = ()
@@ -44,6 +46,10 @@ class GatewayConfig:
             )
         if not 0 <= self.port < 65536:
             raise ValueError(f"--port must be in 0..65535 (0: any free port), got {self.port}")
+        if not 0 <= self.grpc_port < 65536:
+            raise ValueError(
+                f"--grpc-port must be in 0..65535 (0: any free port), got {self.grpc_port}"
+            )
         if self.slo_ms <= 0:
             raise ValueError(f"--slo-ms must be > 0, got {self.slo_ms}")
         if self.max_inflight < 1 or self.max_queue < 1:
@@ -57,7 +63,9 @@ class GatewayConfig:
 _HELP = {
     "host": "address to listen on",
     "port": "port to listen on (Triton's own HTTP port, so the sidecar can take its place)",
+    "grpc_port": "port for the KServe v2 gRPC front end (Triton's own gRPC port; 0: any free)",
     "triton_url": "an existing Triton (host:port); omitted: start the embedded default",
+    "triton_grpc_url": "that Triton's gRPC (host:port); omitted: --triton-url's host, port + 1",
     "device": "sim:<profile> or nvml:<index> (default: NVML GPU 0 if present, else sim:v100)",
     "policy": "clock policy: " + ", ".join(POLICIES) + ", or fixed:MHZ",
     "table": "time2clock table file(s), comma-separated (each holds one or more models); "
@@ -103,7 +111,7 @@ def from_args(args: argparse.Namespace) -> GatewayConfig:
     values["state_dir"] = Path(values["state_dir"])
     values["table"] = tuple(Path(p) for p in _list(values["table"]))
     values["profile_models"] = _list(values["profile_models"])
-    for name in ("triton_url", "device", "admin_token"):
+    for name in ("triton_url", "triton_grpc_url", "device", "admin_token"):
         if values[name] in ("", None):
             values[name] = None
     return GatewayConfig(**values)

@@ -12,11 +12,12 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from api.metrics import GatewayMetrics
-from api.upstream import Upstream, UpstreamResponse, UpstreamUnavailableError
+from api.upstream import Upstream, UpstreamUnavailableError
 from dvfs.device import Device
 from dvfs.errors import DeviceError
 from scheduler.core import Scheduler
@@ -36,15 +37,21 @@ class UnavailableError(Exception):
 
 @dataclass(slots=True)
 class Job:
-    """What the gateway needs to send one request to Triton and answer it."""
+    """What the gateway needs to send one request to Triton and answer it.
 
-    path: str
-    body: bytes
-    headers: dict[str, str]
+    HTTP gives ``path``/``body``/``headers`` (POSTed to Triton); another protocol gives ``send``,
+    whose answer has ``ok`` (Triton served it). A cancelled ``future`` (the client went away) is
+    never sent.
+    """
+
+    path: str = ""
+    body: bytes = b""
+    headers: dict[str, str] = field(default_factory=dict)
     timeout_us: int | None = None
-    future: asyncio.Future[UpstreamResponse] = field(
+    future: asyncio.Future[Any] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
+    send: Callable[[], Awaitable[Any]] | None = None
 
 
 class ClockApplier:
@@ -141,7 +148,7 @@ class GpuDispatcher:
 
     # -- requests ----------------------------------------------------------------------
 
-    async def submit(self, request: Request[Job]) -> UpstreamResponse:
+    async def submit(self, request: Request[Job]) -> Any:
         """Queue ``request`` (its ``payload`` a :class:`Job`) and wait for Triton's answer."""
         job = _job(request)
         if self._closed:
@@ -159,6 +166,9 @@ class GpuDispatcher:
             self._apply(d.clock_mhz)
             request, job = d.request, _job(d.request)
             now = self._now()
+            if job.future.cancelled():  # its client is gone: nothing to send, nobody to answer
+                self.scheduler.on_complete(request, 0.0, now)
+                continue
             if job.timeout_us is not None and (now - request.arrival_s) * 1e6 > job.timeout_us:
                 self.scheduler.on_complete(request, 0.0, now)
                 self._fail(request, UnavailableError("Request timeout expired"))
@@ -173,9 +183,12 @@ class GpuDispatcher:
     async def _send(self, request: Request[Job], sent_s: float) -> None:
         job = _job(request)
         error: Exception | None = None
-        response: UpstreamResponse | None = None
+        response: Any = None
         try:
-            response = await self.upstream.request("POST", job.path, job.body, job.headers)
+            if job.send is not None:
+                response = await job.send()
+            else:
+                response = await self.upstream.request("POST", job.path, job.body, job.headers)
         except UpstreamUnavailableError as err:
             error = UnavailableError(str(err))
         except Exception as err:  # answered below, never silently dropped
@@ -192,7 +205,7 @@ class GpuDispatcher:
         else:
             latency_s = now - request.arrival_s
             self.metrics.latency.labels(request.model, client).observe(latency_s)
-            if response.status == 200:
+            if response.ok:
                 met = "true" if latency_s * 1000.0 <= request.slo_ms else "false"
                 self.metrics.slo.labels(request.model, client, met).inc()
             if not job.future.done():

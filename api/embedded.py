@@ -57,6 +57,10 @@ class EmbeddedPorts:
     def url(self) -> str:
         return f"127.0.0.1:{self.http}"
 
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc}"
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -129,6 +133,7 @@ def _serve(state_path: str, ports: EmbeddedPorts, instances: int) -> None:
     config = TritonConfig(
         http_address="127.0.0.1",
         http_port=ports.http,
+        grpc_address="127.0.0.1",  # only the sidecar talks to it
         grpc_port=ports.grpc,
         metrics_port=ports.metrics,
         log_verbose=0,

@@ -13,9 +13,13 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from scheduler.request import Request
 from scheduler.weights import NICE_MAX, NICE_MIN
+
+if TYPE_CHECKING:
+    from api.dispatcher import Job
 
 HEADER_LENGTH = "inference-header-content-length"
 MAX_CLIENT_ID = 128
@@ -32,6 +36,20 @@ class Hints:
     nice: int = 0
     slo_ms: float | None = None
     client_id: str = "default"
+
+    def request(
+        self, model: str, arrival_s: float, default_slo_ms: float, job: Job
+    ) -> Request[Job]:
+        """The scheduler's request with these hints, whatever the protocol that carried them."""
+        return Request(
+            model=model,
+            arrival_s=arrival_s,
+            slo_ms=self.slo_ms or default_slo_ms,
+            priority=self.priority,
+            nice=self.nice,
+            client_id=self.client_id,
+            payload=job,
+        )
 
 
 def json_header(body: bytes, headers: Mapping[str, str]) -> dict[str, Any]:

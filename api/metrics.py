@@ -69,8 +69,8 @@ class GatewayMetrics:
         r = self.registry
         self.requests = Counter(
             "sidecar_requests",
-            "Inference requests by outcome.",
-            ["model", "priority", "client", "outcome"],
+            "Inference requests by outcome and protocol (http, grpc).",
+            ["model", "priority", "client", "outcome", "protocol"],
             registry=r,
         )
         self.latency = Histogram(
@@ -128,15 +128,19 @@ class GatewayMetrics:
             "sidecar_default_slo_seconds", "SLO of requests that name none.", registry=r
         )
         self._clients: set[str] = set()
-        self._request_children: dict[tuple[str, str, str, str], Any] = {}
+        self._request_children: dict[tuple[str, str, str, str, str], Any] = {}
+        self.requests_by_protocol: dict[str, int] = {}  # for the admin state
 
-    def count(self, model: str, priority: str, client: str, outcome: str) -> None:
+    def count(
+        self, model: str, priority: str, client: str, outcome: str, protocol: str = "http"
+    ) -> None:
         """One request with this outcome (label children cached: ``labels()`` is not free)."""
-        key = (model, priority, client, outcome)
+        key = (model, priority, client, outcome, protocol)
         child = self._request_children.get(key)
         if child is None:
             child = self._request_children[key] = self.requests.labels(*key)
         child.inc()
+        self.requests_by_protocol[protocol] = self.requests_by_protocol.get(protocol, 0) + 1
 
     def client_label(self, client_id: str) -> str:
         if client_id in self._clients:

@@ -92,6 +92,17 @@ class Runtime:
         assert self.config.triton_url is not None
         return self.config.triton_url
 
+    @property
+    def triton_grpc_url(self) -> str:
+        """Triton's gRPC: the embedded one's, the one configured, or Triton's convention (the
+        HTTP port + 1, as 8000/8001)."""
+        if self.embedded is not None:
+            return self.embedded.ports.grpc_url
+        if self.config.triton_grpc_url is not None:
+            return self.config.triton_grpc_url
+        host, _, port = self.triton_url.removeprefix("http://").rpartition(":")
+        return f"{host}:{int(port) + 1}"
+
     def _open_blocking(self) -> TableSet:
         """Open the device, start the embedded Triton (if any), load or profile the tables."""
         cfg = self.config

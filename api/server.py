@@ -40,6 +40,11 @@ class SidecarServer:
         return f"{self.config.host}:{self.config.port}"
 
     @property
+    def grpc_url(self) -> str:
+        """Where the gRPC front end listens (its port known once started)."""
+        return f"{self.config.host}:{self.app.state.grpc.port}"
+
+    @property
     def runtime(self) -> Runtime:
         runtime: Runtime = self.app.state.runtime
         return runtime

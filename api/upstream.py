@@ -24,6 +24,10 @@ class UpstreamResponse:
     body: bytes
     headers: dict[str, str]
 
+    @property
+    def ok(self) -> bool:
+        return self.status == 200
+
 
 class Upstream:
     """A Triton server at ``host:port``."""

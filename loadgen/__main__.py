@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import sys
 from collections.abc import Callable, Sequence
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import grpc
 import numpy as np
 from rich.console import Console
 from rich.progress import (
@@ -26,6 +28,7 @@ from rich.progress import (
 from dvfs.__main__ import PIPE_WIDTH
 from loadgen.classes import RequestClass, parse_mix
 from loadgen.engine import Recorder, Target, build_payloads, new_session
+from loadgen.grpc_client import GrpcClient, grpc_payloads
 from loadgen.inputs import InputError, build_inputs, parse_shapes
 from loadgen.measure import Load, MeasureOptions, StepResult, measure_step
 from loadgen.report import console_lines, write_csv
@@ -59,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "-u", "--url", default="localhost:8000", help="server host:port (localhost:8000)"
     )
-    p.add_argument("-i", "--protocol", default="http", choices=("http",), help="http only")
+    p.add_argument("-i", "--protocol", default="http", choices=("http", "grpc"), help="(http)")
     load = p.add_mutually_exclusive_group()
     load.add_argument("--concurrency-range", type=lambda t: parse_range(t, int), default=None)
     load.add_argument("--request-rate-range", type=parse_range, default=None)
@@ -92,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="read energy and clock from the server's Prometheus metrics",
     )
-    p.add_argument("--metrics-url", default=None, help="default: http://<url>/metrics")
+    p.add_argument("--metrics-url", default=None, help="default: http://<url>/metrics (HTTP only)")
     p.add_argument("--slo-ms", type=float, default=None)
     p.add_argument("--priority", type=int, default=0)
     p.add_argument("--nice", type=int, default=None)
@@ -143,6 +146,8 @@ async def run(args: argparse.Namespace, console: Console) -> list[StepResult]:
         classes = [RequestClass(args.client_id, 1.0, args.priority, args.nice, args.slo_ms)]
     metrics_url = None
     if args.collect_metrics or args.metrics_url:
+        if args.protocol == "grpc" and not args.metrics_url:
+            raise InputError("with -i grpc, --collect-metrics needs --metrics-url (HTTP /metrics)")
         metrics_url = args.metrics_url or f"http://{args.url}/metrics"
     opts = MeasureOptions(
         args.measurement_interval,
@@ -160,12 +165,18 @@ async def run(args: argparse.Namespace, console: Console) -> list[StepResult]:
     else:
         mode, values = "concurrency", args.concurrency_range or [1]
     steps: list[StepResult] = []
-    async with new_session() as session:
-        base = f"http://{args.url}/v2/models/{args.model}"
-        if args.version:
-            base += f"/versions/{args.version}"
-        metadata = await _get_json(session, base)
-        config = await _get_json(session, f"{base}/config")
+    async with new_session() as session, contextlib.AsyncExitStack() as stack:
+        via_grpc = None
+        if args.protocol == "grpc":
+            via_grpc = await stack.enter_async_context(GrpcClient(args.url))
+            metadata = await via_grpc.metadata(args.model, args.version)
+            config = await via_grpc.config(args.model, args.version)
+        else:
+            base = f"http://{args.url}/v2/models/{args.model}"
+            if args.version:
+                base += f"/versions/{args.version}"
+            metadata = await _get_json(session, base)
+            config = await _get_json(session, f"{base}/config")
         inputs = build_inputs(
             metadata,
             config,
@@ -174,12 +185,12 @@ async def run(args: argparse.Namespace, console: Console) -> list[StepResult]:
             input_data=args.input_data,
             rng=rng,
         )
+        if via_grpc is not None:
+            payloads = grpc_payloads(classes, inputs, args.model, args.version)
+        else:
+            payloads = build_payloads(classes, inputs=inputs)
         target = Target(
-            args.url,
-            args.model,
-            build_payloads(classes, inputs=inputs),
-            [c.share for c in classes],
-            args.version,
+            args.url, args.model, payloads, [c.share for c in classes], args.version, via_grpc
         )
         columns = (
             TextColumn("[bold]{task.description}"),
@@ -263,6 +274,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except aiohttp.ClientConnectionError as err:
         print(f"error: cannot reach {args.url}: {err}", file=sys.stderr)
+        return 3
+    except grpc.RpcError as err:
+        print(f"error: {args.url} (gRPC): {err.code()}: {err.details()}", file=sys.stderr)
         return 3
     return 0
 

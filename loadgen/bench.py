@@ -1,4 +1,5 @@
-"""What the sidecar costs: the same load straight to Triton and through the sidecar, side by side.
+"""What the sidecar costs: the same load straight to Triton and through the sidecar, side by side,
+over HTTP and over gRPC (each against Triton's own endpoint of the same protocol).
 
 The sidecar runs in its own process (as in production; in-process it would share the load
 generator's GIL) with policy ``max`` and room for everything in flight, in front of the embedded
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import os
 import secrets
 import signal
@@ -29,7 +31,15 @@ import tritonclient.http as httpclient
 
 from api.embedded import INPUT_WIDTH, NOOP, free_port
 from loadgen.classes import RequestClass
-from loadgen.engine import Recorder, Target, build_payloads, closed_loop, new_session
+from loadgen.engine import (
+    InputTensor,
+    Recorder,
+    Target,
+    build_payloads,
+    closed_loop,
+    new_session,
+)
+from loadgen.grpc_client import GrpcClient, grpc_payloads
 
 
 @dataclass(frozen=True)
@@ -42,11 +52,19 @@ class Run:
     mean_us: float
 
 
+@dataclass(frozen=True)
+class Endpoints:
+    """Where the sidecar and its Triton listen, per protocol."""
+
+    sidecar: dict[str, str]
+    triton: dict[str, str]
+
+
 @contextlib.contextmanager
-def sidecar_process(state_dir: Path) -> Iterator[tuple[str, str]]:
-    """Start ``python -m api serve`` (embedded default, policy max); yield (sidecar, Triton)."""
+def sidecar_process(state_dir: Path) -> Iterator[Endpoints]:
+    """Start ``python -m api serve`` (embedded default, policy max); yield its endpoints."""
     token = secrets.token_urlsafe(12)
-    port = free_port()
+    port, grpc_port = free_port(), free_port()
     cmd = [
         sys.executable,
         "-m",
@@ -54,6 +72,8 @@ def sidecar_process(state_dir: Path) -> Iterator[tuple[str, str]]:
         "serve",
         "--port",
         str(port),
+        "--grpc-port",
+        str(grpc_port),
         "--policy",
         "max",
         "--max-inflight",
@@ -87,7 +107,10 @@ def sidecar_process(state_dir: Path) -> Iterator[tuple[str, str]]:
         state = httpx.get(
             f"http://{url}/admin/state", headers={"Authorization": f"Bearer {token}"}
         ).json()
-        yield url, state["triton_url"]
+        yield Endpoints(
+            {"http": url, "grpc": f"127.0.0.1:{grpc_port}"},
+            {"http": state["triton_url"], "grpc": state["triton_grpc_url"]},
+        )
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -97,14 +120,22 @@ def sidecar_process(state_dir: Path) -> Iterator[tuple[str, str]]:
             proc.wait(10)
 
 
-def measure(url: str, concurrency: int, duration_s: float, label: str) -> Run:
+def measure(
+    url: str, concurrency: int, duration_s: float, label: str, protocol: str = "http"
+) -> Run:
     data = np.ones((1, INPUT_WIDTH), dtype=np.float32)
-    payloads = build_payloads([RequestClass("bench")], data=data)
-    target = Target(url, NOOP, payloads, [1.0])
+    classes = [RequestClass("bench")]
 
     async def go() -> Recorder:
         rec = Recorder()
-        async with new_session() as session:
+        async with new_session() as session, contextlib.AsyncExitStack() as stack:
+            if protocol == "grpc":
+                client = await stack.enter_async_context(GrpcClient(url))
+                tensors = [InputTensor("INPUT0", "FP32", data)]
+                payloads = grpc_payloads(classes, tensors, NOOP, None)
+                target = Target(url, NOOP, payloads, [1.0], grpc=client)
+            else:
+                target = Target(url, NOOP, build_payloads(classes, data=data), [1.0])
             await closed_loop(
                 session,
                 target,
@@ -166,22 +197,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", default="1,16")
     parser.add_argument("--duration-s", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=2, help="A/B alternations per concurrency")
+    parser.add_argument("--protocols", default="http,grpc")
     args = parser.parse_args(argv)
     levels = [int(c) for c in args.concurrency.split(",")]
-    with tempfile.TemporaryDirectory() as tmp, sidecar_process(Path(tmp)) as (sidecar, triton):
+    protocols = args.protocols.split(",")
+    with tempfile.TemporaryDirectory() as tmp, sidecar_process(Path(tmp)) as ends:
         print(
-            f"sidecar {sidecar} (policy max, 64 in flight) in front of Triton {triton}; model noop"
+            f"sidecar {ends.sidecar} (policy max, 64 in flight) in front of Triton "
+            f"{ends.triton}; model noop"
         )
-        print(f"{'conc':>4} {'path':>8} {'infer/s':>9} {'p50 µs':>8} {'p99 µs':>8}")
+        print(f"{'proto':>5} {'conc':>4} {'path':>8} {'infer/s':>9} {'p50 µs':>8} {'p99 µs':>8}")
         summary = []
-        for c in levels:
+        for protocol, c in itertools.product(protocols, levels):
             runs: dict[str, list[Run]] = {"direct": [], "sidecar": []}
             for _ in range(args.rounds):
-                for label, url in (("direct", triton), ("sidecar", sidecar)):
-                    r = measure(url, c, args.duration_s, label)
+                for label, url in (
+                    ("direct", ends.triton[protocol]),
+                    ("sidecar", ends.sidecar[protocol]),
+                ):
+                    r = measure(url, c, args.duration_s, label, protocol)
                     runs[label].append(r)
                     print(
-                        f"{c:>4} {label:>8} {r.throughput:>9.0f} {r.p50_us:>8.0f} {r.p99_us:>8.0f}",
+                        f"{protocol:>5} {c:>4} {label:>8} {r.throughput:>9.0f} "
+                        f"{r.p50_us:>8.0f} {r.p99_us:>8.0f}",
                         flush=True,
                     )
             d = {
@@ -192,19 +230,20 @@ def main(argv: list[str] | None = None) -> int:
                 k: float(np.median([getattr(r, k) for r in runs["sidecar"]]))
                 for k in ("throughput", "p50_us", "p99_us")
             }
-            summary.append((c, d, s))
+            summary.append((protocol, c, d, s))
         print("\nthe sidecar's cost (medians of the rounds):")
-        for c, d, s in summary:
+        for protocol, c, d, s in summary:
+            kept = s["throughput"] / d["throughput"]
             print(
-                f"  concurrency {c:>2}: throughput kept {s['throughput'] / d['throughput']:.0%} "
+                f"  {protocol:>4} concurrency {c:>2}: throughput kept {kept:.0%} "
                 f"({s['throughput']:.0f} vs {d['throughput']:.0f} infer/s); "
                 f"p50 +{s['p50_us'] - d['p50_us']:.0f} µs ({s['p50_us'] / d['p50_us']:.2f}×); "
                 f"p99 +{s['p99_us'] - d['p99_us']:.0f} µs ({s['p99_us'] / d['p99_us']:.2f}×)"
             )
         print("\nloadgen against an independent client (tritonclient threads), straight to Triton:")
         for c in (1, 4):
-            lg = measure(triton, c, args.duration_s, "direct")
-            tput, mean = independent(triton, c, args.duration_s)
+            lg = measure(ends.triton["http"], c, args.duration_s, "direct")
+            tput, mean = independent(ends.triton["http"], c, args.duration_s)
             print(
                 f"  concurrency {c}: loadgen {lg.throughput:.0f} infer/s, "
                 f"mean {lg.mean_us:.0f} µs; "

@@ -12,7 +12,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import numpy as np
@@ -20,6 +20,9 @@ import numpy.typing as npt
 import tritonclient.http as httpclient
 
 from loadgen.classes import RequestClass
+
+if TYPE_CHECKING:
+    from loadgen.grpc_client import GrpcClient
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,13 +86,15 @@ def build_payloads(
 
 @dataclass
 class Target:
-    """Where requests go and what they carry."""
+    """Where requests go and what they carry (over ``grpc`` when given: payloads are then
+    encoded ``ModelInferRequest`` messages)."""
 
     url: str
     model: str
     payloads: list[Payload]
     shares: list[float]
     version: str | None = None
+    grpc: GrpcClient | None = None
 
     @property
     def path(self) -> str:
@@ -131,6 +136,10 @@ async def _send(session: aiohttp.ClientSession, target: Target, klass: int, rec:
     payload = target.payloads[klass]
     ctx: dict[str, float] = {}
     start = time.monotonic()
+    if target.grpc is not None:
+        status, end = await target.grpc.infer(payload.body)
+        rec.add(Sample(start, end, klass, status))
+        return
     headers_at = math.nan
     try:
         async with session.post(

@@ -20,7 +20,7 @@ import aiohttp
 import numpy as np
 
 from loadgen.engine import Recorder, Sample, Target, _send, class_sequence
-from loadgen.metrics import ClockSampler, energy_j, model_stats, scrape
+from loadgen.metrics import ClockSampler, energy_j, model_stats, scrape, stats_counts
 
 
 @dataclass(frozen=True)
@@ -209,7 +209,10 @@ async def measure_step(
 async def _snapshot(
     session: aiohttp.ClientSession, target: Target, opts: MeasureOptions
 ) -> tuple[dict[str, float], float | None]:
-    server = await model_stats(session, target.url, target.model)
+    if target.grpc is not None:
+        server = stats_counts(await target.grpc.stats(target.model))
+    else:
+        server = await model_stats(session, target.url, target.model)
     joules = None
     if opts.metrics_url:
         try:

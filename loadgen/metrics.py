@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
@@ -78,7 +79,11 @@ async def model_stats(session: aiohttp.ClientSession, url: str, model: str) -> d
     """Triton's cumulative inference statistics (counts and ns) for ``model``."""
     async with session.get(f"http://{url}/v2/models/{model}/stats") as resp:
         resp.raise_for_status()
-        data = await resp.json()
+        return stats_counts(await resp.json())
+
+
+def stats_counts(data: dict[str, Any]) -> dict[str, float]:
+    """Counts and ns from a statistics reply (HTTP's JSON, or gRPC's as a dict)."""
     out: dict[str, float] = {}
     for entry in data.get("model_stats", []):
         stats = entry.get("inference_stats", {})

@@ -85,10 +85,16 @@ def _body_schema(model: type[BaseModel]) -> dict[str, Any]:
 @router.get("/state")
 async def state(rt: Admin) -> dict[str, Any]:
     """Queues, in-flight requests, clock target and reading, policy, each model's batching and
-    table."""
+    table, requests taken by protocol (HTTP and gRPC feed the same queue)."""
     assert rt.dispatcher is not None and rt.device is not None
     clock_mhz = await asyncio.to_thread(rt.device.clock_mhz)  # may block: not in the loop
-    return {**rt.dispatcher.state(), "clock_mhz": clock_mhz, "triton_url": rt.triton_url}
+    return {
+        **rt.dispatcher.state(),
+        "clock_mhz": clock_mhz,
+        "triton_url": rt.triton_url,
+        "triton_grpc_url": rt.triton_grpc_url,
+        "requests_by_protocol": dict(rt.metrics.requests_by_protocol),
+    }
 
 
 def _swap(rt: Runtime, build: Callable[[list[int]], ClockPolicy]) -> dict[str, Any]:

@@ -18,7 +18,6 @@ from api.dispatcher import Job, RejectedError, UnavailableError
 from api.errors import error_body
 from api.hints import HEADER_LENGTH, BadRequestError, json_header, parse_hints
 from api.runtime import Runtime
-from scheduler.request import Request as SchedRequest
 from scheduler.weights import weight_for_nice
 
 router = APIRouter(tags=["inference"])
@@ -54,15 +53,7 @@ async def infer(
         timeout_us=hints.timeout_us,
         headers={k: v for k in PASS_HEADERS if (v := headers.get(k)) is not None},
     )
-    request = SchedRequest(
-        model=model,
-        arrival_s=arrival_s,
-        slo_ms=hints.slo_ms or rt.config.slo_ms,
-        priority=hints.priority,
-        nice=hints.nice,
-        client_id=hints.client_id,
-        payload=job,
-    )
+    request = hints.request(model, arrival_s, rt.config.slo_ms, job)
     assert rt.dispatcher is not None
     try:
         upstream = await rt.dispatcher.submit(request)

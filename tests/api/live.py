@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+from tritonclient.utils import InferenceServerException
 
 from api.config import GatewayConfig
 from api.server import SidecarServer
@@ -14,7 +18,7 @@ class LiveSidecar(SidecarServer):
     """A :class:`SidecarServer` on a free port, with ``get``/``post`` shortcuts."""
 
     def __init__(self, config: GatewayConfig) -> None:
-        super().__init__(GatewayConfig(**{**config.__dict__, "port": 0}))
+        super().__init__(GatewayConfig(**{**config.__dict__, "port": 0, "grpc_port": 0}))
 
     def get(self, path: str, **kw: object) -> httpx.Response:
         return httpx.get(f"http://{self.url}{path}", timeout=30.0, **kw)  # type: ignore[arg-type]
@@ -37,3 +41,41 @@ def embedded_config(tmp: Path, **overrides: object) -> GatewayConfig:
     )
     base.update(overrides)
     return GatewayConfig(**base)  # type: ignore[arg-type]
+
+
+def timeout_in_queue(
+    sc: LiveSidecar, infer: Callable[[int, int | None], object]
+) -> tuple[list[str], str]:
+    """Requests fill the (slow) GPU and its queue, then one more with a 1 ms ``timeout`` waits
+    behind them. ``infer(i, timeout_us)`` sends request ``i`` (0..7) with a tritonclient (HTTP
+    or gRPC). Returns how the others ended and how the last one did: ``"ok"`` or
+    ``"status:message"``."""
+
+    def state() -> dict[str, int]:
+        reply = sc.get("/admin/state", headers={"Authorization": "Bearer test-token"})
+        return dict(reply.json())
+
+    fillers = state()["max_inflight"] + 3  # three waiting: the queue stays long enough to see
+    go = threading.Barrier(fillers)
+    outcomes: dict[int, str] = {}
+
+    def run(i: int) -> None:
+        if i < fillers:
+            go.wait()
+        try:
+            infer(i, 1000 if i == fillers else None)
+            outcomes[i] = "ok"
+        except InferenceServerException as err:
+            outcomes[i] = f"{err.status()}:{err.message()}"
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(fillers + 1)]
+    for t in threads[:fillers]:
+        t.start()
+    deadline = time.monotonic() + 10
+    while state()["queue_length"] < 1:
+        assert time.monotonic() < deadline, "the first requests never filled the GPU"
+        time.sleep(0.002)
+    threads[fillers].start()  # behind them, with a 1 ms timeout
+    for t in threads:
+        t.join(30)
+    return [outcomes[i] for i in range(fillers)], outcomes[fillers]

@@ -24,7 +24,7 @@ from tritonclient.utils import InferenceServerException
 
 from api.config import GatewayConfig
 from api.embedded import free_port
-from tests.api.live import LiveSidecar, embedded_config
+from tests.api.live import LiveSidecar, embedded_config, timeout_in_queue
 
 ADMIN = {"Authorization": "Bearer test-token"}
 
@@ -369,28 +369,9 @@ def test_nothing_is_left_running(tmp_path: Path) -> None:
 
 def test_timeout_expired_in_the_queue_is_503(sidecar: LiveSidecar, slow_gpu: None) -> None:
     x = np.ones((1, 16), dtype=np.float32)
-    clients = [client(sidecar) for _ in range(4)]
-    go = threading.Barrier(3)
-    outcomes: list[str] = []
-
-    def send(i: int) -> None:
-        if i < 3:
-            go.wait()
-        try:
-            clients[i].infer("simnet", [tensor(x)], timeout=1000 if i == 3 else None)
-            outcomes.append(f"{i}:ok")
-        except InferenceServerException as err:
-            outcomes.append(f"{i}:{err.status()}:{err.message()}")
-
-    threads = [threading.Thread(target=send, args=(i,)) for i in range(4)]
-    for t in threads[:3]:
-        t.start()
-    deadline = time.monotonic() + 10
-    while admin(sidecar, "GET", "/state").json()["queue_length"] < 1:  # two in flight, one waiting
-        assert time.monotonic() < deadline, "the first three never filled the GPU"
-        time.sleep(0.002)
-    threads[3].start()  # behind them, with a 1 ms timeout
-    for t in threads:
-        t.join(30)
-    assert sorted(outcomes)[:3] == ["0:ok", "1:ok", "2:ok"]
-    assert sorted(outcomes)[3] == "3:503:Request timeout expired"
+    clients = [client(sidecar) for _ in range(8)]
+    others, last = timeout_in_queue(
+        sidecar, lambda i, timeout_us: clients[i].infer("simnet", [tensor(x)], timeout=timeout_us)
+    )
+    assert last == "503:Request timeout expired"
+    assert others == ["ok"] * len(others)

@@ -96,7 +96,7 @@ def panel_queries() -> list[tuple[str, str, str, bool]]:
 def monitored(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The stack under load from two clients, scraped every second by a real Prometheus."""
     tmp = tmp_path_factory.mktemp("monitoring")
-    with SidecarServer(embedded_config(tmp, max_queue=1000, port=0)) as sc:
+    with SidecarServer(embedded_config(tmp, max_queue=1000, port=0, grpc_port=0)) as sc:
         assert sc.runtime.embedded is not None
         triton_metrics = f"127.0.0.1:{sc.runtime.embedded.ports.metrics}"
         config = yaml.safe_load((GRAFANA / "prometheus" / "prometheus.yml").read_text())

@@ -6,6 +6,7 @@ import csv
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from api.server import SidecarServer
@@ -16,7 +17,7 @@ from tests.loadgen.test_units import EXPECTED_HEADER
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SidecarServer]:
-    cfg = embedded_config(tmp_path_factory.mktemp("state"), max_queue=1000, port=0)
+    cfg = embedded_config(tmp_path_factory.mktemp("state"), max_queue=1000, port=0, grpc_port=0)
     with SidecarServer(cfg) as sc:
         yield sc
 
@@ -137,3 +138,33 @@ def test_bad_arguments(stack: SidecarServer, capsys: pytest.CaptureFixture[str])
     assert main(["-m", "simnet", "-u", "127.0.0.1:1", "-p", "100"]) == 3
     assert main(["-m", "simnet", "-u", stack.url, "--percentile", "0"]) == 2
     assert main(["-m", "simnet", "-u", stack.url, "--mix", "a:nice=99"]) == 2
+
+
+def test_grpc_writes_the_same_csv(
+    stack: SidecarServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "grpc.csv"
+    args = ["-m", "simnet", "-u", stack.grpc_url, "-i", "grpc", "-p", "400", "-r", "3"]
+    metrics = ["--collect-metrics", "--metrics-url", f"http://{stack.url}/metrics"]
+    assert main([*args, "--concurrency-range", "2", *metrics, "-f", str(out)]) == 0
+    assert out.read_text().splitlines()[0].startswith(EXPECTED_HEADER)
+    (row,) = rows(out)
+    assert float(row["Inferences/Second"]) > 10
+    assert 0 < float(row["p50 latency"]) <= float(row["p99 latency"])
+    assert float(row["Server Compute Infer"]) > 1000  # Triton's statistics, read over gRPC
+    assert float(row["Energy per Inference (J)"]) > 0
+    # The hints ride in the gRPC request's parameters: the sidecar saw both classes, by level.
+    mix = "gold:share=0.5,priority=1,slo_ms=30;bulk:share=0.5,nice=5"
+    assert main([*args, "--measurement-mode", "count_windows", "--mix", mix]) == 0
+    assert "gold:" in capsys.readouterr().out
+    state = httpx.get(f"http://{stack.url}/metrics", timeout=10).text.splitlines()
+    seen = {
+        (line.split('client="')[1].split('"')[0], line.split('priority="')[1].split('"')[0])
+        for line in state
+        if line.startswith("sidecar_requests_total{") and 'protocol="grpc"' in line
+    }
+    assert {("gold", "1"), ("bulk", "2")} <= seen
+    assert main(["-m", "ghost", "-u", stack.grpc_url, "-i", "grpc", "-p", "100"]) == 2
+    assert "NOT_FOUND" in capsys.readouterr().err
+    assert main(["-m", "simnet", "-u", stack.grpc_url, "-i", "grpc", "--collect-metrics"]) == 2
+    assert main(["-m", "simnet", "-u", "127.0.0.1:1", "-i", "grpc", "-p", "100"]) == 3

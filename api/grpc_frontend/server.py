@@ -1,0 +1,216 @@
+"""The gRPC server: ``inference.GRPCInferenceService`` in the sidecar's event loop.
+
+Messages travel as bytes (no (de)serializer on either side), so a passthrough RPC reaches Triton
+exactly as the client encoded it, and every reply comes back exactly as Triton encoded it.
+Inference requests are decoded only to read their model and parameters; the bytes sent on are
+the client's own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from api.grpc_frontend.protocol import (
+    MODEL_INFER,
+    OPTIONS,
+    SERVICE,
+    STREAM_INFER,
+    UNARY_METHODS,
+    BadMessageError,
+    Metadata,
+    forwarded,
+    method_path,
+    parse_infer_request,
+    stream_error,
+    stream_has_error,
+    text_metadata,
+)
+from api.grpc_frontend.schedule import GrpcAnswer, GrpcStatusError, schedule
+from api.runtime import Runtime
+from api.upstream import UpstreamUnavailableError
+
+log = logging.getLogger(__name__)
+Context = Any  # grpc.aio.ServicerContext (grpc ships no type information)
+
+
+class GrpcFrontend:
+    """Serves gRPC on ``host:grpc_port`` (0: a free port, read back as :attr:`port`) and talks
+    to Triton's gRPC over one channel."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self.port = 0
+        self._server: Any = None
+        self._channel: Any = None
+        self._unary: dict[str, Any] = {}
+        self._stream: Any = None
+
+    async def start(self) -> None:
+        cfg = self.runtime.config
+        self._channel = grpc.aio.insecure_channel(self.runtime.triton_grpc_url, options=OPTIONS)
+        self._unary = {name: self._channel.unary_unary(method_path(name)) for name in UNARY_METHODS}
+        self._stream = self._channel.stream_stream(method_path(STREAM_INFER))
+        handlers = {
+            name: grpc.unary_unary_rpc_method_handler(self._passthrough(name))
+            for name in UNARY_METHODS
+        }
+        handlers[MODEL_INFER] = grpc.unary_unary_rpc_method_handler(self._infer)
+        handlers[STREAM_INFER] = grpc.stream_stream_rpc_method_handler(self._stream_infer)
+        self._server = grpc.aio.server(options=OPTIONS)
+        self._server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(SERVICE, handlers),)
+        )
+        try:
+            self.port = self._server.add_insecure_port(f"{cfg.host}:{cfg.grpc_port}")
+        except RuntimeError as err:
+            raise OSError(f"cannot listen for gRPC on {cfg.host}:{cfg.grpc_port}: {err}") from err
+        if self.port == 0:
+            raise OSError(f"cannot listen for gRPC on {cfg.host}:{cfg.grpc_port}")
+        await self._server.start()
+        log.info(
+            "gRPC on %s:%d, Triton's gRPC at %s", cfg.host, self.port, self.runtime.triton_grpc_url
+        )
+
+    async def stop(self, grace_s: float = 30.0) -> None:
+        """Refuse new calls, let those under way finish (up to ``grace_s``), close the channel."""
+        if self._server is not None:
+            await self._server.stop(grace_s)
+        if self._channel is not None:
+            await self._channel.close()
+
+    # -- passthrough -------------------------------------------------------------------
+
+    def _passthrough(self, name: str) -> Callable[[bytes, Context], Awaitable[bytes]]:
+        async def call(raw: bytes, context: Context) -> bytes:
+            try:
+                reply: bytes = await self._unary[name](
+                    raw,
+                    metadata=forwarded(context.invocation_metadata()),
+                    timeout=context.time_remaining(),
+                )
+            except grpc.aio.AioRpcError as err:
+                await context.abort(
+                    err.code(), err.details() or "", tuple(err.trailing_metadata() or ())
+                )
+                raise  # abort raised already; for the type checker
+            return reply
+
+        return call
+
+    # -- inference ---------------------------------------------------------------------
+
+    async def _infer(self, raw: bytes, context: Context) -> bytes:
+        arrival_s = time.monotonic()
+        metadata = forwarded(context.invocation_metadata())
+        remaining_s = context.time_remaining()  # the client's deadline, if it set one
+        deadline_s = None if remaining_s is None else arrival_s + remaining_s
+        try:
+            request = parse_infer_request(raw)
+            answer = await schedule(
+                self.runtime,
+                request,
+                text_metadata(metadata),
+                arrival_s,
+                lambda: self._upstream_infer(raw, metadata, deadline_s),
+            )
+        except BadMessageError as err:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+            raise
+        except GrpcStatusError as err:
+            await context.abort(err.code, err.message)
+            raise
+        if not answer.ok:
+            await context.abort(answer.code, answer.details, answer.trailing)
+        return answer.body
+
+    async def _upstream_infer(
+        self, raw: bytes, metadata: Metadata, deadline_s: float | None
+    ) -> GrpcAnswer:
+        """Send to Triton with what is left of the client's deadline after the queue."""
+        timeout_s = None if deadline_s is None else max(0.0, deadline_s - time.monotonic())
+        try:
+            body: bytes = await self._unary[MODEL_INFER](raw, metadata=metadata, timeout=timeout_s)
+        except grpc.aio.AioRpcError as err:
+            return _failed(err)
+        return GrpcAnswer(grpc.StatusCode.OK, body=body)
+
+    async def _stream_infer(
+        self, requests: AsyncIterator[bytes], context: Context
+    ) -> AsyncIterator[bytes]:
+        """Each request of the stream is scheduled on its own; replies (several per request
+        for a decoupled model) go back in the order Triton sends them, errors as Triton's
+        in-stream ``error_message``."""
+        metadata = forwarded(context.invocation_metadata())
+        out: asyncio.Queue[bytes | None] = asyncio.Queue()
+        pending: set[asyncio.Task[None]] = set()
+
+        async def one(raw: bytes, arrival_s: float) -> None:
+            request = None
+            try:
+                request = parse_infer_request(raw)
+                await schedule(
+                    self.runtime,
+                    request,
+                    text_metadata(metadata),
+                    arrival_s,
+                    lambda: self._upstream_stream(raw, metadata, out),
+                )
+            except (BadMessageError, GrpcStatusError) as err:
+                out.put_nowait(stream_error(str(err), request))
+
+        async def read() -> None:
+            try:
+                async for raw in requests:
+                    task = asyncio.create_task(one(raw, time.monotonic()))
+                    pending.add(task)
+                    task.add_done_callback(pending.discard)
+                while pending:
+                    await asyncio.wait(set(pending))
+            finally:
+                out.put_nowait(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (reply := await out.get()) is not None:
+                yield reply
+            await reader  # its error, if any, ends the call
+        finally:
+            for task in (reader, *pending):
+                task.cancel()
+
+    async def _upstream_stream(
+        self, raw: bytes, metadata: Metadata, out: asyncio.Queue[bytes | None]
+    ) -> GrpcAnswer:
+        """One request on its own stream to Triton, which ends the stream after its last reply."""
+        call = self._stream(metadata=metadata)
+        ok = True
+        try:
+            await call.write(raw)
+            await call.done_writing()
+            async for reply in call:
+                out.put_nowait(reply)
+                ok = ok and not stream_has_error(reply)
+        except grpc.aio.AioRpcError as err:
+            answer = _failed(err)
+            out.put_nowait(stream_error(answer.details, parse_infer_request(raw)))
+            return answer
+        finally:
+            with contextlib.suppress(Exception):
+                call.cancel()
+        return GrpcAnswer(grpc.StatusCode.OK if ok else grpc.StatusCode.UNKNOWN)
+
+
+def _failed(err: Any) -> GrpcAnswer:
+    """Triton's error as an answer; Triton out of reach is the dispatcher's unavailable."""
+    if err.code() == grpc.StatusCode.UNAVAILABLE:
+        raise UpstreamUnavailableError(err.details() or "Triton's gRPC is unavailable")
+    return GrpcAnswer(
+        err.code(), err.details() or "", trailing=tuple(err.trailing_metadata() or ())
+    )
