@@ -35,6 +35,7 @@ class GatewayConfig:
     profile_clocks: int = 12
     profile_requests: int = 20
     log_level: str = "info"
+    shadow: bool = False
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -67,7 +68,20 @@ _HELP = {
     "profile_clocks": "clocks to sweep when profiling at start-up",
     "profile_requests": "requests per clock when profiling at start-up",
     "log_level": "uvicorn log level",
+    "shadow": "decide and export the clock it would set, never write one (no root needed)",
 }
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
+
+
+def _flag(name: str, value: object) -> bool:
+    """A boolean option: the flag's own value, or ``SIDECAR_<NAME>`` as text."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _TRUE or text in _FALSE:
+        return text in _TRUE
+    env = ENV_PREFIX + name.upper()
+    raise ValueError(f"{env} must be one of {', '.join(_TRUE + _FALSE[:-1])}, got {value!r}")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -76,6 +90,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         env = ENV_PREFIX + f.name.upper()
         builtin = f.default_factory() if f.default is MISSING else f.default  # type: ignore[operator]
         default = os.environ.get(env, builtin)
+        if str(f.type) == "bool":
+            parser.add_argument(
+                "--" + f.name.replace("_", "-"),
+                default=default,
+                action=argparse.BooleanOptionalAction,
+                help=f"{_HELP[f.name]} (env {env}=1; default {builtin})",
+            )
+            continue
         kind = {"int": int, "float": float}.get(str(f.type).split(" ")[0], str)
         parser.add_argument(
             "--" + f.name.replace("_", "-"),
@@ -87,6 +109,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def from_args(args: argparse.Namespace) -> GatewayConfig:
     values = {f.name: getattr(args, f.name) for f in fields(GatewayConfig)}
+    values["shadow"] = _flag("shadow", values["shadow"])
     for name in ("table", "state_dir"):
         if values[name] is not None:
             values[name] = Path(values[name])

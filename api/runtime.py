@@ -15,6 +15,7 @@ from api.metrics import GatewayMetrics
 from api.upstream import Upstream, UpstreamUnavailableError
 from dvfs.device import Device
 from dvfs.factory import default_device_spec, open_device, parse_device_spec
+from dvfs.readonly import ReadOnlyDevice
 from scheduler.core import Scheduler, SchedulerConfig
 from scheduler.policies import make_policy
 from time2clock.fit import fit_table
@@ -72,6 +73,7 @@ class Runtime:
                 device=self.device,
                 upstream=self.upstream,
                 metrics=self.metrics,
+                shadow=self.config.shadow,
             )
             self.metrics.watch_device(self.device, self.gpu)
             self.metrics.default_slo.set(self.config.slo_ms / 1000.0)
@@ -101,6 +103,8 @@ class Runtime:
             self._tmp = tempfile.TemporaryDirectory(prefix="sidecar-")
             state_path = Path(self._tmp.name) / f"gpu{self.gpu}.state"
         self.device = open_device(spec, state_path=state_path)
+        if cfg.shadow:  # no write can reach the GPU, whatever asks for one
+            self.device = ReadOnlyDevice(self.device)
         if cfg.embedded:
             assert state_path is not None
             self.embedded = EmbeddedTriton(state_path)
@@ -119,6 +123,11 @@ class Runtime:
                 table = Time2ClockTable.load(cache)
                 log.info("using the cached time2clock table %s", cache)
                 return table
+            if cfg.shadow:
+                raise ValueError(
+                    "shadow mode never sets a clock, so it cannot profile one: pass --table, "
+                    f"or run once without --shadow to profile and cache {cache}"
+                )
             log.info(
                 "profiling %s on the simulated %s (%d clocks × %d requests)...",
                 SIMNET,
@@ -177,10 +186,11 @@ class Runtime:
 
     def _close_blocking(self) -> None:
         if self.device is not None:
-            try:
-                self.device.reset()
-            except Exception:
-                log.exception("could not give the GPU clock back")
+            if not self.config.shadow:
+                try:
+                    self.device.reset()
+                except Exception:
+                    log.exception("could not give the GPU clock back")
             self.device.close()
             self.device = None
         if self.embedded is not None:
