@@ -12,6 +12,7 @@ the child also stops Triton when its parent disappears, so a killed sidecar leav
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
 import multiprocessing as mp
 import os
@@ -47,6 +48,22 @@ class EmbeddedPorts:
     @property
     def url(self) -> str:
         return f"127.0.0.1:{self.http}"
+
+
+class EmbeddedUnavailableError(RuntimeError):
+    """The embedded default was asked for, but its extra (PyTriton) is not installed."""
+
+
+def require_embedded() -> None:
+    """Raise :class:`EmbeddedUnavailableError`, saying what to install, unless PyTriton is
+    importable; the runtime install alone serves only in front of an existing Triton."""
+    missing = [m for m in ("pytriton", "httpx") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise EmbeddedUnavailableError(
+            f"the embedded default needs the 'embedded' extra (missing: {', '.join(missing)}): "
+            "pip install '.[embedded]' (make setup installs it), "
+            "or point --triton-url at an existing Triton"
+        )
 
 
 def free_port() -> int:
@@ -169,6 +186,7 @@ class EmbeddedTriton:
         instance's connect is refused, the model fails to load, Triton exits); a fresh start
         on fresh ports succeeds. Seen about once in twenty starts on a 2-core machine.
         """
+        require_embedded()
         for attempt in range(1, attempts + 1):
             try:
                 self._start_once()

@@ -76,7 +76,7 @@ def _cmd_plot(args: argparse.Namespace, console: Console) -> int:
 def _cmd_profile(args: argparse.Namespace, console: Console) -> int:
     from dvfs.device import Device
     from dvfs.factory import open_device, parse_device_spec
-    from time2clock.plot import plot_table
+    from time2clock.plot import PlotUnavailableError, plot_table
     from time2clock.profile import Measurer, SimulatedMeasurer, TritonMeasurer, select_clocks, sweep
 
     kind, arg = parse_device_spec(args.device)
@@ -131,9 +131,13 @@ def _cmd_profile(args: argparse.Namespace, console: Console) -> int:
         energy_j=result.energy_per_inference_j,
     )
     table.save(out / "table.json")
-    plot_table(table, out / "fit.png", samples)
+    wrote = [out / "measurements.csv", out / "table.json"]
+    try:
+        wrote.append(plot_table(table, out / "fit.png", samples))
+    except PlotUnavailableError as err:  # the table is what matters; the plot is optional
+        console.print(f"no plot: {err}")
     _print_table(console, table)
-    console.print(f"wrote {out / 'measurements.csv'}, {out / 'table.json'}, {out / 'fit.png'}")
+    console.print(f"wrote {', '.join(map(str, wrote))}")
     return 0
 
 

@@ -4,10 +4,29 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from time2clock.table import Time2ClockTable
+
+
+class PlotUnavailableError(ImportError):
+    """A plot was asked for, but the 'plot' extra (matplotlib) is not installed."""
+
+
+def pyplot() -> Any:
+    """matplotlib's pyplot on the file-only Agg backend; a clear error without the 'plot' extra."""
+    try:
+        import matplotlib
+    except ImportError as err:
+        raise PlotUnavailableError(
+            "plots need matplotlib: pip install '.[plot]' (make setup installs it)"
+        ) from err
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def plot_table(
@@ -16,10 +35,7 @@ def plot_table(
     samples: Mapping[int, Sequence[float]] | None = None,
 ) -> Path:
     """Write a PNG of the measured points (and raw samples if given) with the fitted curves."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
     if samples:
