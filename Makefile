@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 OUT    := out
 
-.PHONY: setup lint typecheck test demo compare bench monitor clean
+.PHONY: setup lint typecheck test demo compare bench monitor gpu-check clean
 
 # Debian's Prometheus (promtool too): the monitoring tests and `make monitor` need it.
 PROMETHEUS := /usr/bin/prometheus
@@ -46,6 +46,11 @@ bench: setup
 
 monitor: setup $(PROMETHEUS)
 	grafana/monitor.sh $(SIDECAR) $(TRITON_METRICS)
+
+# Read-only check on a machine with an NVIDIA GPU (never changes a GPU setting); without a GPU
+# it says so and fails. Offline GPU machines: see README, "Checking on a real GPU".
+gpu-check:
+	scripts/gpu-check $(ARGS)
 
 clean:
 	rm -rf $(VENV) $(OUT) .mypy_cache .ruff_cache .pytest_cache *.egg-info

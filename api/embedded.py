@@ -20,6 +20,7 @@ import signal
 import socket
 import sysconfig
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -90,8 +91,12 @@ def emulate_request(device: SimulatedDevice) -> None:
         device.end_work()
 
 
-def _serve(state_path: str, ports: EmbeddedPorts, instances: int) -> None:
-    """Child process: run PyTriton until SIGTERM or until the sidecar is gone.
+Binder = Callable[[Any, str, int], None]
+
+
+def _serve(state_path: str, ports: EmbeddedPorts, instances: int, binder: Binder) -> None:
+    """Child process: run PyTriton with the models ``binder`` binds, until SIGTERM or until the
+    sidecar is gone.
 
     It starts its own session, so a Ctrl-C or a signal to the sidecar's process group does not
     kill Triton under PyTriton's feet: only the sidecar stops it, in order. No lock is shared
@@ -111,11 +116,35 @@ def _serve(state_path: str, ports: EmbeddedPorts, instances: int) -> None:
     # libpython, not the system's.
     libdir = sysconfig.get_config_var("LIBDIR") or ""
     os.environ["LD_LIBRARY_PATH"] = f"{libdir}:{os.environ.get('LD_LIBRARY_PATH', '')}"
-    from pytriton.decorators import batch
-    from pytriton.model_config import ModelConfig, Tensor
     from pytriton.triton import Triton, TritonConfig, TritonSecurityConfig
 
     parent = os.getppid()
+    logging.getLogger("pytriton").setLevel(logging.WARNING)
+    config = TritonConfig(
+        http_address="127.0.0.1",
+        http_port=ports.http,
+        grpc_port=ports.grpc,
+        metrics_port=ports.metrics,
+        log_verbose=0,
+        exit_timeout_secs=2,
+        log_file=log_path,
+    )
+    # Pitfall 2: open the statistics endpoints that perf_analyzer-style tools read.
+    security = TritonSecurityConfig(restricted_endpoints=[])
+    with Triton(config=config, security_config=security) as triton:
+        binder(triton, state_path, instances)
+        triton.run()
+        while not stopping[0] and os.getppid() == parent:  # the sidecar gone: do not outlive it
+            time.sleep(0.2)
+    # Whatever Triton left behind (a backend stub that missed the shutdown) is in our group.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    os.killpg(0, signal.SIGTERM)
+
+
+def bind_emulated(triton: Any, state_path: str, instances: int) -> None:
+    """``simnet`` on the simulated GPU whose state is at ``state_path``, and ``noop``."""
+    from pytriton.decorators import batch
+    from pytriton.model_config import ModelConfig, Tensor
 
     def make_simnet(seed: int) -> Any:
         device = SimulatedDevice.attach(Path(state_path), rng=np.random.default_rng(seed))
@@ -131,46 +160,37 @@ def _serve(state_path: str, ports: EmbeddedPorts, instances: int) -> None:
     def noop(INPUT0: Floats) -> dict[str, Floats]:  # noqa: N803
         return {"OUTPUT0": INPUT0}
 
-    logging.getLogger("pytriton").setLevel(logging.WARNING)
-    config = TritonConfig(
-        http_address="127.0.0.1",
-        http_port=ports.http,
-        grpc_port=ports.grpc,
-        metrics_port=ports.metrics,
-        log_verbose=0,
-        exit_timeout_secs=2,
-        log_file=log_path,
-    )
-    # Pitfall 2: open the statistics endpoints that perf_analyzer-style tools read.
-    security = TritonSecurityConfig(restricted_endpoints=[])
     tensors = {
         "inputs": [Tensor(name="INPUT0", dtype=np.float32, shape=(INPUT_WIDTH,))],
         "outputs": [Tensor(name="OUTPUT0", dtype=np.float32, shape=(INPUT_WIDTH,))],
     }
-    with Triton(config=config, security_config=security) as triton:
-        triton.bind(
-            SIMNET,
-            [make_simnet(i) for i in range(instances)],
-            config=ModelConfig(max_batch_size=8),
-            **tensors,
-        )
-        triton.bind(NOOP, [noop] * instances, config=ModelConfig(max_batch_size=8), **tensors)
-        triton.run()
-        while not stopping[0] and os.getppid() == parent:  # the sidecar gone: do not outlive it
-            time.sleep(0.2)
-    # Whatever Triton left behind (a backend stub that missed the shutdown) is in our group.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    os.killpg(0, signal.SIGTERM)
+    triton.bind(
+        SIMNET,
+        [make_simnet(i) for i in range(instances)],
+        config=ModelConfig(max_batch_size=8),
+        **tensors,
+    )
+    triton.bind(NOOP, [noop] * instances, config=ModelConfig(max_batch_size=8), **tensors)
 
 
 class EmbeddedTriton:
     """Starts and stops the embedded Triton (a child process); use as a context manager."""
 
     def __init__(
-        self, state_path: Path, *, instances: int = 2, start_timeout_s: float = 120.0
+        self,
+        state_path: Path,
+        *,
+        instances: int = 2,
+        start_timeout_s: float = 120.0,
+        binder: Binder = bind_emulated,
+        ready_model: str = NOOP,
     ) -> None:
+        """``binder`` (a module-level function: it crosses to the child) binds the models;
+        ready once ``ready_model`` is. Triton's log goes beside ``state_path``."""
         self.state_path = state_path
         self.instances = instances
+        self.binder = binder
+        self.ready_model = ready_model
         self.start_timeout_s = start_timeout_s
         self.ports = EmbeddedPorts(free_port(), free_port(), free_port())
         self._proc: BaseProcess | None = None
@@ -203,7 +223,7 @@ class EmbeddedTriton:
             target=_serve,
             name="embedded-triton",
             daemon=False,
-            args=(str(self.state_path), self.ports, self.instances),
+            args=(str(self.state_path), self.ports, self.instances, self.binder),
         )
         self._proc.start()
         try:
@@ -216,7 +236,7 @@ class EmbeddedTriton:
     def _wait_ready(self, deadline: float) -> None:
         import httpx
 
-        url = f"http://{self.url}/v2/models/{NOOP}/ready"
+        url = f"http://{self.url}/v2/models/{self.ready_model}/ready"
         while time.monotonic() < deadline:
             assert self._proc is not None
             if not self._proc.is_alive():

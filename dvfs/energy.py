@@ -47,7 +47,8 @@ class EnergyCounter:
     @property
     def update_interval_s(self) -> float | None:
         """The shortest gap seen between two counter changes that were both seen precisely
-        (within a tenth of the gap); None until then. Read often to learn it."""
+        (within a tenth of the gap) or at two reads in a row; None until then. Read often to
+        learn it."""
         return self._interval_s
 
     def read(self) -> EnergyReading:
@@ -60,7 +61,12 @@ class EnergyCounter:
             uncertainty_s = now - previous_read_s
             if self._change is not None:
                 gap_s = now - self._change[0]
-                if max(uncertainty_s, self._change[1]) <= 0.1 * gap_s:
+                precise = max(uncertainty_s, self._change[1]) <= 0.1 * gap_s
+                # Changed at two reads in a row: the refresh is at most that gap (an upper
+                # bound, never an underestimate); a counter that changes at every read has
+                # an interval as short as the reads.
+                back_to_back = self._change[0] == previous_read_s
+                if precise or back_to_back:
                     self._interval_s = min(self._interval_s or gap_s, gap_s)
             self._change = (now, uncertainty_s)
         self._last = EnergyReading(value, now)

@@ -168,6 +168,15 @@ def test_power_from_a_counter_that_refreshes_every_100_ms(nvml: FakeNvml) -> Non
     assert per_inference == pytest.approx(6.0, rel=0.01)  # 300 W x 2 s / 100
 
 
+def test_a_counter_that_changes_at_every_read_has_the_reads_interval() -> None:
+    clock = Clock()
+    counter = EnergyCounter(clock, clock)  # joules = seconds: a new value at every read
+    for _ in range(3):
+        clock.sleep(0.01)
+        counter.read()
+    assert counter.update_interval_s == pytest.approx(0.01)
+
+
 def test_counter_learns_the_shortest_refresh_gap() -> None:
     clock = Clock()
     # Read every 10 ms, the counter changes every 0.5 s; then a read 0.3 s late sees another
