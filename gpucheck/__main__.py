@@ -158,8 +158,26 @@ def run(args: argparse.Namespace, device: Any) -> dict[str, Any]:
                 for label, url in (("direct", triton.url), ("sidecar", sidecar.url))
             ]
             report["overhead"] = [m.to_json() for m in overhead]
+            report["overhead_summary"] = overhead_summary(overhead)
             report["policy"]["shadow"] = sidecar.admin("/admin/state").get("shadow")
     return report
+
+
+def overhead_summary(runs: list[Measurement]) -> list[dict[str, Any]]:
+    """Per concurrency: the share of direct Triton's throughput the sidecar keeps, and the p50
+    and p99 it adds, from paired direct/sidecar runs."""
+    out = []
+    for direct in (m for m in runs if m.label == "direct"):
+        via = next(m for m in runs if m.label == "sidecar" and m.concurrency == direct.concurrency)
+        out.append(
+            {
+                "concurrency": direct.concurrency,
+                "throughput_kept": via.inferences_per_s / direct.inferences_per_s,
+                "p50_added_ms": via.p50_ms - direct.p50_ms,
+                "p99_added_ms": via.p99_ms - direct.p99_ms,
+            }
+        )
+    return out
 
 
 def one_clock_table(
@@ -291,6 +309,12 @@ def print_report(report: dict[str, Any]) -> None:
                 f"{m['clock_mhz_min']}..{m['clock_mhz_max']}",
             )  # fmt: skip
         console.print(table)
+    for row in report["overhead_summary"]:
+        console.print(
+            f"sidecar overhead at concurrency {row['concurrency']}: "
+            f"{row['throughput_kept']:.1%} of direct throughput kept, "
+            f"p50 +{row['p50_added_ms']:.2f} ms, p99 +{row['p99_added_ms']:.2f} ms"
+        )
     policy = report["policy"]
     shadow = policy.get("shadow") or {}
     console.print(

@@ -18,7 +18,7 @@ from api.embedded import INPUT_WIDTH, SIMNET, EmbeddedTriton
 from dvfs.nvml import NvmlDevice
 from dvfs.readonly import ReadOnlyDevice
 from dvfs.simulated import SimulatedDevice
-from gpucheck.__main__ import ShadowSidecar, one_clock_table
+from gpucheck.__main__ import ShadowSidecar, one_clock_table, overhead_summary, print_report
 from gpucheck.guard import NvmlWriteForbiddenError, forbid_nvml_writes, is_read
 from gpucheck.measure import Measurement, calibrate, energy_counter, measure
 from scheduler.simulate import profiled_table
@@ -113,7 +113,9 @@ def test_one_clock_table_carries_latency_by_inverse_clock() -> None:
     assert [p.energy_per_inference_j for p in table.points] == [None, 0.5, None]
 
 
-def test_measuring_and_the_shadow_sidecar_on_the_embedded_stack(tmp_path: Path) -> None:
+def test_measuring_and_the_shadow_sidecar_on_the_embedded_stack(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     state = tmp_path / "gpu0.state"
     device = ReadOnlyDevice(SimulatedDevice("v100", state_path=state))
     counter = energy_counter(device)
@@ -148,7 +150,25 @@ def test_measuring_and_the_shadow_sidecar_on_the_embedded_stack(tmp_path: Path) 
         assert m.energy_per_inference_j is not None and m.energy_per_inference_j > 0
         assert m.p99_ms >= m.p50_ms > 0 and len(m.latencies_ms) == m.requests
         assert "latencies_ms" not in m.to_json()
+    (summary,) = overhead_summary(runs)
+    assert summary["concurrency"] == 2
+    assert summary["throughput_kept"] == runs[1].inferences_per_s / runs[0].inferences_per_s
+    assert summary["p99_added_ms"] == runs[1].p99_ms - runs[0].p99_ms
     assert state_reply["mode"] == "shadow"
     assert state_reply["shadow"]["completed"] >= runs[1].requests
     inner = device.inner
     assert isinstance(inner, SimulatedDevice) and inner.stats().clock_changes == 0
+    # the report prints from these figures
+    report = {
+        "gpu": {"index": 0, "name": "sim", "uuid": "SIM", "clocks_mhz": [135, 1530],
+                "clock_mhz_idle": 135, "power_w_idle": 30.0, "energy_counter_refresh_s": None},
+        "slo_ms": 200.0,
+        "batches": [runs[0].to_json()],
+        "overhead": [m.to_json() for m in runs],
+        "overhead_summary": [summary],
+        "policy": {"offline_clock_mhz": 600, "offline_slo_met": True,
+                   "shadow": state_reply["shadow"]},
+    }  # fmt: skip
+    print_report(report)
+    out = capsys.readouterr().out
+    assert "sidecar overhead at concurrency 2" in out and "would choose 600 MHz" in out
