@@ -124,9 +124,13 @@ class ShadowLedger:
 
     async def _sample(self) -> None:
         """Read the clock the GPU runs, off the event loop (an NVML read takes a while)."""
+        failing = False
         while True:
             try:
                 self.gpu_clock_mhz = await asyncio.to_thread(self.device.clock_mhz)
+                failing = False
             except DeviceError:
-                log.exception("shadow mode could not read GPU %s's clock", self.gpu)
+                if not failing:  # once per run of failures, not four times a second
+                    log.exception("shadow mode could not read GPU %s's clock", self.gpu)
+                failing = True
             await asyncio.sleep(self.sample_interval_s)
