@@ -1,11 +1,11 @@
 # Everything sets itself up from nothing: `make test` and `make demo` on a fresh machine.
-PYTHON ?= $(shell command -v python3.11 || command -v python3)
+PYTHON ?= $(shell command -v python3.11 || command -v python3.12 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 OUT    := out
 
-.PHONY: setup lint typecheck test demo compare bench monitor clean
+.PHONY: setup lint typecheck test demo compare bench monitor gpu-check clean
 
 # Debian's Prometheus (promtool too): the monitoring tests and `make monitor` need it.
 PROMETHEUS := /usr/bin/prometheus
@@ -16,10 +16,10 @@ $(PROMETHEUS):
 	$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null
 
 $(STAMP): pyproject.toml
-	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "Python 3.11 is required (set PYTHON=...)"'
+	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] in ((3, 11), (3, 12)), "Python 3.11 or 3.12 is required (set PYTHON=...)"'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[embedded,plot,dev]'
 	touch $@
 
 setup: $(STAMP)
@@ -46,6 +46,11 @@ bench: setup
 
 monitor: setup $(PROMETHEUS)
 	grafana/monitor.sh $(SIDECAR) $(TRITON_METRICS)
+
+# Read-only check on a machine with an NVIDIA GPU (never changes a GPU setting); without a GPU
+# it says so and fails. Offline GPU machines: see README, "Checking on a real GPU".
+gpu-check:
+	scripts/gpu-check $(ARGS)
 
 clean:
 	rm -rf $(VENV) $(OUT) .mypy_cache .ruff_cache .pytest_cache *.egg-info

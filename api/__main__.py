@@ -7,6 +7,7 @@ import logging
 import sys
 
 from api.config import add_arguments, from_args
+from api.embedded import EmbeddedUnavailableError, require_embedded
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -17,7 +18,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         config = from_args(args)
-    except ValueError as err:
+        if config.embedded:
+            require_embedded()
+    except (ValueError, EmbeddedUnavailableError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     import uvicorn

@@ -38,6 +38,7 @@ class GatewayConfig:
     profile_clocks: int = 8
     profile_requests: int = 10
     log_level: str = "info"
+    shadow: bool = False
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES and not self.policy.startswith("fixed:"):
@@ -81,7 +82,20 @@ _HELP = {
     "profile_clocks": "clocks to sweep when profiling at start-up",
     "profile_requests": "requests per clock and batch size when profiling at start-up",
     "log_level": "uvicorn log level",
+    "shadow": "decide and export the clock it would set, never write one (no root needed)",
 }
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
+
+
+def _flag(name: str, value: object) -> bool:
+    """A boolean option: the flag's own value, or ``SIDECAR_<NAME>`` as text."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _TRUE or text in _FALSE:
+        return text in _TRUE
+    env = ENV_PREFIX + name.upper()
+    raise ValueError(f"{env} must be one of {', '.join(_TRUE + _FALSE[:-1])}, got {value!r}")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -90,6 +104,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         env = ENV_PREFIX + f.name.upper()
         builtin = f.default_factory() if f.default is MISSING else f.default  # type: ignore[operator]
         default = os.environ.get(env, builtin)
+        if str(f.type) == "bool":
+            parser.add_argument(
+                "--" + f.name.replace("_", "-"),
+                default=default,
+                action=argparse.BooleanOptionalAction,
+                help=f"{_HELP[f.name]} (env {env}=1; default {builtin})",
+            )
+            continue
         kind = {"int": int, "float": float}.get(str(f.type).split(" ")[0], str)
         parser.add_argument(
             "--" + f.name.replace("_", "-"),
@@ -108,6 +130,7 @@ def _list(value: object) -> tuple[str, ...]:
 
 def from_args(args: argparse.Namespace) -> GatewayConfig:
     values = {f.name: getattr(args, f.name) for f in fields(GatewayConfig)}
+    values["shadow"] = _flag("shadow", values["shadow"])
     values["state_dir"] = Path(values["state_dir"])
     values["table"] = tuple(Path(p) for p in _list(values["table"]))
     values["profile_models"] = _list(values["profile_models"])

@@ -2,7 +2,8 @@
 
 The core is synchronous and only ever called from the event loop's thread, so it needs no lock.
 Clock changes are applied off the request path by :class:`ClockApplier` (an NVML call takes
-milliseconds), coalesced to the latest target. Every accepted request gets an answer: Triton's
+milliseconds), coalesced to the latest target; in shadow mode they are recorded by a
+:class:`api.shadow.ShadowLedger` and never written. Every accepted request gets an answer: Triton's
 reply, or an error (Triton unreachable, timeout expired in the queue, shutting down).
 """
 
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from api.metrics import GatewayMetrics
+from api.shadow import ShadowLedger
 from api.upstream import Upstream, UpstreamUnavailableError
 from dvfs.device import Device
 from dvfs.errors import DeviceError
@@ -55,10 +57,16 @@ class Job:
 
 
 class ClockApplier:
-    """Sets the GPU's clock in a worker thread, always to the latest target asked for."""
+    """Sets the GPU's clock in a worker thread, always to the latest target asked for.
 
-    def __init__(self, device: Device, on_change: Callable[[int | None], None]) -> None:
+    With ``shadow`` it only reports each new target to ``on_change``: no device call at all.
+    """
+
+    def __init__(
+        self, device: Device, on_change: Callable[[int | None], None], *, shadow: bool = False
+    ) -> None:
         self.device = device
+        self.shadow = shadow
         self._on_change = on_change
         self._target: int | None = None
         self._applied: int | bool | None = False  # False: nothing applied yet
@@ -86,14 +94,15 @@ class ClockApplier:
             target = self._target
             if self._applied is not False and target == self._applied:
                 continue
-            try:
-                if target is None:
-                    await asyncio.to_thread(self.device.reset)
-                else:
-                    await asyncio.to_thread(self.device.set_clock_mhz, target)
-            except DeviceError:
-                log.exception("could not set the clock to %s MHz", target)
-                continue
+            if not self.shadow:
+                try:
+                    if target is None:
+                        await asyncio.to_thread(self.device.reset)
+                    else:
+                        await asyncio.to_thread(self.device.set_clock_mhz, target)
+                except DeviceError:
+                    log.exception("could not set the clock to %s MHz", target)
+                    continue
             self._applied = target
             self._on_change(target)
 
@@ -109,15 +118,23 @@ class GpuDispatcher:
         device: Device,
         upstream: Upstream,
         metrics: GatewayMetrics,
+        shadow: bool = False,
         time_source: Callable[[], float] = time.monotonic,
     ) -> None:
+        """With ``shadow`` the clock is decided as always but never written (see
+        :mod:`api.shadow`)."""
         self.gpu = gpu
         self.scheduler = scheduler
         self.device = device
         self.upstream = upstream
         self.metrics = metrics
         self._now = time_source
-        self._clock = ClockApplier(device, self._clock_applied)
+        self._clock = ClockApplier(device, self._clock_applied, shadow=shadow)
+        self.shadow: ShadowLedger | None = None
+        if shadow:
+            self.shadow = ShadowLedger(
+                gpu=gpu, device=device, tables=lambda: scheduler.tables, metrics=metrics
+            )
         self._sends: set[asyncio.Task[None]] = set()
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
@@ -126,6 +143,9 @@ class GpuDispatcher:
     # -- lifecycle ---------------------------------------------------------------------
 
     def start(self) -> None:
+        self.metrics.shadow_mode.labels(self.gpu).set(0.0 if self.shadow is None else 1.0)
+        if self.shadow is not None:
+            self.shadow.start()
         self._clock.start()
         self.change_policy()
 
@@ -139,6 +159,8 @@ class GpuDispatcher:
         if self._sends:
             await asyncio.wait(self._sends, timeout=30.0)
         await self._clock.stop()
+        if self.shadow is not None:
+            await self.shadow.stop()
 
     def change_policy(self) -> None:
         """The core's policy is new (or first): apply its clock, publish it, arm its timer."""
@@ -206,6 +228,8 @@ class GpuDispatcher:
             latency_s = now - request.arrival_s
             self.metrics.latency.labels(request.model, client).observe(latency_s)
             if response.ok:
+                if self.shadow is not None:
+                    self.shadow.on_complete(request.model)
                 met = "true" if latency_s * 1000.0 <= request.slo_ms else "false"
                 self.metrics.slo.labels(request.model, client, met).inc()
             if not job.future.done():
@@ -224,6 +248,9 @@ class GpuDispatcher:
             self._clock.request(clock_mhz)
 
     def _clock_applied(self, clock_mhz: int | None) -> None:
+        if self.shadow is not None:
+            self.shadow.would_set(clock_mhz)
+            return
         self.metrics.clock_changes.labels(self.gpu).inc()
         self.metrics.clock_set.labels(self.gpu).set(0.0 if clock_mhz is None else clock_mhz * 1e6)
 
@@ -259,6 +286,7 @@ class GpuDispatcher:
             "gpu": self.gpu,
             "device": self.device.identity.name,
             "policy": s.policy.name,
+            "mode": "active" if self.shadow is None else "shadow",
             "clock_target_mhz": s.clock_target_mhz,
             "queue_length": s.queue_len,
             "queue_by_level": s.queue.level_sizes(),
@@ -278,6 +306,7 @@ class GpuDispatcher:
                 }
                 for m in models
             },
+            **({} if self.shadow is None else {"shadow": self.shadow.state()}),
         }
 
 

@@ -16,6 +16,7 @@ the child also stops Triton when its parent disappears, so a killed sidecar leav
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
 import multiprocessing as mp
 import os
@@ -23,6 +24,7 @@ import signal
 import socket
 import sysconfig
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -62,6 +64,22 @@ class EmbeddedPorts:
         return f"127.0.0.1:{self.grpc}"
 
 
+class EmbeddedUnavailableError(RuntimeError):
+    """The embedded default was asked for, but its extra (PyTriton) is not installed."""
+
+
+def require_embedded() -> None:
+    """Raise :class:`EmbeddedUnavailableError`, saying what to install, unless PyTriton is
+    importable; the runtime install alone serves only in front of an existing Triton."""
+    missing = [m for m in ("pytriton", "httpx") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise EmbeddedUnavailableError(
+            f"the embedded default needs the 'embedded' extra (missing: {', '.join(missing)}): "
+            "pip install '.[embedded]' (make setup installs it), "
+            "or point --triton-url at an existing Triton"
+        )
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -88,8 +106,12 @@ def emulate_batch(device: SimulatedDevice, model: str, batch: int) -> None:
         device.end_work(model, batch)
 
 
-def _serve(state_path: str, ports: EmbeddedPorts, instances: int) -> None:
-    """Child process: run PyTriton until SIGTERM or until the sidecar is gone.
+Binder = Callable[[Any, str, int], None]
+
+
+def _serve(state_path: str, ports: EmbeddedPorts, instances: int, binder: Binder) -> None:
+    """Child process: run PyTriton with the models ``binder`` binds, until SIGTERM or until the
+    sidecar is gone.
 
     It starts its own session, so a Ctrl-C or a signal to the sidecar's process group does not
     kill Triton under PyTriton's feet: only the sidecar stops it, in order. No lock is shared
@@ -109,11 +131,37 @@ def _serve(state_path: str, ports: EmbeddedPorts, instances: int) -> None:
     # libpython, not the system's.
     libdir = sysconfig.get_config_var("LIBDIR") or ""
     os.environ["LD_LIBRARY_PATH"] = f"{libdir}:{os.environ.get('LD_LIBRARY_PATH', '')}"
-    from pytriton.decorators import batch
-    from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
     from pytriton.triton import Triton, TritonConfig, TritonSecurityConfig
 
     parent = os.getppid()
+    logging.getLogger("pytriton").setLevel(logging.WARNING)
+    config = TritonConfig(
+        http_address="127.0.0.1",
+        http_port=ports.http,
+        grpc_address="127.0.0.1",  # only the sidecar talks to it
+        grpc_port=ports.grpc,
+        metrics_port=ports.metrics,
+        log_verbose=0,
+        exit_timeout_secs=2,
+        log_file=log_path,
+    )
+    # Pitfall 2: open the statistics endpoints that perf_analyzer-style tools read.
+    security = TritonSecurityConfig(restricted_endpoints=[])
+    with Triton(config=config, security_config=security) as triton:
+        binder(triton, state_path, instances)
+        triton.run()
+        while not stopping[0] and os.getppid() == parent:  # the sidecar gone: do not outlive it
+            time.sleep(0.2)
+    # Whatever Triton left behind (a backend stub that missed the shutdown) is in our group.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    os.killpg(0, signal.SIGTERM)
+
+
+def bind_emulated(triton: Any, state_path: str, instances: int) -> None:
+    """``simnet`` and ``simbert`` on the simulated GPU whose state is at ``state_path``, each
+    behind Triton's dynamic batcher, and ``noop``."""
+    from pytriton.decorators import batch
+    from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
 
     def make_emulated(model: str, seed: int) -> Any:
         device = SimulatedDevice.attach(Path(state_path), rng=np.random.default_rng(seed))
@@ -129,50 +177,42 @@ def _serve(state_path: str, ports: EmbeddedPorts, instances: int) -> None:
     def noop(INPUT0: Floats) -> dict[str, Floats]:  # noqa: N803
         return {"OUTPUT0": INPUT0}
 
-    logging.getLogger("pytriton").setLevel(logging.WARNING)
-    config = TritonConfig(
-        http_address="127.0.0.1",
-        http_port=ports.http,
-        grpc_address="127.0.0.1",  # only the sidecar talks to it
-        grpc_port=ports.grpc,
-        metrics_port=ports.metrics,
-        log_verbose=0,
-        exit_timeout_secs=2,
-        log_file=log_path,
-    )
-    # Pitfall 2: open the statistics endpoints that perf_analyzer-style tools read.
-    security = TritonSecurityConfig(restricted_endpoints=[])
     tensors = {
         "inputs": [Tensor(name="INPUT0", dtype=np.float32, shape=(INPUT_WIDTH,))],
         "outputs": [Tensor(name="OUTPUT0", dtype=np.float32, shape=(INPUT_WIDTH,))],
     }
     batcher = DynamicBatcher(max_queue_delay_microseconds=BATCHER_DELAY_US)
-    profile = SimulatedDevice.attach(Path(state_path)).profile
-    with Triton(config=config, security_config=security) as triton:
-        for i, (name, model) in enumerate(EMULATED.items()):
-            triton.bind(
-                name,
-                [make_emulated(model, 100 * i + k) for k in range(instances)],
-                config=ModelConfig(max_batch_size=profile.model(model).max_batch, batcher=batcher),
-                **tensors,
-            )
-        triton.bind(NOOP, [noop] * instances, config=ModelConfig(max_batch_size=8), **tensors)
-        triton.run()
-        while not stopping[0] and os.getppid() == parent:  # the sidecar gone: do not outlive it
-            time.sleep(0.2)
-    # Whatever Triton left behind (a backend stub that missed the shutdown) is in our group.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    os.killpg(0, signal.SIGTERM)
+    probe = SimulatedDevice.attach(Path(state_path))
+    profile = probe.profile
+    probe.close()
+    for i, (name, model) in enumerate(EMULATED.items()):
+        triton.bind(
+            name,
+            [make_emulated(model, 100 * i + k) for k in range(instances)],
+            config=ModelConfig(max_batch_size=profile.model(model).max_batch, batcher=batcher),
+            **tensors,
+        )
+    triton.bind(NOOP, [noop] * instances, config=ModelConfig(max_batch_size=8), **tensors)
 
 
 class EmbeddedTriton:
     """Starts and stops the embedded Triton (a child process); use as a context manager."""
 
     def __init__(
-        self, state_path: Path, *, instances: int = INSTANCES, start_timeout_s: float = 120.0
+        self,
+        state_path: Path,
+        *,
+        instances: int = INSTANCES,
+        start_timeout_s: float = 120.0,
+        binder: Binder = bind_emulated,
+        ready_model: str = NOOP,
     ) -> None:
+        """``binder`` (a module-level function: it crosses to the child) binds the models;
+        ready once ``ready_model`` is. Triton's log goes beside ``state_path``."""
         self.state_path = state_path
         self.instances = instances
+        self.binder = binder
+        self.ready_model = ready_model
         self.start_timeout_s = start_timeout_s
         self.ports = EmbeddedPorts(free_port(), free_port(), free_port())
         self._proc: BaseProcess | None = None
@@ -188,6 +228,7 @@ class EmbeddedTriton:
         instance's connect is refused, the model fails to load, Triton exits); a fresh start
         on fresh ports succeeds. Seen about once in twenty starts on a 2-core machine.
         """
+        require_embedded()
         for attempt in range(1, attempts + 1):
             try:
                 self._start_once()
@@ -204,7 +245,7 @@ class EmbeddedTriton:
             target=_serve,
             name="embedded-triton",
             daemon=False,
-            args=(str(self.state_path), self.ports, self.instances),
+            args=(str(self.state_path), self.ports, self.instances, self.binder),
         )
         self._proc.start()
         try:
@@ -217,7 +258,7 @@ class EmbeddedTriton:
     def _wait_ready(self, deadline: float) -> None:
         import httpx
 
-        url = f"http://{self.url}/v2/models/{NOOP}/ready"
+        url = f"http://{self.url}/v2/models/{self.ready_model}/ready"
         while time.monotonic() < deadline:
             assert self._proc is not None
             if not self._proc.is_alive():

@@ -109,6 +109,27 @@ class GatewayMetrics:
             ["gpu"],
             registry=r,
         )
+        self.clock_shadow = Gauge(
+            "sidecar_gpu_clock_shadow_hertz",
+            "Shadow mode: the clock the policy would set (0: it would leave it to the GPU); "
+            "nothing is written.",
+            ["gpu"],
+            registry=r,
+        )
+        self.shadow_mode = Gauge(
+            "sidecar_shadow_mode",
+            "1 when the sidecar only decides and never writes a clock (--shadow).",
+            ["gpu"],
+            registry=r,
+        )
+        self.shadow_energy = Counter(
+            "sidecar_shadow_energy_joules",
+            "Shadow mode: table-estimated energy of the completed requests at the clock the GPU "
+            "ran (at=gpu_clock) and at the clock the policy would have set (at=shadow_clock); "
+            "their difference is the estimated saving.",
+            ["gpu", "at"],
+            registry=r,
+        )
         self.clock_changes = Counter(
             "sidecar_gpu_clock_changes", "Clock changes applied.", ["gpu"], registry=r
         )

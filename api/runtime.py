@@ -17,7 +17,8 @@ from api.metrics import GatewayMetrics
 from api.upstream import Upstream, UpstreamUnavailableError
 from dvfs.device import Device
 from dvfs.factory import default_device_spec, open_device, parse_device_spec
-from dvfs.simulated import SimulatedDevice
+from dvfs.profiles import get_profile
+from dvfs.readonly import ReadOnlyDevice
 from scheduler.core import Scheduler, SchedulerConfig
 from scheduler.policies import make_policy
 from scheduler.view import ModelServing
@@ -77,6 +78,7 @@ class Runtime:
                 device=self.device,
                 upstream=self.upstream,
                 metrics=self.metrics,
+                shadow=self.config.shadow,
             )
             self.metrics.watch_device(self.device, self.gpu)
             self.metrics.default_slo.set(self.config.slo_ms / 1000.0)
@@ -118,6 +120,8 @@ class Runtime:
             self._tmp = tempfile.TemporaryDirectory(prefix="sidecar-")
             state_path = Path(self._tmp.name) / f"gpu{self.gpu}.state"
         self.device = open_device(spec, state_path=state_path)
+        if cfg.shadow:  # no write can reach the GPU, whatever asks for one
+            self.device = ReadOnlyDevice(self.device)
         if cfg.embedded:
             assert state_path is not None
             self.embedded = EmbeddedTriton(state_path)
@@ -139,7 +143,6 @@ class Runtime:
     def _profile_embedded(self, gpu_name: str) -> TableSet:
         """Each emulated model's table: from the cache, or profiled through Triton and cached."""
         cfg = self.config
-        assert isinstance(self.device, SimulatedDevice) and self.embedded is not None
         tables = TableSet()
         unknown = sorted(set(cfg.profile_models) - set(EMULATED))
         if unknown:
@@ -153,7 +156,13 @@ class Runtime:
                 tables.add(next(iter(TableSet.load(cache))))
                 log.info("using the cached time2clock table %s", cache)
                 continue
-            model = self.device.profile.model(EMULATED[name])
+            if cfg.shadow:
+                raise ValueError(
+                    "shadow mode never sets a clock, so it cannot profile one: pass --table, "
+                    f"or run once without --shadow to profile and cache {cache}"
+                )
+            assert self.device is not None and self.embedded is not None
+            model = get_profile(gpu_name).model(EMULATED[name])
             batches = sorted({1, max(1, model.max_batch // 4), model.max_batch})
             log.info(
                 "profiling %s on %s (%d clocks × batches %s × %d requests; cached after)...",
@@ -221,10 +230,11 @@ class Runtime:
 
     def _close_blocking(self) -> None:
         if self.device is not None:
-            try:
-                self.device.reset()
-            except Exception:
-                log.exception("could not give the GPU clock back")
+            if not self.config.shadow:
+                try:
+                    self.device.reset()
+                except Exception:
+                    log.exception("could not give the GPU clock back")
             self.device.close()
             self.device = None
         if self.embedded is not None:

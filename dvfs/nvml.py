@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 import pynvml
 
 from dvfs.device import Device, DeviceIdentity
+from dvfs.energy import EnergyCounter, EnergyReading
 from dvfs.errors import (
     DeviceError,
     DeviceLostError,
@@ -53,13 +54,18 @@ def _raise_translated(err: Exception, action: str) -> NoReturn:
         pynvml.NVML_ERROR_DRIVER_NOT_LOADED,
         pynvml.NVML_ERROR_NOT_FOUND,
         pynvml.NVML_ERROR_UNINITIALIZED,
+        pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH,
     ):
         raise NoDeviceError(f"{what}; {_HINTS['no_gpu']}") from err
-    if code == pynvml.NVML_ERROR_NOT_SUPPORTED:
+    if code in (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND):
         raise DeviceNotSupportedError(f"{what}; {_HINTS['not_supported']}") from err
-    if code in (pynvml.NVML_ERROR_GPU_IS_LOST, pynvml.NVML_ERROR_RESET_REQUIRED):
+    if code in (
+        pynvml.NVML_ERROR_GPU_IS_LOST,
+        pynvml.NVML_ERROR_RESET_REQUIRED,
+        pynvml.NVML_ERROR_GPU_NOT_FOUND,
+    ):
         raise DeviceLostError(f"{what}; {_HINTS['lost']}") from err
-    if code == pynvml.NVML_ERROR_INVALID_ARGUMENT:
+    if code in (pynvml.NVML_ERROR_INVALID_ARGUMENT, pynvml.NVML_ERROR_FREQ_NOT_SUPPORTED):
         raise InvalidClockError(f"{what}; the value is outside what the GPU accepts") from err
     raise DeviceError(what) from err
 
@@ -135,21 +141,29 @@ class NvmlDevice(Device):
         self._open = True
         self._locked_mhz: int | None = None
         self._reset_at_exit = reset_at_exit
-        count = _call("nvmlDeviceGetCount", pynvml.nvmlDeviceGetCount)
-        if not 0 <= index < count:
-            self.close()
-            raise NoDeviceError(f"GPU index {index} does not exist; this node has {count} GPU(s)")
-        self._handle = _call("nvmlDeviceGetHandleByIndex", pynvml.nvmlDeviceGetHandleByIndex, index)
-        self._identity = DeviceIdentity(
-            index=index,
-            name=_text(_call("nvmlDeviceGetName", pynvml.nvmlDeviceGetName, self._handle)),
-            uuid=_text(_call("nvmlDeviceGetUUID", pynvml.nvmlDeviceGetUUID, self._handle)),
-        )
+        try:
+            count = _call("nvmlDeviceGetCount", pynvml.nvmlDeviceGetCount)
+            if not 0 <= index < count:
+                raise NoDeviceError(
+                    f"GPU index {index} does not exist; this node has {count} GPU(s)"
+                )
+            self._handle = _call(
+                "nvmlDeviceGetHandleByIndex", pynvml.nvmlDeviceGetHandleByIndex, index
+            )
+            self._identity = DeviceIdentity(
+                index=index,
+                name=_text(_call("nvmlDeviceGetName", pynvml.nvmlDeviceGetName, self._handle)),
+                uuid=_text(_call("nvmlDeviceGetUUID", pynvml.nvmlDeviceGetUUID, self._handle)),
+            )
+        except DeviceError:
+            self.close()  # NVML was initialised: release it, whatever failed after
+            raise
         self._clocks: list[int] | None = None
         self._now = time_source
         self._has_energy_counter: bool | None = None
         self._integrated_j = 0.0
         self._last_sample: tuple[float, float] | None = None
+        self._energy = EnergyCounter(self._energy_counter_j, time_source)
 
     @property
     def identity(self) -> DeviceIdentity:
@@ -213,14 +227,32 @@ class NvmlDevice(Device):
         )
 
     def energy_j(self) -> float:
-        """The GPU's total-energy counter (Volta+); elsewhere, power integrated between reads."""
+        """The GPU's total-energy counter (Volta+); elsewhere, power integrated between reads.
+
+        The counter refreshes at a finite interval: to turn it into watts or joules per
+        inference use :meth:`energy_reading` and :mod:`dvfs.energy`, not two raw reads."""
+        return self._energy.read().energy_j
+
+    def energy_reading(self) -> EnergyReading:
+        """The energy counter with the time its value became current."""
+        return self._energy.read()
+
+    @property
+    def energy(self) -> EnergyCounter:
+        """The timestamped counter (its update interval, waiting for its next change)."""
+        return self._energy
+
+    def _energy_counter_j(self) -> float:
         if self._has_energy_counter is not False:
             try:
                 mj = pynvml.nvmlDeviceGetTotalEnergyConsumption(self._handle)
                 self._has_energy_counter = True
                 return float(mj) / 1000.0
             except pynvml.NVMLError as err:
-                if getattr(err, "value", None) != pynvml.NVML_ERROR_NOT_SUPPORTED:
+                if getattr(err, "value", None) not in (
+                    pynvml.NVML_ERROR_NOT_SUPPORTED,
+                    pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+                ):
                     _raise_translated(err, "nvmlDeviceGetTotalEnergyConsumption")
                 log.info(
                     "GPU %d has no energy counter; integrating power instead", self._identity.index

@@ -161,10 +161,9 @@ def write_csv(runs: Sequence[PolicyRun], path: Path) -> None:
 
 def plot(runs: Sequence[PolicyRun], path: Path) -> Path:
     """Joules per inference and p99 against the SLO, per policy."""
-    import matplotlib
+    from time2clock.plot import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     names = [r.policy for r in runs]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))

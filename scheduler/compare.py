@@ -153,10 +153,9 @@ def write_csv(rows: Sequence[Row], path: Path) -> None:
 
 def plot(rows: Sequence[Row], path: Path) -> Path:
     """Energy per inference relative to ``max`` per cell and policy; hatched where p99 > SLO."""
-    import matplotlib
+    from time2clock.plot import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     gpus = sorted({r["gpu"] for r in rows}, key=[r["gpu"] for r in rows].index)
     policies = sorted({r["policy"] for r in rows}, key=[r["policy"] for r in rows].index)

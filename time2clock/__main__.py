@@ -156,7 +156,7 @@ def _batches_for(model: str, max_batch: int, given: list[int] | None) -> list[in
 def _cmd_profile(args: argparse.Namespace, console: Console) -> int:
     from dvfs.device import Device
     from dvfs.factory import open_device, parse_device_spec
-    from time2clock.plot import plot_tables
+    from time2clock.plot import PlotUnavailableError, plot_tables
     from time2clock.profile import (
         Measurer,
         SimulatedMeasurer,
@@ -237,10 +237,14 @@ def _cmd_profile(args: argparse.Namespace, console: Console) -> int:
     out.mkdir(parents=True, exist_ok=True)
     write_measurements(out / "measurements.csv", measured)
     tables.save(out / "table.json")
-    plot_tables(tables, out / "fit.png", measured)
+    wrote = [out / "measurements.csv", out / "table.json"]
+    try:
+        wrote.append(plot_tables(tables, out / "fit.png", measured))
+    except PlotUnavailableError as err:  # the table is what matters; the plot is optional
+        console.print(f"no plot: {err}")
     for table in tables:
         _print_table(console, table)
-    console.print(f"wrote {out / 'measurements.csv'}, {out / 'table.json'}, {out / 'fit.png'}")
+    console.print(f"wrote {', '.join(map(str, wrote))}")
     return 0
 
 

@@ -13,6 +13,24 @@ from time2clock.table import ModelTable, TableSet
 BatchSamples = Mapping[int, Mapping[int, Sequence[float]]]  # batch -> clock_mhz -> ms
 
 
+class PlotUnavailableError(ImportError):
+    """A plot was asked for, but the 'plot' extra (matplotlib) is not installed."""
+
+
+def pyplot() -> Any:
+    """matplotlib's pyplot on the file-only Agg backend; a clear error without the 'plot' extra."""
+    try:
+        import matplotlib
+    except ImportError as err:
+        raise PlotUnavailableError(
+            "plots need matplotlib: pip install '.[plot]' (make setup installs it)"
+        ) from err
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def plot_tables(
     tables: TableSet,
     out_path: Path,
@@ -21,10 +39,7 @@ def plot_tables(
     """Write a PNG with one panel per model: per batch size the measured trimmed means (± std),
     the raw executions if ``samples`` (model -> batch -> clock -> ms) is given, the mean fit, and
     the p99 fit dashed. Log-scaled time, so that batch 1 and batch 64 both read."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     models = list(tables)
     fig, axes = plt.subplots(1, len(models), figsize=(8 * len(models), 5.5), dpi=120, squeeze=False)

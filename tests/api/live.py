@@ -5,13 +5,17 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
 from tritonclient.utils import InferenceServerException
 
 from api.config import GatewayConfig
+from api.embedded import SIMNET
 from api.server import SidecarServer
+from scheduler.simulate import profiled_tables
+from time2clock.table import TableSet
 
 
 class LiveSidecar(SidecarServer):
@@ -25,6 +29,12 @@ class LiveSidecar(SidecarServer):
 
     def post(self, path: str, **kw: object) -> httpx.Response:
         return httpx.post(f"http://{self.url}{path}", timeout=60.0, **kw)  # type: ignore[arg-type]
+
+
+def simnet_tables(gpu: str = "v100") -> TableSet:
+    """The simulator's profiled CNN table, named ``simnet`` as the embedded model it emulates."""
+    cnn = next(iter(profiled_tables(gpu)))
+    return TableSet([replace(cnn, model=SIMNET)])
 
 
 def embedded_config(tmp: Path, **overrides: object) -> GatewayConfig:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pynvml
@@ -24,6 +25,7 @@ class FakeNvml:
         self.clock = 1380
         self.power_mw = 250_000
         self.energy_mj = 1_000_000
+        self.energy_fn: Callable[[], int] | None = None  # set: the counter as a function of time
         self.inits = 0
 
     def _maybe_fail(self, name: str) -> None:
@@ -48,19 +50,24 @@ class FakeNvml:
         return f"handle{index}"
 
     def nvmlDeviceGetName(self, handle: str) -> str:
+        self._maybe_fail("nvmlDeviceGetName")
         return "NVIDIA H200"
 
     def nvmlDeviceGetUUID(self, handle: str) -> bytes:
+        self._maybe_fail("nvmlDeviceGetUUID")
         return b"GPU-1234"
 
     def nvmlDeviceGetSupportedMemoryClocks(self, handle: str) -> list[int]:
+        self._maybe_fail("nvmlDeviceGetSupportedMemoryClocks")
         return [405, 2619, 1593]
 
     def nvmlDeviceGetSupportedGraphicsClocks(self, handle: str, mem_mhz: int) -> list[int]:
+        self._maybe_fail("nvmlDeviceGetSupportedGraphicsClocks")
         assert mem_mhz == 2619, "graphics clocks must be read at the highest memory clock"
         return [1980, 1965, 1200, 345, 1200]
 
     def nvmlDeviceGetClockInfo(self, handle: str, kind: int) -> int:
+        self._maybe_fail("nvmlDeviceGetClockInfo")
         return self.clock
 
     def nvmlDeviceSetGpuLockedClocks(self, handle: str, lo: int, hi: int) -> None:
@@ -73,9 +80,11 @@ class FakeNvml:
         self.calls[-1] = ("reset", handle)
 
     def nvmlDeviceGetPowerUsage(self, handle: str) -> int:
+        self._maybe_fail("nvmlDeviceGetPowerUsage")
         return self.power_mw
 
     def nvmlDeviceGetTotalEnergyConsumption(self, handle: str) -> int:
+        self._maybe_fail("nvmlDeviceGetTotalEnergyConsumption")
         if not self.energy_counter:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        return self.energy_mj
+        return self.energy_mj if self.energy_fn is None else self.energy_fn()

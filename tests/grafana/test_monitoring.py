@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import shutil
@@ -17,6 +18,7 @@ import numpy as np
 import pytest
 import yaml
 
+from api.config import GatewayConfig
 from api.embedded import INPUT_WIDTH, SIMNET, free_port
 from api.server import SidecarServer
 from loadgen.classes import RequestClass
@@ -94,18 +96,35 @@ def panel_queries() -> list[tuple[str, str, str, bool]]:
 
 @pytest.fixture(scope="module")
 def monitored(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The stack under load from two clients, scraped every second by a real Prometheus."""
+    """The stack under load from two clients, scraped every second by a real Prometheus; beside
+    it a second sidecar in shadow mode in front of the same Triton (the shadow panels' data)."""
     tmp = tmp_path_factory.mktemp("monitoring")
-    with SidecarServer(embedded_config(tmp, max_queue=1000, port=0, grpc_port=0)) as sc:
+    config = embedded_config(tmp, max_queue=1000, port=0, grpc_port=0)
+    with contextlib.ExitStack() as stack:
+        sc = stack.enter_context(SidecarServer(config))
         assert sc.runtime.embedded is not None
+        shadow = GatewayConfig(
+            **{
+                **config.__dict__,
+                "triton_url": sc.runtime.embedded.url,
+                "device": "sim:v100",
+                "shadow": True,
+                "table": next((tmp / "tables").glob("*.json")),
+            }
+        )
+        shadow_sc = stack.enter_context(SidecarServer(shadow))
         triton_metrics = f"127.0.0.1:{sc.runtime.embedded.ports.metrics}"
-        config = yaml.safe_load((GRAFANA / "prometheus" / "prometheus.yml").read_text())
-        config["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
-        config["rule_files"] = [str(GRAFANA / "prometheus" / "rules.yml")]
-        targets = {"sidecar": sc.url, "triton": triton_metrics, "dcgm": f"127.0.0.1:{free_port()}"}
-        for job in config["scrape_configs"]:
-            job["static_configs"][0]["targets"] = [targets[job["job_name"]]]
-        (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
+        prom_config = yaml.safe_load((GRAFANA / "prometheus" / "prometheus.yml").read_text())
+        prom_config["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
+        prom_config["rule_files"] = [str(GRAFANA / "prometheus" / "rules.yml")]
+        targets = {
+            "sidecar": [sc.url, shadow_sc.url],
+            "triton": [triton_metrics],
+            "dcgm": [f"127.0.0.1:{free_port()}"],
+        }
+        for job in prom_config["scrape_configs"]:
+            job["static_configs"][0]["targets"] = targets[job["job_name"]]
+        (tmp / "prometheus.yml").write_text(yaml.safe_dump(prom_config))
         port = free_port()
         assert PROMETHEUS is not None
         prom = subprocess.Popen(
@@ -120,14 +139,21 @@ def monitored(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             stderr=subprocess.DEVNULL,
         )
         try:
-            _drive(sc.url, seconds=12.0)
+            drivers = [
+                threading.Thread(target=_drive, args=(url, 12.0, rate))
+                for url, rate in ((sc.url, 50.0), (shadow_sc.url, 20.0))
+            ]
+            for driver in drivers:
+                driver.start()
+            for driver in drivers:
+                driver.join()
             yield f"http://127.0.0.1:{port}"
         finally:
             prom.terminate()
             prom.wait(30)
 
 
-def _drive(url: str, seconds: float) -> None:
+def _drive(url: str, seconds: float, rate_rps: float) -> None:
     classes = [RequestClass("gold", 0.5, 1, -5, 60.0), RequestClass("bulk", 0.5, 0, 5, 60.0)]
     data = np.ones((1, INPUT_WIDTH), dtype=np.float32)
     target = Target(url, SIMNET, build_payloads(classes, data=data), [0.5, 0.5])
@@ -139,7 +165,7 @@ def _drive(url: str, seconds: float) -> None:
 
     async def go() -> None:
         async with new_session() as session:
-            times = schedule(50.0, seconds, "poisson", np.random.default_rng(1))
+            times = schedule(rate_rps, seconds, "poisson", np.random.default_rng(1))
             await open_loop(session, target, times, Recorder(), np.random.default_rng(2))
 
     worker = threading.Thread(target=asyncio.run, args=(go(),))
@@ -187,8 +213,10 @@ def test_every_recording_rule_returns_data(monitored: str) -> None:
 
 def test_scraped_metrics_pass_promtool(monitored: str) -> None:
     targets = httpx.get(f"{monitored}/api/v1/targets").json()["data"]["activeTargets"]
-    sidecar = next(t for t in targets if t["labels"]["job"] == "sidecar")
-    assert sidecar["health"] == "up"
-    text = httpx.get(sidecar["scrapeUrl"]).text
-    lint = promtool("check", "metrics", stdin=text)
-    assert lint.returncode == 0 and not lint.stdout.strip(), lint.stdout + lint.stderr
+    sidecars = [t for t in targets if t["labels"]["job"] == "sidecar"]
+    assert len(sidecars) == 2  # active and shadow
+    for sidecar in sidecars:
+        assert sidecar["health"] == "up"
+        text = httpx.get(sidecar["scrapeUrl"]).text
+        lint = promtool("check", "metrics", stdin=text)
+        assert lint.returncode == 0 and not lint.stdout.strip(), lint.stdout + lint.stderr

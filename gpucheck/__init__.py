@@ -1,0 +1,1 @@
+"""A read-only check of the whole stack on a real NVIDIA GPU (``scripts/gpu-check``)."""
