@@ -34,7 +34,8 @@ class LiveSidecar(SidecarServer):
 def simnet_tables(gpu: str = "v100") -> TableSet:
     """The simulator's profiled CNN table, named ``simnet`` as the embedded model it emulates."""
     cnn = next(iter(profiled_tables(gpu)))
-    return TableSet([replace(cnn, model=SIMNET)])
+    curves = {b: replace(c, model=SIMNET) for b, c in cnn.curves.items()}
+    return TableSet([replace(cnn, model=SIMNET, curves=curves)])
 
 
 def embedded_config(tmp: Path, **overrides: object) -> GatewayConfig:

@@ -109,7 +109,7 @@ def monitored(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 "triton_url": sc.runtime.embedded.url,
                 "device": "sim:v100",
                 "shadow": True,
-                "table": next((tmp / "tables").glob("*.json")),
+                "table": tuple((tmp / "tables").glob("*.json")),
             }
         )
         shadow_sc = stack.enter_context(SidecarServer(shadow))
