@@ -61,9 +61,16 @@ class Endpoints:
 
 
 @contextlib.contextmanager
-def sidecar_process(state_dir: Path) -> Iterator[Endpoints]:
-    """Start ``python -m api serve`` (embedded default, policy max); yield its endpoints."""
-    token = secrets.token_urlsafe(12)
+def sidecar_process(
+    state_dir: Path,
+    *extra: str,
+    max_inflight: int = 64,
+    token: str | None = None,
+    start_timeout_s: float = 180.0,
+) -> Iterator[Endpoints]:
+    """Start ``python -m api serve`` (embedded default, policy max, ``extra`` flags after the
+    others); yield its endpoints."""
+    token = token or secrets.token_urlsafe(12)
     port, grpc_port = free_port(), free_port()
     cmd = [
         sys.executable,
@@ -77,7 +84,7 @@ def sidecar_process(state_dir: Path) -> Iterator[Endpoints]:
         "--policy",
         "max",
         "--max-inflight",
-        "64",
+        str(max_inflight),
         "--max-queue",
         "10000",
         "--device",
@@ -88,13 +95,14 @@ def sidecar_process(state_dir: Path) -> Iterator[Endpoints]:
         str(state_dir),
         "--log-level",
         "warning",
+        *extra,
     ]
     proc = subprocess.Popen(
         cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
     url = f"127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + start_timeout_s
         while True:
             if proc.poll() is not None:
                 raise RuntimeError(f"the sidecar exited during start-up (code {proc.returncode})")
@@ -121,7 +129,12 @@ def sidecar_process(state_dir: Path) -> Iterator[Endpoints]:
 
 
 def measure(
-    url: str, concurrency: int, duration_s: float, label: str, protocol: str = "http"
+    url: str,
+    concurrency: int,
+    duration_s: float,
+    label: str,
+    protocol: str = "http",
+    model: str = NOOP,
 ) -> Run:
     data = np.ones((1, INPUT_WIDTH), dtype=np.float32)
     classes = [RequestClass("bench")]
@@ -132,10 +145,10 @@ def measure(
             if protocol == "grpc":
                 client = await stack.enter_async_context(GrpcClient(url))
                 tensors = [InputTensor("INPUT0", "FP32", data)]
-                payloads = grpc_payloads(classes, tensors, NOOP, None)
-                target = Target(url, NOOP, payloads, [1.0], grpc=client)
+                payloads = grpc_payloads(classes, tensors, model, None)
+                target = Target(url, model, payloads, [1.0], grpc=client)
             else:
-                target = Target(url, NOOP, build_payloads(classes, data=data), [1.0])
+                target = Target(url, model, build_payloads(classes, data=data), [1.0])
             await closed_loop(
                 session,
                 target,

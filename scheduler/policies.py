@@ -243,9 +243,11 @@ class SlackPolicy(ClockPolicy):
         """Hold ``model``'s waiting requests back for a fuller batch while that is safe; else
         let go all its batcher can use.
 
-        Energy per inference falls steeply with the batch (dvfs/profiles.py), and at low load
-        Triton's batcher only gets what arrives while an instance is busy. So with fewer than
-        a full batch waiting, the sidecar waits for more, until the earliest of: a full batch;
+        Energy per inference falls steeply with the batch (dvfs/profiles.py), and Triton's batcher
+        only gets what arrives while an instance is busy: at low load, batches of one or two.
+        Holding while the model's instances are busy too gives fuller batches at high load,
+        which also serve more per second (README, "Batching"). So with fewer than a full batch
+        waiting, the sidecar waits for more, until the earliest of: a full batch;
         ``batch_hold`` of the tightest waiting request's SLO since it arrived; the last moment
         the batch expected by then, after what is already at Triton, still meets the earliest
         deadline at the energy-optimal clock with the tail margin. Re-decided at every event.
