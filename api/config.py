@@ -31,6 +31,16 @@ class GatewayConfig:
     max_queue: int = 1000
     priority_levels: int = 2
     admin_token: str | None = None
+    admin_token_file: Path | None = None
+    max_body_bytes: int = 64 * 1024 * 1024
+    max_request_elements: int = 16 * 1024 * 1024
+    max_header_bytes: int = 64 * 1024
+    max_connections: int = 1024
+    read_timeout_s: float = 10.0
+    idle_timeout_s: float = 5.0
+    probe_interval_s: float = 0.5
+    liveness_grace_s: float = 60.0
+    shutdown_grace_s: float = 20.0
     state_dir: Path = field(default_factory=default_state_dir)
     profile_clocks: int = 12
     profile_requests: int = 20
@@ -45,6 +55,23 @@ class GatewayConfig:
             raise ValueError(f"--slo-ms must be > 0, got {self.slo_ms}")
         if self.max_inflight < 1 or self.max_queue < 1:
             raise ValueError("--max-inflight and --max-queue must be >= 1")
+        for name in (
+            "max_body_bytes",
+            "max_request_elements",
+            "max_header_bytes",
+            "max_connections",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+        for name in (
+            "read_timeout_s",
+            "idle_timeout_s",
+            "probe_interval_s",
+            "liveness_grace_s",
+            "shutdown_grace_s",
+        ):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be > 0")
 
     @property
     def embedded(self) -> bool:
@@ -62,7 +89,19 @@ _HELP = {
     "max_inflight": "requests in flight to Triton per GPU",
     "max_queue": "requests waiting per GPU before new ones are refused (429)",
     "priority_levels": "priority levels (1 highest; 0 in a request means the lowest)",
-    "admin_token": "bearer token for /admin (none: admin API disabled)",
+    "admin_token": "bearer token for /admin (none: admin API disabled); prefer the variable "
+    "or --admin-token-file: a flag shows in the process list",
+    "admin_token_file": "a file holding the bearer token for /admin (first line)",
+    "max_body_bytes": "largest request body, checked while it streams in (413 beyond)",
+    "max_request_elements": "most tensor elements one request may declare (400 beyond); "
+    "models' configs bound each input further",
+    "max_header_bytes": "largest request line + headers (431 beyond, connection closed)",
+    "max_connections": "open connections (and requests) at once; beyond them, 503",
+    "read_timeout_s": "seconds a client may take to send its headers, and between body chunks",
+    "idle_timeout_s": "seconds an idle keep-alive connection stays open",
+    "probe_interval_s": "seconds between probes of Triton's readiness",
+    "liveness_grace_s": "seconds Triton may stay down before /v2/health/live says 503",
+    "shutdown_grace_s": "seconds queued work gets after SIGTERM; then 503 and exit",
     "state_dir": "where tables are cached",
     "profile_clocks": "clocks to sweep when profiling at start-up",
     "profile_requests": "requests per clock when profiling at start-up",
@@ -87,10 +126,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def from_args(args: argparse.Namespace) -> GatewayConfig:
     values = {f.name: getattr(args, f.name) for f in fields(GatewayConfig)}
-    for name in ("table", "state_dir"):
+    for name in ("table", "state_dir", "admin_token_file"):
         if values[name] is not None:
             values[name] = Path(values[name])
-    for name in ("triton_url", "device", "admin_token", "table"):
+    for name in ("triton_url", "device", "admin_token", "table", "admin_token_file"):
         if values[name] in ("", None):
             values[name] = None
+    if values["admin_token_file"] is not None and values["admin_token"] is None:
+        values["admin_token"] = read_token(values["admin_token_file"])
     return GatewayConfig(**values)
+
+
+def read_token(path: Path) -> str:
+    """The first line of ``path``, stripped; ValueError names the file when it is unusable."""
+    try:
+        token = path.read_text().splitlines()[0].strip() if path.stat().st_size else ""
+    except (OSError, UnicodeDecodeError, IndexError) as err:
+        raise ValueError(f"--admin-token-file {path}: {err}") from None
+    if not token:
+        raise ValueError(f"--admin-token-file {path} is empty")
+    return token

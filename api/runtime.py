@@ -12,7 +12,9 @@ from api.config import GatewayConfig
 from api.dispatcher import GpuDispatcher
 from api.embedded import NOOP, SIMNET, EmbeddedTriton
 from api.metrics import GatewayMetrics
-from api.upstream import Upstream, UpstreamUnavailableError
+from api.models import ModelIndex
+from api.upstream import Upstream
+from api.watch import TritonWatch
 from dvfs.device import Device
 from dvfs.factory import default_device_spec, open_device, parse_device_spec
 from scheduler.core import Scheduler, SchedulerConfig
@@ -43,7 +45,10 @@ class Runtime:
         self.upstream: Upstream | None = None
         self.dispatcher: GpuDispatcher | None = None
         self.table: Time2ClockTable | None = None
-        self.known_models: set[str] = set()
+        self.models = ModelIndex(lambda: self.upstream)
+        metrics.model_label = self.models.label
+        self.watch: TritonWatch | None = None
+        self.draining = False
         self.gpu = "0"
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
 
@@ -55,6 +60,13 @@ class Runtime:
                 self.triton_url, max_connections=4 * self.config.max_inflight + 16
             )
             await self.upstream.open()
+            self.watch = TritonWatch(
+                self.upstream,
+                embedded=self.embedded,
+                on_restart=self._triton_restarted,
+                probe_interval_s=self.config.probe_interval_s,
+                liveness_grace_s=self.config.liveness_grace_s,
+            )
             policy = make_policy(self.config.policy, self.table, self.device.supported_clocks_mhz())
             scheduler = Scheduler(
                 self.table,
@@ -76,6 +88,7 @@ class Runtime:
             self.metrics.watch_device(self.device, self.gpu)
             self.metrics.default_slo.set(self.config.slo_ms / 1000.0)
             self.dispatcher.start()
+            self.watch.start()
         except BaseException:
             await self.stop()
             raise
@@ -105,7 +118,7 @@ class Runtime:
             assert state_path is not None
             self.embedded = EmbeddedTriton(state_path)
             self.embedded.start()
-            self.known_models.update((SIMNET, NOOP))
+            self.models.known.update((SIMNET, NOOP))
         self.table = self._table(arg if kind == "sim" else self.device.identity.name)
 
     def _table(self, gpu_name: str) -> Time2ClockTable:
@@ -154,21 +167,16 @@ class Runtime:
             )
         return placeholder_table(self.device.supported_clocks_mhz(), cfg.slo_ms / 4)
 
-    async def model_exists(self, model: str) -> bool:
-        """Whether Triton serves ``model`` (remembered once seen; asked again when not)."""
-        if model in self.known_models:
-            return True
-        assert self.upstream is not None
-        try:
-            resp = await self.upstream.request("GET", f"/v2/models/{model}")
-        except UpstreamUnavailableError:
-            return True  # let the request fail with 503 rather than claim the model is unknown
-        if resp.status == 200:
-            self.known_models.add(model)
-            return True
-        return False
+    async def _triton_restarted(self) -> None:
+        self.models.forget()
+
+    @property
+    def triton_up(self) -> bool:
+        return self.watch is None or self.watch.up
 
     async def stop(self) -> None:
+        if self.watch is not None:
+            await self.watch.stop()
         if self.dispatcher is not None:
             await self.dispatcher.stop()
         if self.upstream is not None:
@@ -184,7 +192,7 @@ class Runtime:
             self.device.close()
             self.device = None
         if self.embedded is not None:
-            self.embedded.stop()
+            self.embedded.close(timeout_s=5.0)
             self.embedded = None
         if self._tmp is not None:
             self._tmp.cleanup()

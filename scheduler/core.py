@@ -222,6 +222,11 @@ class Scheduler:
             clock_mhz=self._clock(self.policy.on_complete(self, request, now_s), now_s),
         )
 
+    def cancel(self, request: Request) -> bool:
+        """Forget a waiting ``request`` (abandoned by its client, or timed out); True if it was
+        waiting. A request already dispatched is not recalled: it completes as usual."""
+        return self.queue.remove(request)
+
     def drain(self) -> list[Request]:
         """Take every waiting request out of the queue (shutting down); none is charged."""
         drained = []

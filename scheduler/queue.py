@@ -140,6 +140,25 @@ class PriorityCfsQueue:
             return request
         return None
 
+    def remove(self, request: Request) -> bool:
+        """Take a waiting ``request`` out (its client gave up, its timeout expired); nothing is
+        charged. False when it is not waiting (already dispatched, or never queued)."""
+        if request.seq not in self._queued:
+            return False
+        level = self._levels[request.level]
+        flow = level.flows[request.client_id]
+        was_head = flow.requests[0] is request
+        flow.requests.remove(request)
+        self._queued.discard(request.seq)
+        level.size -= 1
+        self._size -= 1
+        if not flow.requests:
+            self._backlogged_weight -= flow.weight
+            flow.version += 1  # its heap entry goes stale
+        elif was_head:
+            level.push_key(flow)  # keyed by the new head's arrival
+        return True
+
     def settle(self, request: Request, service_ms: float) -> None:
         """Charge the difference between ``request``'s real and expected service time."""
         level = self._levels[request.level]

@@ -376,7 +376,7 @@ def test_nothing_is_left_running(tmp_path: Path) -> None:
                 cmd = (entry / "cmdline").read_bytes()
             except OSError:
                 continue
-            assert f"--http-port={port}".encode() not in cmd, (
+            assert f"\0--http-port\0{port}\0".encode() not in cmd, (
                 f"tritonserver left running: {entry.name}"
             )
     assert os.getpid()
@@ -401,9 +401,10 @@ def test_timeout_expired_in_the_queue_is_503(sidecar: LiveSidecar, slow_gpu: Non
     for t in threads[:3]:
         t.start()
     deadline = time.monotonic() + 10
-    while admin(sidecar, "GET", "/state").json()["queue_length"] < 1:  # two in flight, one waiting
-        assert time.monotonic() < deadline, "the first three never filled the GPU"
-        time.sleep(0.002)
+    with httpx.Client(base_url=f"http://{sidecar.url}", headers=ADMIN) as poll:  # no per-call
+        while poll.get("/admin/state").json()["queue_length"] < 1:  # set-up: two in flight, one
+            assert time.monotonic() < deadline, "the first three never filled the GPU"  # waiting
+            time.sleep(0.002)
     threads[3].start()  # behind them, with a 1 ms timeout
     for t in threads:
         t.join(30)
