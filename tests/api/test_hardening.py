@@ -150,7 +150,7 @@ def test_made_up_models_and_clients_do_not_grow_metrics(sidecar: LiveSidecar) ->
 def test_hostile_admin_requests_are_4xx(sidecar: LiveSidecar) -> None:
     r = httpx.get(
         f"http://{sidecar.url}/admin/state",
-        headers={"Authorization": "Bearer t\u00e9st".encode()},
+        headers={b"Authorization": "Bearer t\u00e9st".encode()},
     )
     assert r.status_code == 401 and "error" in r.json()
     r = httpx.post(
