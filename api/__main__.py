@@ -20,20 +20,12 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    import uvicorn
-
-    from api.app import create_app, create_asgi
+    from api.server import build_server
 
     logging.basicConfig(
         level=config.log_level.upper(), format="%(levelname)s %(name)s: %(message)s"
     )
-    uvicorn.run(
-        create_asgi(create_app(config)),
-        host=config.host,
-        port=config.port,
-        log_level=config.log_level,
-        access_log=False,
-    )
+    build_server(config).run()
     return 0
 
 

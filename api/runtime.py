@@ -7,6 +7,7 @@ import contextlib
 import logging
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from api.config import GatewayConfig
 from api.dispatcher import GpuDispatcher
@@ -49,6 +50,7 @@ class Runtime:
         metrics.model_label = self.models.label
         self.watch: TritonWatch | None = None
         self.draining = False
+        self.pending: set[asyncio.Future[Any]] = set()  # inference requests being handled
         self.gpu = "0"
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
 
@@ -192,7 +194,7 @@ class Runtime:
             self.device.close()
             self.device = None
         if self.embedded is not None:
-            self.embedded.close(timeout_s=5.0)
+            self.embedded.close(timeout_s=3.0)
             self.embedded = None
         if self._tmp is not None:
             self._tmp.cleanup()

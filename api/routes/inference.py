@@ -178,6 +178,8 @@ class InferenceFastPath:
             if not message.get("more_body"):
                 break
         work = asyncio.ensure_future(infer(rt, model, version, b"".join(chunks), headers))
+        rt.pending.add(work)  # a shutdown past its grace period cancels what is left
+        work.add_done_callback(rt.pending.discard)
         gone = asyncio.ensure_future(_disconnected(receive))
         await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
         if not work.done():  # the client went away: so does its request (queue slot included)
@@ -187,6 +189,9 @@ class InferenceFastPath:
             rt.metrics.count(rt.models.label(model), "", "", "abandoned")
             return
         gone.cancel()
+        if work.cancelled():
+            await _send_reply(send, error_body(503, "the sidecar is shutting down"))
+            return
         await _send_reply(send, work.result())
 
 
