@@ -18,6 +18,7 @@ from api.upstream import Upstream
 from api.watch import TritonWatch
 from dvfs.device import Device
 from dvfs.factory import default_device_spec, open_device, parse_device_spec
+from dvfs.lockrecord import GpuLockRecord
 from scheduler.core import Scheduler, SchedulerConfig
 from scheduler.policies import make_policy
 from time2clock.fit import fit_table
@@ -49,6 +50,7 @@ class Runtime:
         self.models = ModelIndex(lambda: self.upstream)
         metrics.model_label = self.models.label
         self.watch: TritonWatch | None = None
+        self.lock: GpuLockRecord | None = None
         self.draining = False
         self.pending: set[asyncio.Future[Any]] = set()  # inference requests being handled
         self.gpu = "0"
@@ -116,6 +118,10 @@ class Runtime:
             self._tmp = tempfile.TemporaryDirectory(prefix="sidecar-")
             state_path = Path(self._tmp.name) / f"gpu{self.gpu}.state"
         self.device = open_device(spec, state_path=state_path)
+        self.lock = GpuLockRecord(cfg.state_dir, self.device)
+        self.lock.acquire(
+            None if self._tmp is None else Path(self._tmp.name), exclusive=kind != "sim"
+        )
         if cfg.embedded:
             assert state_path is not None
             self.embedded = EmbeddedTriton(state_path)
@@ -191,6 +197,9 @@ class Runtime:
                 self.device.reset()
             except Exception:
                 log.exception("could not give the GPU clock back")
+            else:
+                if self.lock is not None:
+                    self.lock.release()
             self.device.close()
             self.device = None
         if self.embedded is not None:

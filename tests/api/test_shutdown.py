@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import threading
@@ -95,3 +96,31 @@ def test_sigterm_lets_accepted_work_finish_then_exits(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_sigkilled_sidecar_is_recovered_on_the_next_start(tmp_path: Path) -> None:
+    first, _ = start_sidecar(tmp_path)
+    below = descendants(first.pid)
+    locks = list((tmp_path / "locks").glob("*.json"))
+    assert len(locks) == 1
+    record = json.loads(locks[0].read_text())
+    assert record["pid"] == first.pid and Path(record["tmp_dir"]).is_dir()
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    deadline = time.monotonic() + 30  # its embedded Triton notices and goes
+    while [p for p in below if Path(f"/proc/{p}").exists()]:
+        assert time.monotonic() < deadline, "the killed sidecar's Triton stayed"
+        time.sleep(0.2)
+    second, _ = start_sidecar(tmp_path)
+    try:
+        log = (tmp_path / "sidecar.log").read_text()
+        assert f"a previous sidecar (pid {first.pid}" in log and "resetting its clock" in log
+        assert not Path(record["tmp_dir"]).exists()
+        assert json.loads(locks[0].read_text())["pid"] == second.pid
+        second.send_signal(signal.SIGTERM)
+        assert second.wait(timeout=40) == 0
+        assert not locks[0].exists()  # a clean exit gave the clock back and the record with it
+    finally:
+        if second.poll() is None:
+            second.kill()
+            second.wait()
