@@ -25,7 +25,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=config.log_level.upper(), format="%(levelname)s %(name)s: %(message)s"
     )
-    build_server(config).run()
+    try:
+        server = build_server(config)
+    except ValueError as err:  # a bad tenants file
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    server.run()
     return 0
 
 

@@ -32,6 +32,7 @@ class GatewayConfig:
     priority_levels: int = 2
     admin_token: str | None = None
     admin_token_file: Path | None = None
+    tenants: Path | None = None
     max_body_bytes: int = 64 * 1024 * 1024
     max_request_elements: int = 16 * 1024 * 1024
     max_header_bytes: int = 64 * 1024
@@ -92,6 +93,8 @@ _HELP = {
     "admin_token": "bearer token for /admin (none: admin API disabled); prefer the variable "
     "or --admin-token-file: a flag shows in the process list",
     "admin_token_file": "a file holding the bearer token for /admin (first line)",
+    "tenants": "a tenants file (TOML): bearer tokens → client id, highest priority, lowest nice, "
+    "default SLO; none: every client is trusted with its hints",
     "max_body_bytes": "largest request body, checked while it streams in (413 beyond)",
     "max_request_elements": "most tensor elements one request may declare (400 beyond); "
     "models' configs bound each input further",
@@ -126,10 +129,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def from_args(args: argparse.Namespace) -> GatewayConfig:
     values = {f.name: getattr(args, f.name) for f in fields(GatewayConfig)}
-    for name in ("table", "state_dir", "admin_token_file"):
+    for name in ("table", "state_dir", "admin_token_file", "tenants"):
         if values[name] is not None:
             values[name] = Path(values[name])
-    for name in ("triton_url", "device", "admin_token", "table", "admin_token_file"):
+    for name in ("triton_url", "device", "admin_token", "table", "admin_token_file", "tenants"):
         if values[name] in ("", None):
             values[name] = None
     if values["admin_token_file"] is not None and values["admin_token"] is None:

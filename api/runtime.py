@@ -14,6 +14,7 @@ from api.dispatcher import GpuDispatcher
 from api.embedded import NOOP, SIMNET, EmbeddedTriton
 from api.metrics import GatewayMetrics
 from api.models import ModelIndex
+from api.tenants import Tenants
 from api.upstream import Upstream
 from api.watch import TritonWatch
 from dvfs.device import Device
@@ -51,6 +52,7 @@ class Runtime:
         metrics.model_label = self.models.label
         self.watch: TritonWatch | None = None
         self.lock: GpuLockRecord | None = None
+        self.tenants = None if config.tenants is None else Tenants.load(config.tenants)
         self.draining = False
         self.pending: set[asyncio.Future[Any]] = set()  # inference requests being handled
         self.gpu = "0"

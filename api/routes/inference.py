@@ -20,6 +20,7 @@ from api.dispatcher import Job, RejectedError, UnavailableError
 from api.errors import error_body
 from api.hints import HEADER_LENGTH, BadRequestError, json_header, parse_hints
 from api.runtime import Runtime
+from api.tenants import UnknownTokenError
 from api.tensors import check_request
 from scheduler.request import Request as SchedRequest
 from scheduler.weights import weight_for_nice
@@ -48,6 +49,12 @@ async def infer(
     except BadRequestError as err:
         metrics.count(label, "", "", "bad_request")
         return error_body(400, str(err))
+    if rt.tenants is not None:
+        try:
+            hints = rt.tenants.apply(hints, headers.get("authorization"))
+        except UnknownTokenError as err:
+            metrics.count(label, "", "", "unauthorized")
+            return error_body(401, str(err))
     client = metrics.client_label(hints.client_id)
     assert rt.dispatcher is not None
     level = rt.dispatcher.scheduler.config.level_of(hints.priority)
