@@ -78,8 +78,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self._reject("408 Request Timeout", "request headers not received in time")
 
     def send_400_response(self, msg: str) -> None:
-        if not self._rejected:  # our own reply has gone out already
-            super().send_400_response(msg)
+        """A request httptools cannot parse: 400 in the protocol's JSON shape, then close."""
+        self._reject("400 Bad Request", msg.replace('"', "'"))
 
     def on_message_begin(self) -> None:
         self._header_bytes = 0

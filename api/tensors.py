@@ -124,7 +124,7 @@ def check_request(
         if not isinstance(name, str) or not name:
             raise BadRequestError(f"inputs[{i}].name must be a non-empty string")
         datatype = tensor.get("datatype")
-        if datatype not in DTYPE_BYTES:
+        if not isinstance(datatype, str) or datatype not in DTYPE_BYTES:
             raise BadRequestError(
                 f"input {name!r}: datatype must be one of {', '.join(DTYPE_BYTES)}, "
                 f"got {datatype!r}"
