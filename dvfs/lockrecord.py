@@ -81,8 +81,8 @@ class GpuLockRecord:
                 previous = None
             else:
                 raise GpuInUseError(
-                    f"{self.device.identity.name} is driven by another sidecar (pid {previous.pid}, "
-                    f"record {self.path})"
+                    f"{self.device.identity.name} is driven by another sidecar "
+                    f"(pid {previous.pid}, record {self.path})"
                 )
         if previous is not None and previous.pid != os.getpid():
             log.warning(
