@@ -33,32 +33,30 @@ VALID = (
 )
 
 
-def _descendants(pid: int) -> list[int]:
+def descendants(pid: int) -> dict[int, bytes]:
+    """Every process below ``pid`` (children, theirs, ...): pid → command line."""
     children: dict[int, list[int]] = {}
+    cmds: dict[int, bytes] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             with contextlib.suppress(OSError, IndexError, ValueError):
                 ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                cmds[int(entry.name)] = (entry / "cmdline").read_bytes()
                 children.setdefault(ppid, []).append(int(entry.name))
-    found, frontier = [], [pid]
+    found: dict[int, bytes] = {}
+    frontier = [pid]
     while frontier:
         for child in children.get(frontier.pop(), []):
-            found.append(child)
+            found[child] = cmds.get(child, b"")
             frontier.append(child)
     return found
 
 
-def _tritonserver(pid: int) -> int | None:
-    for child in _descendants(pid):
-        with contextlib.suppress(OSError):
-            if (
-                Path(f"/proc/{child}/cmdline")
-                .read_bytes()
-                .split(b"\0")[0]
-                .endswith(b"/tritonserver")
-            ):
-                return child
-    return None
+def tritonserver_pids(pid: int) -> list[int]:
+    """The ``tritonserver`` processes below ``pid``."""
+    return [
+        p for p, cmd in descendants(pid).items() if cmd.split(b"\0")[0].endswith(b"/tritonserver")
+    ]
 
 
 def _rss_mb(pid: int, field: str = "VmRSS") -> float:
@@ -91,7 +89,7 @@ class Sidecar:
         raise TimeoutError("the sidecar did not get ready")
 
     def close(self) -> None:
-        pids = _descendants(self.proc.pid)
+        pids = list(descendants(self.proc.pid))
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
@@ -168,11 +166,11 @@ def attack(sc: Sidecar) -> None:
         + f"; /v2/health/live {httpx.get(f'{url}/v2/health/live').status_code}"
     )
 
-    triton = _tritonserver(sc.proc.pid)
-    if triton is None or back is None:
+    tritons = tritonserver_pids(sc.proc.pid)
+    if not tritons or back is None:
         print("kill -9 of Triton: skipped (Triton is already gone)")
         return
-    os.kill(triton, signal.SIGKILL)
+    os.kill(tritons[0], signal.SIGKILL)
     back = _served(url, 60.0)
     print(
         "kill -9 of Triton: "
@@ -181,9 +179,8 @@ def attack(sc: Sidecar) -> None:
 
 
 def frozen_sigterm(sc: Sidecar) -> None:
-    triton = _tritonserver(sc.proc.pid)
-    assert triton is not None
-    os.kill(triton, signal.SIGSTOP)
+    for pid in tritonserver_pids(sc.proc.pid):
+        os.kill(pid, signal.SIGSTOP)
 
     def stuck() -> None:
         with contextlib.suppress(httpx.HTTPError):

@@ -9,7 +9,10 @@ from pathlib import Path
 
 import httpx
 
+from api.adversary import descendants, tritonserver_pids
 from api.embedded import free_port
+
+__all__ = ["descendants", "start_sidecar", "tritonserver_pids"]
 
 
 def start_sidecar(state_dir: Path, *args: str) -> tuple[subprocess.Popen[bytes], str]:
@@ -39,33 +42,3 @@ def start_sidecar(state_dir: Path, *args: str) -> tuple[subprocess.Popen[bytes],
             proc.kill()
             raise TimeoutError("the sidecar did not get ready")
         time.sleep(0.2)
-
-
-def descendants(pid: int) -> dict[int, bytes]:
-    """Every process below ``pid``: pid → command line."""
-    parents: dict[int, int] = {}
-    cmds: dict[int, bytes] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmds[int(entry.name)] = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-    found: dict[int, bytes] = {}
-    frontier = [pid]
-    while frontier:
-        parent = frontier.pop()
-        for child, ppid in parents.items():
-            if ppid == parent and child not in found:
-                found[child] = cmds.get(child, b"")
-                frontier.append(child)
-    return found
-
-
-def tritonserver_pids(pid: int) -> list[int]:
-    return [
-        p for p, cmd in descendants(pid).items() if cmd.split(b"\0")[0].endswith(b"/tritonserver")
-    ]

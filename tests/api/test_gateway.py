@@ -384,29 +384,30 @@ def test_nothing_is_left_running(tmp_path: Path) -> None:
 
 def test_timeout_expired_in_the_queue_is_503(sidecar: LiveSidecar, slow_gpu: None) -> None:
     x = np.ones((1, 16), dtype=np.float32)
-    clients = [client(sidecar) for _ in range(4)]
-    go = threading.Barrier(3)
+    busy = 5  # two in flight, three waiting: the queue stays non-empty for a few service times
+    clients = [client(sidecar) for _ in range(busy + 1)]
+    go = threading.Barrier(busy)
     outcomes: list[str] = []
 
     def send(i: int) -> None:
-        if i < 3:
+        if i < busy:
             go.wait()
         try:
-            clients[i].infer("simnet", [tensor(x)], timeout=1000 if i == 3 else None)
+            clients[i].infer("simnet", [tensor(x)], timeout=1000 if i == busy else None)
             outcomes.append(f"{i}:ok")
         except InferenceServerException as err:
             outcomes.append(f"{i}:{err.status()}:{err.message()}")
 
-    threads = [threading.Thread(target=send, args=(i,)) for i in range(4)]
-    for t in threads[:3]:
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(busy + 1)]
+    for t in threads[:busy]:
         t.start()
     deadline = time.monotonic() + 10
     with httpx.Client(base_url=f"http://{sidecar.url}", headers=ADMIN) as poll:  # no per-call
-        while poll.get("/admin/state").json()["queue_length"] < 1:  # set-up: two in flight, one
-            assert time.monotonic() < deadline, "the first three never filled the GPU"  # waiting
+        while poll.get("/admin/state").json()["queue_length"] < 1:  # set-up
+            assert time.monotonic() < deadline, "the first requests never filled the GPU"
             time.sleep(0.002)
-    threads[3].start()  # behind them, with a 1 ms timeout
+    threads[busy].start()  # behind them, with a 1 ms timeout
     for t in threads:
         t.join(30)
-    assert sorted(outcomes)[:3] == ["0:ok", "1:ok", "2:ok"]
-    assert sorted(outcomes)[3] == "3:503:Request timeout expired"
+    assert sorted(outcomes)[:busy] == [f"{i}:ok" for i in range(busy)]
+    assert sorted(outcomes)[busy] == f"{busy}:503:Request timeout expired"

@@ -170,25 +170,28 @@ def test_abandoned_requests_leave_the_queue(sidecar: LiveSidecar) -> None:
 
         before = executed()
         results: list[int | str] = []
+        # 40 clients, connected up front and released together, that give up after 0.3 s; at
+        # about 100 ms a request, two at a time, the last would wait 2 s.
+        clients = [httpx.Client(base_url=f"http://{sidecar.url}", timeout=0.3) for _ in range(40)]
+        go = threading.Barrier(40)
 
-        def send(timeout_s: float) -> None:
+        def send(i: int) -> None:
+            go.wait()
             try:
-                r = httpx.post(
-                    f"http://{sidecar.url}/v2/models/simnet/infer",
-                    content=infer_body([1, 16], ROW, client_id="patient"),
-                    timeout=timeout_s,
+                r = clients[i].post(
+                    "/v2/models/simnet/infer", content=infer_body([1, 16], ROW, client_id="patient")
                 )
                 results.append(r.status_code)
             except httpx.TimeoutException:
                 results.append("gave up")
 
-        # 40 clients that give up after 0.3 s; at 45 ms a request, two at a time, the last
-        # would wait 0.9 s.
-        threads = [threading.Thread(target=send, args=(0.3,)) for _ in range(40)]
+        threads = [threading.Thread(target=send, args=(i,)) for i in range(40)]
         for t in threads:
             t.start()
         for t in threads:
             t.join(30)
+        for c in clients:
+            c.close()
         gave_up = results.count("gave up")
         assert gave_up >= 10
         deadline = time.monotonic() + 5
