@@ -116,7 +116,7 @@ def _served(url: str, within_s: float) -> float | None:
     return None
 
 
-def attack(sc: Sidecar) -> None:
+def metrics_and_big_body(sc: Sidecar) -> None:
     url = sc.url
     before = _series(url)
     with httpx.Client(timeout=30) as client:
@@ -157,6 +157,9 @@ def attack(sc: Sidecar) -> None:
         f"{max(waits, default=0.0) * 1000:.0f} ms"
     )
 
+
+def absurd_shape(sc: Sidecar) -> None:
+    url = sc.url
     shape = VALID.replace(b"[1, 16]", b"[1, 1000000000000]")
     r = httpx.post(f"{url}/v2/models/simnet/infer", content=shape, timeout=60)
     back = _served(url, 30.0)
@@ -166,15 +169,15 @@ def attack(sc: Sidecar) -> None:
         + f"; /v2/health/live {httpx.get(f'{url}/v2/health/live').status_code}"
     )
 
-    tritons = tritonserver_pids(sc.proc.pid)
-    if not tritons or back is None:
-        print("kill -9 of Triton: skipped (Triton is already gone)")
-        return
-    os.kill(tritons[0], signal.SIGKILL)
-    back = _served(url, 60.0)
+
+def kill_triton(sc: Sidecar) -> None:
+    for pid in tritonserver_pids(sc.proc.pid):
+        os.kill(pid, signal.SIGKILL)
+    back = _served(sc.url, 60.0)
     print(
         "kill -9 of Triton: "
         + (f"served again after {back:.1f} s" if back else "NOT served again within 60 s")
+        + f"; /v2/health/live {httpx.get(f'{sc.url}/v2/health/live').status_code}"
     )
 
 
@@ -203,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("serve_args", nargs="*", help="extra flags for python -m api serve")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="adversary-") as tmp:
-        for step in (attack, frozen_sigterm):
+        for step in (metrics_and_big_body, absurd_shape, kill_triton, frozen_sigterm):
             sc = Sidecar(args.tree.resolve(), Path(tmp), args.serve_args)
             try:
                 step(sc)

@@ -64,6 +64,8 @@ class GracefulServer(uvicorn.Server):
         rt.draining = True
         for server in self.servers:
             server.close()
+        if rt.watch is not None:  # no restarts of Triton while going down
+            await rt.watch.stop()
         dispatcher = rt.dispatcher
         log.warning("shutting down: up to %.0f s for the work already accepted", self.grace_s)
 
