@@ -113,6 +113,16 @@ def check_request(
     the counts are within bounds; ``binary_bytes`` is what follows the JSON header."""
     if json_depth(request) > MAX_JSON_DEPTH:
         raise BadRequestError(f"request JSON is nested deeper than {MAX_JSON_DEPTH}")
+    if "id" in request and not isinstance(request["id"], str):
+        raise BadRequestError("id must be a string")
+    outputs = request.get("outputs", [])
+    if not isinstance(outputs, list) or not all(
+        isinstance(o, dict)
+        and isinstance(o.get("name"), str)
+        and isinstance(o.get("parameters", {}), dict)
+        for o in outputs
+    ):
+        raise BadRequestError("outputs must be a list of objects, each with a string name")
     inputs = request.get("inputs")
     if not isinstance(inputs, list) or not inputs:
         raise BadRequestError("inputs must be a non-empty list of tensors")
