@@ -1,10 +1,10 @@
 """Which models Triton serves, and what their configs allow: cached, refreshed on a miss.
 
-Names come from Triton's repository index (``POST /v2/repository/index``), asked again on an
-unknown name at most once per ``refresh_s`` (so a flood of made-up names costs Triton one call a
-second, not one each). A Triton that restricts the index is asked per model instead
-(``GET /v2/models/<m>``), positives remembered. Anything else a client names is unknown: 404,
-and the metric label ``unknown``.
+Names come from Triton's repository index (``POST /v2/repository/index``, asked again at most
+once per ``refresh_s``), and, for a name the index does not list (PyTriton's index is empty; a
+Triton may restrict it), from ``GET /v2/models/<m>``: positives are remembered, negatives for
+``refresh_s`` (a flood of one made-up name costs Triton one call a second). Anything else a
+client names is unknown: 404, and the metric label ``unknown``.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from api.upstream import Upstream, UpstreamUnavailableError
 
 log = logging.getLogger(__name__)
 UNKNOWN = "unknown"
+MAX_REFUSED = 4096
+MAX_NAME_CHARS = 256
 
 
 class ModelIndex:
@@ -39,6 +41,7 @@ class ModelIndex:
         self._limits: dict[str, ModelLimits] = {}
         self._refreshed_at_s: float | None = None
         self._index_allowed = True
+        self._refused: dict[str, float] = {}  # unknown names, asked again after refresh_s
 
     def label(self, model: str) -> str:
         """The metric label for ``model``: its name when Triton serves it, else ``unknown``."""
@@ -49,23 +52,33 @@ class ModelIndex:
         fails with 503, not with a 404 that would be a guess)."""
         if model in self.known:
             return True
+        if len(model) > MAX_NAME_CHARS or not model.isprintable():
+            return False  # no Triton model is named so; not worth asking
+        now = self._now()
+        refused_at = self._refused.get(model)
+        if refused_at is not None and now - refused_at < self.refresh_s:
+            return False
         upstream = self._upstream()
         if upstream is None:
             return True
         try:
-            if self._index_allowed:
-                now = self._now()
-                if self._refreshed_at_s is None or now - self._refreshed_at_s >= self.refresh_s:
-                    self._refreshed_at_s = now
-                    await self._refresh(upstream)
-                if self._index_allowed:
-                    return model in self.known
+            if self._index_allowed and (
+                self._refreshed_at_s is None or now - self._refreshed_at_s >= self.refresh_s
+            ):
+                self._refreshed_at_s = now
+                await self._refresh(upstream)
+                if model in self.known:
+                    return True
+            # Not (yet) in the index: some Tritons list no models there (PyTriton's is empty).
             resp = await upstream.request("GET", f"/v2/models/{model}", timeout_s=5.0)
         except UpstreamUnavailableError:
             return True
         if resp.status == 200:
             self.known.add(model)
             return True
+        if len(self._refused) >= MAX_REFUSED:
+            self._refused.clear()
+        self._refused[model] = now
         return False
 
     async def _refresh(self, upstream: Upstream) -> None:

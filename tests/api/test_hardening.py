@@ -18,7 +18,8 @@ import tritonclient.http as httpclient
 from prometheus_client.parser import text_string_to_metric_families
 
 from api.config import GatewayConfig
-from api.embedded import free_port
+from api.embedded import EmbeddedTriton, free_port
+from dvfs.simulated import SimulatedDevice
 from tests.api.live import LiveSidecar, embedded_config
 
 ADMIN = {"Authorization": "Bearer test-token"}
@@ -291,3 +292,35 @@ def test_tritonclient_still_works(sidecar: LiveSidecar) -> None:
     t.set_data_from_numpy(x, binary_data=True)
     out = c.infer("simnet", [t], timeout=0)
     np.testing.assert_array_equal(out.as_numpy("OUTPUT0"), 2 * x)
+
+
+def test_an_external_triton_that_returns_is_served_again(tmp_path: Path) -> None:
+    triton = EmbeddedTriton(tmp_path / "gpu.state")
+    SimulatedDevice("v100", state_path=tmp_path / "gpu.state").close()
+    with triton:
+        cfg = GatewayConfig(
+            triton_url=triton.url,
+            device="sim:v100",
+            policy="max",
+            state_dir=tmp_path,
+            probe_interval_s=0.1,
+        )
+        with LiveSidecar(cfg) as sc:
+            body = infer_body([1, 16], ROW)
+            assert sc.post("/v2/models/simnet/infer", content=body).status_code == 200
+            triton.stop()
+            deadline = time.monotonic() + 10
+            while sc.get("/v2/health/ready").status_code != 503:
+                assert time.monotonic() < deadline, "readiness stayed 200 with Triton gone"
+                time.sleep(0.05)
+            r = sc.post("/v2/models/simnet/infer", content=body)
+            assert r.status_code == 503 and r.headers["retry-after"] == "1"
+            port = triton.ports.http
+            triton.start()  # same ports when free: the sidecar's --triton-url still points there
+            if triton.ports.http != port:
+                pytest.skip("the port was taken meanwhile; cannot come back at the same address")
+            deadline = time.monotonic() + 30
+            while sc.post("/v2/models/simnet/infer", content=body).status_code != 200:
+                assert time.monotonic() < deadline, "not served again after Triton came back"
+                time.sleep(0.1)
+            assert sc.get("/v2/health/ready").status_code == 200
