@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from dataclasses import replace
@@ -13,7 +14,6 @@ import uvicorn
 from api.app import create_app, create_asgi
 from api.config import GatewayConfig
 from api.connection import bounded_protocol
-from api.embedded import free_port
 from api.runtime import Runtime
 from api.shutdown import GracefulServer
 
@@ -44,11 +44,19 @@ class SidecarServer:
     embedded Triton (if any) starts with it and is stopped with it."""
 
     def __init__(self, config: GatewayConfig, *, start_timeout_s: float = 180.0) -> None:
-        self.config = replace(config, port=free_port()) if config.port == 0 else config
+        self._sock: socket.socket | None = None
+        if config.port == 0:  # bound now, so no other process can take the port meanwhile
+            self._sock = socket.socket()
+            self._sock.bind((config.host, 0))
+            config = replace(config, port=self._sock.getsockname()[1])
+        self.config = config
         self.server = build_server(self.config, log_level="warning")
         self.app = self.server.app  # type: ignore[attr-defined]
-        self.thread = threading.Thread(target=self.server.run, name="sidecar", daemon=True)
+        self.thread = threading.Thread(target=self._run, name="sidecar", daemon=True)
         self.start_timeout_s = start_timeout_s
+
+    def _run(self) -> None:
+        self.server.run(sockets=None if self._sock is None else [self._sock])
 
     @property
     def url(self) -> str:
@@ -74,6 +82,8 @@ class SidecarServer:
     def close(self) -> None:
         self.server.should_exit = True
         self.thread.join(90.0)
+        if self._sock is not None:
+            self._sock.close()
 
     def __exit__(
         self,
