@@ -23,20 +23,17 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, EmbeddedUnavailableError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    import uvicorn
-
-    from api.app import create_app, create_asgi
+    from api.server import build_server
 
     logging.basicConfig(
         level=config.log_level.upper(), format="%(levelname)s %(name)s: %(message)s"
     )
-    uvicorn.run(
-        create_asgi(create_app(config)),
-        host=config.host,
-        port=config.port,
-        log_level=config.log_level,
-        access_log=False,
-    )
+    try:
+        server = build_server(config)
+    except ValueError as err:  # a bad tenants file
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    server.run()
     return 0
 
 

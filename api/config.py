@@ -33,6 +33,17 @@ class GatewayConfig:
     max_queue: int = 1000
     priority_levels: int = 2
     admin_token: str | None = None
+    admin_token_file: Path | None = None
+    tenants: Path | None = None
+    max_body_bytes: int = 64 * 1024 * 1024
+    max_request_elements: int = 16 * 1024 * 1024
+    max_header_bytes: int = 64 * 1024
+    max_connections: int = 1024
+    read_timeout_s: float = 10.0
+    idle_timeout_s: float = 5.0
+    probe_interval_s: float = 0.5
+    liveness_grace_s: float = 60.0
+    shutdown_grace_s: float = 20.0
     state_dir: Path = field(default_factory=default_state_dir)
     profile_models: tuple[str, ...] = ("simnet", "simbert")
     profile_clocks: int = 8
@@ -55,6 +66,23 @@ class GatewayConfig:
             raise ValueError(f"--slo-ms must be > 0, got {self.slo_ms}")
         if self.max_inflight < 1 or self.max_queue < 1:
             raise ValueError("--max-inflight and --max-queue must be >= 1")
+        for name in (
+            "max_body_bytes",
+            "max_request_elements",
+            "max_header_bytes",
+            "max_connections",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+        for name in (
+            "read_timeout_s",
+            "idle_timeout_s",
+            "probe_interval_s",
+            "liveness_grace_s",
+            "shutdown_grace_s",
+        ):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be > 0")
 
     @property
     def embedded(self) -> bool:
@@ -76,7 +104,21 @@ _HELP = {
     "can use: (instances + 1) × max_batch_size, or less when the policy says so)",
     "max_queue": "requests waiting per GPU before new ones are refused (429)",
     "priority_levels": "priority levels (1 highest; 0 in a request means the lowest)",
-    "admin_token": "bearer token for /admin (none: admin API disabled)",
+    "admin_token": "bearer token for /admin (none: admin API disabled); prefer the variable "
+    "or --admin-token-file: a flag shows in the process list",
+    "admin_token_file": "a file holding the bearer token for /admin (first line)",
+    "tenants": "a tenants file (TOML): bearer tokens → client id, highest priority, lowest nice, "
+    "default SLO; none: every client is trusted with its hints",
+    "max_body_bytes": "largest request body, checked while it streams in (413 beyond)",
+    "max_request_elements": "most tensor elements one request may declare (400 beyond); "
+    "models' configs bound each input further",
+    "max_header_bytes": "largest request line + headers (431 beyond, connection closed)",
+    "max_connections": "open connections (and requests) at once; beyond them, 503",
+    "read_timeout_s": "seconds a client may take to send its headers, and between body chunks",
+    "idle_timeout_s": "seconds an idle keep-alive connection stays open",
+    "probe_interval_s": "seconds between probes of Triton's readiness",
+    "liveness_grace_s": "seconds Triton may stay down before /v2/health/live says 503",
+    "shutdown_grace_s": "seconds queued work gets after SIGTERM; then 503 and exit",
     "state_dir": "where tables are cached",
     "profile_models": "embedded models to profile at start-up, comma-separated (others: top clock)",
     "profile_clocks": "clocks to sweep when profiling at start-up",
@@ -134,7 +176,22 @@ def from_args(args: argparse.Namespace) -> GatewayConfig:
     values["state_dir"] = Path(values["state_dir"])
     values["table"] = tuple(Path(p) for p in _list(values["table"]))
     values["profile_models"] = _list(values["profile_models"])
+    for name in ("admin_token_file", "tenants"):
+        values[name] = Path(values[name]) if values[name] not in ("", None) else None
     for name in ("triton_url", "triton_grpc_url", "device", "admin_token"):
         if values[name] in ("", None):
             values[name] = None
+    if values["admin_token_file"] is not None and values["admin_token"] is None:
+        values["admin_token"] = read_token(values["admin_token_file"])
     return GatewayConfig(**values)
+
+
+def read_token(path: Path) -> str:
+    """The first line of ``path``, stripped; ValueError names the file when it is unusable."""
+    try:
+        token = path.read_text().splitlines()[0].strip() if path.stat().st_size else ""
+    except (OSError, UnicodeDecodeError, IndexError) as err:
+        raise ValueError(f"--admin-token-file {path}: {err}") from None
+    if not token:
+        raise ValueError(f"--admin-token-file {path} is empty")
+    return token

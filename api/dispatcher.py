@@ -27,6 +27,7 @@ from scheduler.request import Request
 from time2clock.table import ModelTable
 
 log = logging.getLogger(__name__)
+MAX_TIMER_US = 86_400 * 10**6  # a queued timeout longer than a day is not worth a timer
 
 
 class RejectedError(Exception):
@@ -149,18 +150,28 @@ class GpuDispatcher:
         self._clock.start()
         self.change_policy()
 
-    async def stop(self) -> None:
-        """Answer everything still waiting, let in-flight requests finish, stop the clock task."""
+    async def stop(self, inflight_timeout_s: float = 30.0) -> None:
+        """Answer everything still waiting, give in-flight requests ``inflight_timeout_s`` to
+        finish (then answer them 503: a hung Triton must not hold the exit), stop the clock."""
         self._closed = True
         if self._timer is not None:
             self._timer.cancel()
         for request in self.scheduler.drain():
             self._fail(request, UnavailableError("the sidecar is shutting down"))
         if self._sends:
-            await asyncio.wait(self._sends, timeout=30.0)
+            await asyncio.wait(self._sends, timeout=inflight_timeout_s)
+        for task in list(self._sends):
+            task.cancel()
+        if self._sends:
+            await asyncio.wait(self._sends, timeout=1.0)
         await self._clock.stop()
         if self.shadow is not None:
             await self.shadow.stop()
+
+    @property
+    def idle(self) -> bool:
+        """Nothing waiting and nothing in flight."""
+        return not self.scheduler.queue_len and not self.scheduler.inflight
 
     def change_policy(self) -> None:
         """The core's policy is new (or first): apply its clock, publish it, arm its timer."""
@@ -180,7 +191,31 @@ class GpuDispatcher:
             raise RejectedError(result.reason or "refused")
         self._apply(result.clock_mhz)
         self._pump()
-        return await job.future
+        timer = None
+        if job.timeout_us is not None and job.timeout_us < MAX_TIMER_US and not job.future.done():
+            timer = asyncio.get_running_loop().call_later(
+                job.timeout_us / 1e6, self._expire, request
+            )
+        try:
+            return await job.future
+        except asyncio.CancelledError:  # the client went away: its place in the queue goes too
+            self._forget(request)
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+    def _expire(self, request: Request[Job]) -> None:
+        """A queued request's ``timeout`` ran out: answered now, not when it reaches the head."""
+        if self._forget(request):
+            self._fail(request, UnavailableError("Request timeout expired"))
+
+    def _forget(self, request: Request[Job]) -> bool:
+        if not self.scheduler.cancel(request):
+            return False
+        self._gauges()
+        self._arm_timer()
+        return True
 
     def _pump(self) -> None:
         """Send what the core says to send, while it has room."""
@@ -195,7 +230,9 @@ class GpuDispatcher:
                 self.scheduler.on_complete(request, 0.0, now)
                 self._fail(request, UnavailableError("Request timeout expired"))
                 continue
-            self.metrics.queue_delay.labels(request.model).observe(now - request.arrival_s)
+            self.metrics.queue_delay.labels(self.metrics.model_label(request.model)).observe(
+                now - request.arrival_s
+            )
             task = asyncio.create_task(self._send(request, now))
             self._sends.add(task)
             task.add_done_callback(self._sends.discard)
@@ -211,6 +248,9 @@ class GpuDispatcher:
                 response = await job.send()
             else:
                 response = await self.upstream.request("POST", job.path, job.body, job.headers)
+        except asyncio.CancelledError:  # shutting down with Triton not answering
+            self._fail(request, UnavailableError("the sidecar is shutting down"))
+            raise
         except UpstreamUnavailableError as err:
             error = UnavailableError(str(err))
         except Exception as err:  # answered below, never silently dropped
@@ -226,12 +266,13 @@ class GpuDispatcher:
             self._fail(request, error or UnavailableError("no response from Triton"))
         else:
             latency_s = now - request.arrival_s
-            self.metrics.latency.labels(request.model, client).observe(latency_s)
+            model = self.metrics.model_label(request.model)
+            self.metrics.latency.labels(model, client).observe(latency_s)
             if response.ok:
                 if self.shadow is not None:
                     self.shadow.on_complete(request.model)
                 met = "true" if latency_s * 1000.0 <= request.slo_ms else "false"
-                self.metrics.slo.labels(request.model, client, met).inc()
+                self.metrics.slo.labels(model, client, met).inc()
             if not job.future.done():
                 job.future.set_result(response)
         self._pump()

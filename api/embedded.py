@@ -135,11 +135,12 @@ def _serve(state_path: str, ports: EmbeddedPorts, instances: int, binder: Binder
 
     parent = os.getppid()
     logging.getLogger("pytriton").setLevel(logging.WARNING)
-    config = TritonConfig(
+    config = TritonConfig(  # every port on localhost only: nothing may bypass the sidecar
         http_address="127.0.0.1",
         http_port=ports.http,
         grpc_address="127.0.0.1",  # only the sidecar talks to it
         grpc_port=ports.grpc,
+        metrics_address="127.0.0.1",
         metrics_port=ports.metrics,
         log_verbose=0,
         exit_timeout_secs=2,
@@ -150,7 +151,9 @@ def _serve(state_path: str, ports: EmbeddedPorts, instances: int, binder: Binder
     with Triton(config=config, security_config=security) as triton:
         binder(triton, state_path, instances)
         triton.run()
-        while not stopping[0] and os.getppid() == parent:  # the sidecar gone: do not outlive it
+        # The sidecar gone: do not outlive it. Triton gone (killed, crashed): exit, so that the
+        # sidecar sees this process end and starts a fresh one.
+        while not stopping[0] and os.getppid() == parent and triton.is_alive():
             time.sleep(0.2)
     # Whatever Triton left behind (a backend stub that missed the shutdown) is in our group.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -216,10 +219,25 @@ class EmbeddedTriton:
         self.start_timeout_s = start_timeout_s
         self.ports = EmbeddedPorts(free_port(), free_port(), free_port())
         self._proc: BaseProcess | None = None
+        self._closed = False
+        self.restarts = 0
 
     @property
     def url(self) -> str:
         return self.ports.url
+
+    def alive(self) -> bool:
+        """Whether the child that runs Triton is still there (it exits when Triton dies)."""
+        proc = self._proc
+        return proc is not None and proc.is_alive()
+
+    def restart(self, stop_timeout_s: float = 5.0) -> None:
+        """Stop what is left of Triton and start a fresh one (same ports if they are free)."""
+        if self._closed:
+            return
+        self.stop(stop_timeout_s)
+        self.restarts += 1
+        self.start()
 
     def start(self, attempts: int = 3) -> None:
         """Start Triton and wait until it serves; retried on a failed start-up.
@@ -230,6 +248,8 @@ class EmbeddedTriton:
         """
         require_embedded()
         for attempt in range(1, attempts + 1):
+            if self._closed:
+                raise RuntimeError("embedded Triton is closed")
             try:
                 self._start_once()
                 return
@@ -253,6 +273,9 @@ class EmbeddedTriton:
         except BaseException:
             self.stop()
             raise
+        if self._closed:  # closed while a restart was starting it (in another thread)
+            self.stop()
+            raise RuntimeError("embedded Triton closed while starting")
         log.info("embedded Triton ready at %s", self.url)
 
     def _wait_ready(self, deadline: float) -> None:
@@ -292,5 +315,10 @@ class EmbeddedTriton:
         self.start()
         return self
 
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Stop Triton for good: a restart in progress elsewhere stops too."""
+        self._closed = True
+        self.stop(timeout_s)
+
     def __exit__(self, *exc: object) -> None:
-        self.stop()
+        self.close()

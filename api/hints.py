@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 HEADER_LENGTH = "inference-header-content-length"
 MAX_CLIENT_ID = 128
+MAX_TIMEOUT_US = 2**64 - 1  # Triton reads ``timeout`` as an unsigned 64-bit microsecond count
 
 
 class BadRequestError(ValueError):
@@ -69,8 +70,10 @@ def json_header(body: bytes, headers: Mapping[str, str]) -> dict[str, Any]:
         raw = body
     try:
         obj = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+    except ValueError as err:  # bad JSON or UTF-8, or an integer past Python's 4,300 digits
         raise BadRequestError(f"malformed request body: {err}") from None
+    except RecursionError:
+        raise BadRequestError("malformed request body: JSON nested too deeply") from None
     if not isinstance(obj, dict):
         raise BadRequestError("malformed request body: expected a JSON object")
     return obj
@@ -87,6 +90,13 @@ def _int(name: str, value: Any, lo: int, hi: int | None) -> int:
         allowed = f"{lo}..{hi}" if hi is not None else f">= {lo}"
         raise BadRequestError(f"{name} must be in {allowed}, got {number}")
     return number
+
+
+def _strict_int(name: str, value: Any, lo: int, hi: int) -> int:
+    """A parameter Triton itself reads: a JSON integer, not a string that looks like one."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadRequestError(f"{name} must be an integer, got {value!r}")
+    return _int(name, value, lo, hi)
 
 
 def _positive(name: str, value: Any) -> float:
@@ -114,8 +124,13 @@ def parse_hints(
     def pick(param: str, header: str) -> Any:
         return params[param] if param in params else headers.get(header)
 
-    priority = pick("priority", "x-priority")
+    priority = params.get("priority")
+    if priority is not None:
+        priority = _strict_int("priority", priority, 0, priority_levels)
+    else:
+        priority = headers.get("x-priority")
     timeout = params.get("timeout")
+    timeout_us = None if timeout is None else _strict_int("timeout", timeout, 0, MAX_TIMEOUT_US)
     nice = pick("nice", "x-nice")
     slo = pick("slo_ms", "x-slo-ms")
     client = pick("client_id", "x-client-id")
@@ -123,7 +138,7 @@ def parse_hints(
         raise BadRequestError(f"client_id must be a string of 1..{MAX_CLIENT_ID} characters")
     return Hints(
         priority=0 if priority is None else _int("priority", priority, 0, priority_levels),
-        timeout_us=None if timeout is None else _int("timeout", timeout, 0, None),
+        timeout_us=timeout_us or None,  # Triton's rule: 0 means no timeout
         nice=0 if nice is None else _int("nice", nice, NICE_MIN, NICE_MAX),
         slo_ms=None if slo is None else _positive("slo_ms", slo),
         client_id=client or "default",

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import re
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -35,6 +36,14 @@ LATENCY_BUCKETS_S = (
     10.0,
 )
 MAX_CLIENT_LABELS = 100  # beyond this, clients share the label "other" (bounded cardinality)
+MAX_LABEL_CHARS = 64
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.:@/+=-]")
+
+
+def sanitize_label(value: str) -> str:
+    """A label value safe to export: printable ASCII of a few kinds, at most 64 characters
+    (a client may send anything: NULs, newlines, 10,000 characters)."""
+    return _UNSAFE.sub("_", value[:MAX_LABEL_CHARS]) or "_"
 
 
 class DeviceCollector(Collector):
@@ -149,6 +158,8 @@ class GatewayMetrics:
             "sidecar_default_slo_seconds", "SLO of requests that name none.", registry=r
         )
         self._clients: set[str] = set()
+        # The model label: the runtime puts its model index here (known names, else "unknown").
+        self.model_label: Callable[[str], str] = sanitize_label
         self._request_children: dict[tuple[str, str, str, str, str], Any] = {}
         self.requests_by_protocol: dict[str, int] = {}  # for the admin state
 
@@ -164,11 +175,13 @@ class GatewayMetrics:
         self.requests_by_protocol[protocol] = self.requests_by_protocol.get(protocol, 0) + 1
 
     def client_label(self, client_id: str) -> str:
-        if client_id in self._clients:
-            return client_id
+        """The first ``MAX_CLIENT_LABELS`` clients by name (sanitised), then ``other``."""
+        label = sanitize_label(client_id)
+        if label in self._clients:
+            return label
         if len(self._clients) < MAX_CLIENT_LABELS:
-            self._clients.add(client_id)
-            return client_id
+            self._clients.add(label)
+            return label
         return "other"
 
     def watch_device(self, device: Device, index: str) -> None:

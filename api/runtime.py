@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import tempfile
 from pathlib import Path
@@ -14,9 +13,13 @@ from api.config import GatewayConfig
 from api.dispatcher import GpuDispatcher, Job
 from api.embedded import EMULATED, NOOP, EmbeddedTriton
 from api.metrics import GatewayMetrics
-from api.upstream import Upstream, UpstreamUnavailableError
+from api.models import ModelIndex
+from api.tenants import Tenants
+from api.upstream import Upstream
+from api.watch import TritonWatch
 from dvfs.device import Device
 from dvfs.factory import default_device_spec, open_device, parse_device_spec
+from dvfs.lockrecord import GpuLockRecord
 from dvfs.profiles import get_profile
 from dvfs.readonly import ReadOnlyDevice
 from scheduler.core import Scheduler, SchedulerConfig
@@ -51,7 +54,13 @@ class Runtime:
         self.embedded: EmbeddedTriton | None = None
         self.upstream: Upstream | None = None
         self.dispatcher: GpuDispatcher | None = None
-        self.known_models: set[str] = set()
+        self.models = ModelIndex(lambda: self.upstream, on_config=self._model_config)
+        metrics.model_label = self.models.label
+        self.watch: TritonWatch | None = None
+        self.lock: GpuLockRecord | None = None
+        self.tenants = None if config.tenants is None else Tenants.load(config.tenants)
+        self.draining = False
+        self.pending: set[asyncio.Future[Any]] = set()  # inference requests being handled
         self.gpu = "0"
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
 
@@ -61,6 +70,13 @@ class Runtime:
             assert self.device is not None
             self.upstream = Upstream(self.triton_url, max_connections=self.config.max_inflight + 16)
             await self.upstream.open()
+            self.watch = TritonWatch(
+                self.upstream,
+                embedded=self.embedded,
+                on_restart=self._triton_restarted,
+                probe_interval_s=self.config.probe_interval_s,
+                liveness_grace_s=self.config.liveness_grace_s,
+            )
             policy = make_policy(self.config.policy, self.device.supported_clocks_mhz())
             scheduler: Scheduler[Job] = Scheduler(
                 tables,
@@ -83,6 +99,7 @@ class Runtime:
             self.metrics.watch_device(self.device, self.gpu)
             self.metrics.default_slo.set(self.config.slo_ms / 1000.0)
             self.dispatcher.start()
+            self.watch.start()
         except BaseException:
             await self.stop()
             raise
@@ -120,13 +137,18 @@ class Runtime:
             self._tmp = tempfile.TemporaryDirectory(prefix="sidecar-")
             state_path = Path(self._tmp.name) / f"gpu{self.gpu}.state"
         self.device = open_device(spec, state_path=state_path)
-        if cfg.shadow:  # no write can reach the GPU, whatever asks for one
+        if cfg.shadow:  # no write can reach the GPU, whatever asks for one; it locks nothing
             self.device = ReadOnlyDevice(self.device)
+        else:
+            self.lock = GpuLockRecord(cfg.state_dir, self.device)
+            self.lock.acquire(
+                None if self._tmp is None else Path(self._tmp.name), exclusive=kind != "sim"
+            )
         if cfg.embedded:
             assert state_path is not None
             self.embedded = EmbeddedTriton(state_path)
             self.embedded.start()
-            self.known_models.add(NOOP)
+            self.models.known.update((*EMULATED, NOOP))
         gpu_name = arg if kind == "sim" else self.device.identity.name
         if cfg.table:
             return TableSet.load_many(cfg.table)
@@ -195,19 +217,19 @@ class Runtime:
         return tables
 
     async def model_exists(self, model: str) -> bool:
-        """Whether Triton serves ``model``; the first time, also how (its batching), which the
-        scheduler needs. Remembered once seen; asked again when not."""
-        if model in self.known_models:
-            return True
-        assert self.upstream is not None and self.dispatcher is not None
-        try:
-            resp = await self.upstream.request("GET", f"/v2/models/{model}/config")
-        except UpstreamUnavailableError:
-            return True  # let the request fail with 503 rather than claim the model is unknown
-        if resp.status != 200:
+        """Whether Triton serves ``model``; the first time, also its config (the bounds of its
+        inputs, and its batching, which the scheduler needs)."""
+        if not await self.models.exists(model):
             return False
+        await self.models.limits(model)
+        return True
+
+    def _model_config(self, model: str, config: dict[str, Any]) -> None:
+        """Triton's config of ``model``, read once: tell the scheduler how it batches."""
+        if self.dispatcher is None:
+            return
         try:
-            serving = serving_from_config(json.loads(resp.body))
+            serving = serving_from_config(config)
         except (ValueError, KeyError, TypeError) as err:
             log.warning("could not read %s's batching from its config (%s); batch 1", model, err)
             serving = ModelServing()
@@ -218,10 +240,17 @@ class Runtime:
             serving.max_batch,
             serving.instances,
         )
-        self.known_models.add(model)
-        return True
+
+    async def _triton_restarted(self) -> None:
+        self.models.forget()
+
+    @property
+    def triton_up(self) -> bool:
+        return self.watch is None or self.watch.up
 
     async def stop(self) -> None:
+        if self.watch is not None:
+            await self.watch.stop()
         if self.dispatcher is not None:
             await self.dispatcher.stop()
         if self.upstream is not None:
@@ -235,10 +264,13 @@ class Runtime:
                     self.device.reset()
                 except Exception:
                     log.exception("could not give the GPU clock back")
+                else:
+                    if self.lock is not None:
+                        self.lock.release()
             self.device.close()
             self.device = None
         if self.embedded is not None:
-            self.embedded.stop()
+            self.embedded.close(timeout_s=3.0)
             self.embedded = None
         if self._tmp is not None:
             self._tmp.cleanup()

@@ -50,20 +50,39 @@ class Upstream:
             skip_auto_headers=("Accept-Encoding", "User-Agent"),
         )
 
+    async def retarget(self, url: str) -> None:
+        """Talk to Triton at ``url`` from now on (the embedded one restarted on new ports)."""
+        new_url = url if url.startswith("http") else f"http://{url}"
+        if new_url == self.url and self._session is not None:
+            return
+        old, self._session = self._session, None
+        self.url = new_url
+        await self.open()
+        if old is not None:
+            await old.close()
+
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
             self._session = None
 
     async def request(
-        self, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None
+        self,
+        method: str,
+        path: str,
+        body: bytes = b"",
+        headers: dict[str, str] | None = None,
+        *,
+        timeout_s: float | None = None,
     ) -> UpstreamResponse:
-        """Send one request; :class:`UpstreamUnavailableError` when Triton cannot be reached."""
+        """Send one request; :class:`UpstreamUnavailableError` when Triton cannot be reached
+        (or does not answer within ``timeout_s``, when given)."""
         if self._session is None:
             raise UpstreamUnavailableError("the connection to Triton is closed")
+        timeout = self._timeout if timeout_s is None else aiohttp.ClientTimeout(total=timeout_s)
         try:
             async with self._session.request(
-                method, path, data=body or None, headers=headers
+                method, path, data=body or None, headers=headers, timeout=timeout
             ) as resp:
                 content = await resp.read()
                 out = {

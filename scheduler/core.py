@@ -292,6 +292,14 @@ class Scheduler(Generic[P]):
             request=request, clock_mhz=self._clock(self.policy.on_complete(self, request, now_s))
         )
 
+    def cancel(self, request: Request[P]) -> bool:
+        """Forget a waiting ``request`` (abandoned by its client, or timed out); True if it was
+        waiting. A request already dispatched is not recalled: it completes as usual."""
+        if not self.queue.remove(request):
+            return False
+        self._unqueue(request)
+        return True
+
     def drain(self) -> list[Request[P]]:
         """Take every waiting request out of the queue (shutting down); none is charged."""
         drained = []

@@ -137,7 +137,8 @@ class PriorityCfsQueue(Generic[P]):
 
     def take(self, request: Request[P], expected_ms: float) -> None:
         """Take ``request`` (waiting, in any position) and charge its flow as :meth:`pop` does."""
-        self.remove(request)
+        removed = self.remove(request)
+        assert removed, "only a waiting request is taken"
         level = self._levels[request.level]
         flow = level.flows[request.client_id]
         request.charged_ms = expected_ms
@@ -145,24 +146,27 @@ class PriorityCfsQueue(Generic[P]):
         flow.inflight += 1
         if flow.requests:
             level.push_key(flow)  # re-keyed on the vruntime just charged
-            level.advance_min()
+        level.advance_min()
 
-    def remove(self, request: Request[P]) -> None:
-        """Take ``request`` out of the queue, uncharged; KeyError if it is not waiting."""
+    def remove(self, request: Request[P]) -> bool:
+        """Take a waiting ``request`` out (its client gave up, its timeout expired; or to send
+        it out of turn); nothing is charged. False when it is not waiting (already dispatched,
+        or never queued)."""
         if request.seq not in self._queued:
-            raise KeyError(f"request {request.seq} is not waiting")
+            return False
         level = self._levels[request.level]
         flow = level.flows[request.client_id]
         was_head = flow.requests[0] is request
         flow.requests.remove(request)
-        if not flow.requests:
-            self._backlogged_weight -= flow.weight
-        elif was_head:
-            level.push_key(flow)  # its key is its head's: the old heap entry goes stale
+        self._queued.discard(request.seq)
         level.size -= 1
         self._size -= 1
-        level.advance_min()
-        self._queued.discard(request.seq)
+        if not flow.requests:
+            self._backlogged_weight -= flow.weight
+            flow.version += 1  # its heap entry goes stale
+        elif was_head:
+            level.push_key(flow)  # keyed by the new head's arrival
+        return True
 
     def settle(self, request: Request[P], service_ms: float) -> None:
         """Charge the difference between ``request``'s real and expected service time."""

@@ -39,7 +39,8 @@ def require_admin(
         raise HTTPException(
             403, "admin API disabled: start the sidecar with --admin-token or SIDECAR_ADMIN_TOKEN"
         )
-    if credentials is None or not secrets.compare_digest(credentials.credentials, token):
+    given = None if credentials is None else credentials.credentials.encode()
+    if given is None or not secrets.compare_digest(given, token.encode()):
         raise HTTPException(
             401,
             "admin API needs 'Authorization: Bearer <token>'",
@@ -146,7 +147,7 @@ async def reload_table(request: Request, rt: Admin) -> dict[str, Any]:
     reload = await _json(request, TableReload)
     try:
         loaded = await asyncio.to_thread(TableSet.load, Path(reload.path))
-    except TableError as err:
+    except (TableError, OSError, ValueError) as err:
         raise HTTPException(400, str(err)) from None
     assert rt.dispatcher is not None
     scheduler = rt.dispatcher.scheduler

@@ -13,8 +13,12 @@ router = APIRouter(tags=["health and metadata"])
 
 
 @router.get("/v2/health/live")
-async def live() -> Response:
-    """The sidecar is up (it answers even when Triton does not)."""
+async def live(request: Request) -> Response:
+    """The sidecar is up; 503 once Triton has been down past ``--liveness-grace-s`` (then only a
+    restart of the pod will help)."""
+    rt: Runtime = request.app.state.runtime
+    if rt.watch is not None and not rt.watch.live():
+        return error(503, f"Triton has been down for over {rt.config.liveness_grace_s:g} s")
     return Response(status_code=200)
 
 
@@ -37,6 +41,10 @@ async def ready(request: Request) -> Response:
     rt: Runtime = request.app.state.runtime
     if rt.dispatcher is None:
         return error(503, "the sidecar is starting")
+    if rt.draining:
+        return error(503, "the sidecar is shutting down")
+    if not rt.triton_up:
+        return error(503, "Triton is unavailable")
     return await _proxy(request, "/v2/health/ready")
 
 

@@ -7,6 +7,8 @@ FastAPI's routing and middleware stack, which cost about half the sidecar's CPU 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
@@ -18,6 +20,8 @@ from api.dispatcher import Job, RejectedError, UnavailableError
 from api.errors import error_body
 from api.hints import HEADER_LENGTH, BadRequestError, json_header, parse_hints
 from api.runtime import Runtime
+from api.tenants import UnknownTokenError
+from api.tensors import check_request
 from scheduler.weights import weight_for_nice
 
 router = APIRouter(tags=["inference"])
@@ -31,19 +35,45 @@ async def infer(
     """Schedule one inference request and return Triton's reply (or the protocol's error)."""
     arrival_s = time.monotonic()
     metrics = rt.metrics
+    label = rt.models.label(model)
+    if rt.draining:
+        metrics.count(label, "", "", "unavailable")
+        return _retry_later(503, "the sidecar is shutting down")
+    if not rt.triton_up:
+        metrics.count(label, "", "", "unavailable")
+        return _retry_later(503, "Triton is unavailable (restarting or unreachable); retry later")
     try:
-        hints = parse_hints(json_header(body, headers), headers, rt.config.priority_levels)
+        request_json = json_header(body, headers)
+        hints = parse_hints(request_json, headers, rt.config.priority_levels)
     except BadRequestError as err:
-        metrics.count(model, "", "", "bad_request")
+        metrics.count(label, "", "", "bad_request")
         return error_body(400, str(err))
+    if rt.tenants is not None:
+        try:
+            hints = rt.tenants.apply(hints, headers.get("authorization"))
+        except UnknownTokenError as err:
+            metrics.count(label, "", "", "unauthorized")
+            return error_body(401, str(err))
     client = metrics.client_label(hints.client_id)
     assert rt.dispatcher is not None
     level = rt.dispatcher.scheduler.config.level_of(hints.priority)
     priority = str(level)
     metrics.client_weight.labels(client, priority).set(weight_for_nice(hints.nice))
-    if not await rt.model_exists(model):
-        metrics.count(model, priority, client, "unknown_model")
+    if not await rt.models.exists(model):
+        metrics.count(label, priority, client, "unknown_model")
         return error_body(404, f"Request for unknown model: '{model}' is not found")
+    label = rt.models.label(model)
+    header_length = headers.get(HEADER_LENGTH)
+    try:
+        check_request(
+            request_json,
+            len(body) - int(header_length) if header_length is not None else 0,
+            max_elements=rt.config.max_request_elements,
+            model=await rt.models.limits(model),
+        )
+    except BadRequestError as err:
+        metrics.count(label, priority, client, "bad_request")
+        return error_body(400, str(err))
     path = (
         f"/v2/models/{model}/versions/{version}/infer" if version else f"/v2/models/{model}/infer"
     )
@@ -58,14 +88,18 @@ async def infer(
     try:
         upstream = await rt.dispatcher.submit(request)
     except RejectedError as err:
-        metrics.count(model, priority, client, "rejected")
-        status, hdrs, content = error_body(429, str(err))
-        return status, {**hdrs, "retry-after": "1"}, content
+        metrics.count(label, priority, client, "rejected")
+        return _retry_later(429, str(err))
     except UnavailableError as err:
-        metrics.count(model, priority, client, "unavailable")
+        metrics.count(label, priority, client, "unavailable")
         return error_body(503, str(err))
-    metrics.count(model, priority, client, "ok" if upstream.status == 200 else "triton_error")
+    metrics.count(label, priority, client, "ok" if upstream.status == 200 else "triton_error")
     return upstream.status, upstream.headers, upstream.body
+
+
+def _retry_later(status: int, message: str) -> Reply:
+    status, headers, content = error_body(status, message)
+    return status, {**headers, "retry-after": "1"}, content
 
 
 def _response(reply: Reply) -> Response:
@@ -117,19 +151,61 @@ class InferenceFastPath:
     async def _serve(
         self, scope: Scope, receive: Receive, send: Send, model: str, version: str | None
     ) -> None:
-        chunks = []
+        rt: Runtime = self.app.state.runtime
+        limit = rt.config.max_body_bytes
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        declared = headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            await _send_reply(send, _too_large(limit))
+            return
+        chunks, size = [], 0
         while True:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), rt.config.read_timeout_s)
+            except TimeoutError:
+                await _send_reply(send, error_body(408, "the request body came too slowly"))
+                return
             if message["type"] == "http.disconnect":
                 return
-            chunks.append(message.get("body", b""))
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:  # a chunked body with no Content-Length, past the bound
+                await _send_reply(send, _too_large(limit))
+                return
+            chunks.append(chunk)
             if not message.get("more_body"):
                 break
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        status, out_headers, content = await infer(
-            self.app.state.runtime, model, version, b"".join(chunks), headers
-        )
-        raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in out_headers.items()]
-        raw.append((b"content-length", str(len(content)).encode()))
-        await send({"type": "http.response.start", "status": status, "headers": raw})
-        await send({"type": "http.response.body", "body": content})
+        work = asyncio.ensure_future(infer(rt, model, version, b"".join(chunks), headers))
+        rt.pending.add(work)  # a shutdown past its grace period cancels what is left
+        work.add_done_callback(rt.pending.discard)
+        gone = asyncio.ensure_future(_disconnected(receive))
+        await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
+        if not work.done():  # the client went away: so does its request (queue slot included)
+            work.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await work
+            rt.metrics.count(rt.models.label(model), "", "", "abandoned")
+            return
+        gone.cancel()
+        if work.cancelled():
+            await _send_reply(send, error_body(503, "the sidecar is shutting down"))
+            return
+        await _send_reply(send, work.result())
+
+
+async def _disconnected(receive: Receive) -> None:
+    """Return once the client has disconnected (the body has been read already)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def _too_large(limit: int) -> Reply:
+    return error_body(413, f"request body larger than {limit} bytes (--max-body-bytes)")
+
+
+async def _send_reply(send: Send, reply: Reply) -> None:
+    status, out_headers, content = reply
+    raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in out_headers.items()]
+    raw.append((b"content-length", str(len(content)).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": content})

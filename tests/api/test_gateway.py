@@ -361,7 +361,7 @@ def test_nothing_is_left_running(tmp_path: Path) -> None:
                 cmd = (entry / "cmdline").read_bytes()
             except OSError:
                 continue
-            assert f"--http-port={port}".encode() not in cmd, (
+            assert f"\0--http-port\0{port}\0".encode() not in cmd, (
                 f"tritonserver left running: {entry.name}"
             )
     assert os.getpid()

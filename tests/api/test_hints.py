@@ -55,7 +55,7 @@ def test_binary_requests_read_only_the_json_header() -> None:
         ({"priority": 3}, r"priority must be in 0\.\.2, got 3"),
         ({"slo_ms": -1}, "slo_ms must be a positive number"),
         ({"slo_ms": "inf"}, "slo_ms must be a positive number"),
-        ({"timeout": -5}, "timeout must be in >= 0"),
+        ({"timeout": -5}, r"timeout must be in 0\.\."),
         ({"client_id": ""}, "client_id must be a string"),
         ({"client_id": 7}, "client_id must be a string"),
     ],
@@ -76,3 +76,34 @@ def test_malformed_bodies() -> None:
         json_header(b"{}", {"inference-header-content-length": "two"})
     with pytest.raises(BadRequestError, match="parameters must be a JSON object"):
         parse_hints({"parameters": [1]}, {}, 2)
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"priority": "1"}, "priority must be an integer"),
+        ({"timeout": "100"}, "timeout must be an integer"),
+        ({"timeout": 2**64}, r"timeout must be in 0\.\.18446744073709551615"),
+        ({"timeout": 1.5}, "timeout must be an integer"),
+    ],
+)
+def test_parameters_triton_reads_must_be_json_integers(
+    params: dict[str, object], message: str
+) -> None:
+    with pytest.raises(BadRequestError, match=message):
+        parse_hints(json_header(body(params), {}), {}, 2)
+
+
+def test_timeout_zero_means_none_as_in_triton() -> None:
+    assert parse_hints(json_header(body({"timeout": 0}), {}), {}, 2).timeout_us is None
+    assert parse_hints(json_header(body({"timeout": 2**64 - 1}), {}), {}, 2).timeout_us == 2**64 - 1
+    assert parse_hints(json_header(body(), {}), {"x-priority": "1"}, 2).priority == 1
+
+
+def test_hostile_json_is_a_bad_request_not_a_crash() -> None:
+    with pytest.raises(BadRequestError, match="nested too deeply"):
+        json_header(b"[" * 100_000 + b"]" * 100_000, {})
+    with pytest.raises(BadRequestError, match="malformed request body"):
+        json_header(b'{"inputs": ' + b"9" * 5000 + b"}", {})
+    with pytest.raises(BadRequestError, match="malformed request body"):
+        json_header(b'{"a": "\xff"}', {})

@@ -115,3 +115,17 @@ def test_earliest_deadline_tracks_pops() -> None:
     q.pop(1.0)
     assert q.earliest_deadline_s() is None
     assert a.deadline_s == 0.05
+
+
+def test_remove_takes_a_waiting_request_out_of_the_order() -> None:
+    q: PriorityCfsQueue[None] = PriorityCfsQueue()
+    a1, a2, a3 = (push(q, client_id="a") for _ in range(3))
+    b1 = push(q, client_id="b", nice=5)
+    assert q.remove(a1) and q.remove(a3)  # the head of a flow, and its tail
+    assert not q.remove(a1)  # not waiting any more
+    assert len(q) == 2 and q.queued_for(2, "a") == 1
+    assert list(q.iter_order(10, 5.0)) == [a2, b1]
+    assert q.remove(b1) and q.backlogged_weight() == 1024  # only a's flow still waits
+    assert q.pop(5.0) is a2 and q.pop(5.0) is None
+    assert q.backlogged_weight() == 0 and q.earliest_deadline_s() is None
+    assert not q.remove(a2)  # dispatched: not recalled
