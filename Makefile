@@ -46,6 +46,7 @@ compare: setup
 
 bench: setup
 	$(BIN)/python -m loadgen.bench
+	$(BIN)/python -m loadgen.batchbench
 	$(BIN)/python -m scheduler bench
 
 monitor: setup $(PROMETHEUS)

@@ -113,7 +113,9 @@ class BatchLaw:
 @dataclass(frozen=True)
 class ModelProfile:
     """One model on one GPU: ``t(f, b) = g(b) / (m·f + c)`` and
-    ``P(f, b) = floor + (P₁(f_max) − floor)·r(b)·(f/f_max)^exponent`` (capped at the TDP).
+    ``P(f, b) = floor + (r(b)·P₁ − floor)·(f/f_max)^exponent`` (capped at the TDP), ``P₁`` the
+    board power at batch 1 and the top clock, so that at the top clock a batch draws the
+    published ratio ``r(b)`` of it.
 
     ``g`` and ``r`` are the model's :class:`BatchLaw`; the batch-1 latency pins ``m`` and ``c``
     at the top and bottom clock, as for the GPU's profile.
@@ -145,8 +147,9 @@ class ModelProfile:
         return self.law.latency_factor(batch) / (self.m * clock_mhz + self.c)
 
     def dynamic_w(self, batch: float = 1) -> float:
-        """Power above the busy floor at the top clock, running batches of ``batch``."""
-        return (self.busy_max_w - self.busy_floor_w) * self.law.power_factor(batch)
+        """Power above the busy floor at the top clock, running batches of ``batch``: the batch's
+        board power there is the published ratio times batch 1's."""
+        return max(0.0, self.busy_max_w * self.law.power_factor(batch) - self.busy_floor_w)
 
     def busy_power_w(self, clock_mhz: float, batch: float = 1) -> float:
         x = clock_mhz / self.max_clock_mhz

@@ -267,7 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
             default=(2.0, 3.0, 5.0),
             help="each model's SLO as a multiple of its full batch's time at the top clock",
         )
-        p.add_argument("--duration-s", type=float, default=60.0 if name == "compare" else 30.0)
+        p.add_argument("--duration-s", type=float, default=30.0)
         p.add_argument("--jobs", type=int, default=None, help="processes (default: all cores)")
         if name == "compare":
             p.add_argument("--policies", type=_names, default=tuple(POLICIES))

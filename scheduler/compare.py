@@ -56,7 +56,7 @@ class Matrix:
     loads: tuple[float, ...] = (0.3, 0.6, 0.9)
     slo_multipliers: tuple[float, ...] = (2.0, 3.0, 5.0)
     policies: tuple[str, ...] = ("max", "default", "seed", "slack")
-    duration_s: float = 60.0
+    duration_s: float = 30.0
     seed: int = 0
     slack: SlackParams = field(default_factory=SlackParams)
 

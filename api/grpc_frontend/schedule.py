@@ -19,6 +19,7 @@ from api.dispatcher import Job, RejectedError, UnavailableError
 from api.grpc_frontend.protocol import parameter_values
 from api.hints import BadRequestError, parse_hints
 from api.runtime import Runtime
+from api.tenants import UnknownTokenError
 from scheduler.weights import weight_for_nice
 
 PROTOCOL = "grpc"
@@ -58,36 +59,53 @@ async def schedule(
     Triton; :class:`GrpcStatusError` when the sidecar answers itself."""
     metrics = rt.metrics
     model: str = request.model_name
+    label = rt.models.label(model)
+    if rt.draining or not rt.triton_up:
+        metrics.count(label, "", "", "unavailable", PROTOCOL)
+        reason = "the sidecar is shutting down" if rt.draining else "Triton is unavailable"
+        raise GrpcStatusError(grpc.StatusCode.UNAVAILABLE, f"{reason}; retry later")
     try:
         hints = parse_hints(
             {"parameters": parameter_values(request.parameters)},
             metadata,
             rt.config.priority_levels,
         )
+        if rt.tenants is not None:
+            hints = rt.tenants.apply(hints, metadata.get("authorization"))
     except BadRequestError as err:
-        metrics.count(model, "", "", "bad_request", PROTOCOL)
+        metrics.count(label, "", "", "bad_request", PROTOCOL)
         raise GrpcStatusError(grpc.StatusCode.INVALID_ARGUMENT, str(err)) from None
+    except UnknownTokenError as err:
+        metrics.count(label, "", "", "unauthorized", PROTOCOL)
+        raise GrpcStatusError(grpc.StatusCode.UNAUTHENTICATED, str(err)) from None
     client = metrics.client_label(hints.client_id)
     assert rt.dispatcher is not None
     priority = str(rt.dispatcher.scheduler.config.level_of(hints.priority))
     metrics.client_weight.labels(client, priority).set(weight_for_nice(hints.nice))
     if not await rt.model_exists(model):
-        metrics.count(model, priority, client, "unknown_model", PROTOCOL)
+        metrics.count(label, priority, client, "unknown_model", PROTOCOL)
         raise GrpcStatusError(
             grpc.StatusCode.NOT_FOUND, f"Request for unknown model: '{model}' is not found"
         )
     job = Job(timeout_us=hints.timeout_us, send=send)
     sched_request = hints.request(model, arrival_s, rt.config.slo_ms, job)
+    label = rt.models.label(model)
+    task = asyncio.current_task()
+    if task is not None:
+        rt.pending.add(task)  # a bounded shutdown answers it, as it answers HTTP's
     try:
         answer: GrpcAnswer = await rt.dispatcher.submit(sched_request)
     except asyncio.CancelledError:  # the client went away; the dispatcher will not send it
-        metrics.count(model, priority, client, "cancelled", PROTOCOL)
+        metrics.count(label, priority, client, "cancelled", PROTOCOL)
         raise
     except RejectedError as err:
-        metrics.count(model, priority, client, "rejected", PROTOCOL)
+        metrics.count(label, priority, client, "rejected", PROTOCOL)
         raise GrpcStatusError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err)) from None
     except UnavailableError as err:
-        metrics.count(model, priority, client, "unavailable", PROTOCOL)
+        metrics.count(label, priority, client, "unavailable", PROTOCOL)
         raise GrpcStatusError(grpc.StatusCode.UNAVAILABLE, str(err)) from None
-    metrics.count(model, priority, client, "ok" if answer.ok else "triton_error", PROTOCOL)
+    finally:
+        if task is not None:
+            rt.pending.discard(task)
+    metrics.count(label, priority, client, "ok" if answer.ok else "triton_error", PROTOCOL)
     return answer

@@ -149,3 +149,79 @@ def test_attach_rejects_missing_or_foreign_files(tmp_path: Path) -> None:
     bad.write_bytes(b"hello world, not a gpu" * 4)
     with pytest.raises(ValueError, match="not a simulated-GPU state file"):
         SimulatedDevice.attach(bad)
+
+
+def test_batch_laws_reproduce_their_published_tables() -> None:
+    """Latency of a batch over batch 1, through Triton (DeepLearningExamples' Triton READMEs),
+    and board power over batch 1 (NVIDIA's V100 ResNet-50 table), at the tabulated batches."""
+    from dvfs.profiles import CNN, TRANSFORMER
+
+    v100, a100 = get_profile("v100"), get_profile("a100")
+    cnn, bert = v100.model(CNN), v100.model(TRANSFORMER)
+    top = v100.max_clock_mhz
+    published_ms = {1: 2.838, 8: 5.979, 32: 15.664}  # V100-32GB, ResNet-50, Triton
+    for b, ms in published_ms.items():
+        assert cnn.mean_latency_ms(top, b) / cnn.mean_latency_ms(top, 1) == pytest.approx(
+            ms / 2.838
+        )
+    assert bert.mean_latency_ms(top, 16) / bert.mean_latency_ms(top, 1) == pytest.approx(70.7 / 8)
+    assert a100.model(TRANSFORMER).law.latency_factor(8) == pytest.approx(15.4 / 3.6)
+    # Board power at the top clock: 120 W at batch 1, 153 W at batch 8 (published).
+    assert cnn.busy_power_w(top, 1) == pytest.approx(120.0)
+    assert cnn.busy_power_w(top, 8) == pytest.approx(153.0)
+    # The transformer is slower than the CNN by the published batch-1 ratio.
+    assert bert.mean_latency_ms(top) / cnn.mean_latency_ms(top) == pytest.approx(8.0 / 2.838)
+    # Between tabulated batches: linear; past the last: extrapolated (latency), held (power).
+    assert cnn.law.latency_factor(3) == pytest.approx(
+        (cnn.law.latency_factor(2) + 4.191 / 2.838) / 2
+    )
+    assert cnn.law.latency_factor(64) > cnn.law.latency_factor(32)
+    assert cnn.law.power_factor(1000) == cnn.law.power_factor(128)
+
+
+@pytest.mark.parametrize("gpu", ["v100", "rtx3090", "titanrtx", "a100", "h100", "h200"])
+def test_energy_per_inference_falls_with_the_batch_and_the_cnn_batches_better(gpu: str) -> None:
+    p = get_profile(gpu)
+    cnn, bert = p.model("resnet50"), p.model("bert-large")
+    energies = [cnn.energy_per_inference_j(p.max_clock_mhz, b) for b in (1, 4, 8, cnn.max_batch)]
+    assert energies == sorted(energies, reverse=True)
+    # The transformer saturates early: its published power and time per batch can make a batch
+    # of 8 cost a little more per request than one of 4 (A100), but never more than batch 1.
+    assert bert.energy_per_inference_j(p.max_clock_mhz, bert.max_batch) < 0.8 * (
+        bert.energy_per_inference_j(p.max_clock_mhz, 1)
+    )
+    for m in (cnn, bert):
+        assert m.busy_power_w(p.max_clock_mhz, m.max_batch) <= p.tdp_w
+    gain = {m.name: m.capacity_rps() / m.capacity_rps(1) for m in (cnn, bert)}
+    assert gain["resnet50"] > gain["bert-large"] > 1.0
+
+
+def test_batches_share_the_gpu_and_power_follows_the_running_models() -> None:
+    from dvfs.simulated import shared_time_ms
+
+    vt = VirtualTime()
+    dev = SimulatedDevice("v100", time_source=vt)
+    dev.set_clock_mhz(1530)
+    vt.advance_by(0.01)
+    p = dev.profile
+    cnn, bert = p.model("resnet50"), p.model("bert-large")
+    dev.begin_work("resnet50", 8)
+    assert dev.sharing("resnet50") == (1530, 8, 1)
+    assert dev.power_w() == pytest.approx(cnn.busy_power_w(1530, 8))
+    dev.begin_work("resnet50", 4)  # a second instance: the two run as a batch of 12
+    assert dev.sharing("resnet50") == (1530, 12, 1)
+    assert dev.power_w() == pytest.approx(cnn.busy_power_w(1530, 12))
+    dev.begin_work("bert-large", 2)  # another model: time-shared, power the mean of the two
+    assert dev.sharing("bert-large") == (1530, 2, 2)
+    floor = p.busy_floor_w
+    both = (cnn.busy_power_w(1530, 12) - floor + bert.busy_power_w(1530, 2) - floor) / 2
+    assert dev.power_w() == pytest.approx(floor + both)
+    assert shared_time_ms(cnn, 1530, 4, 12, 2) == pytest.approx(2 * cnn.mean_latency_ms(1530, 12))
+    dev.end_work("resnet50", 8)
+    dev.end_work("resnet50", 4)
+    dev.end_work("bert-large", 2)
+    assert dev.stats().completed == 14
+    with pytest.raises(RuntimeError, match="without a matching begin_work"):
+        dev.end_work("bert-large", 2)
+    with pytest.raises(KeyError, match="no model 'gpt' on the simulated v100"):
+        dev.begin_work("gpt", 1)
