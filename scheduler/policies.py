@@ -144,7 +144,7 @@ class SeedPolicy(ClockPolicy):
         if table is None:
             return None
         curve = table.curve(1)
-        delay_ms = (now_s - request.deadline_s) * 1000.0 + request.slo_ms
+        delay_ms = (now_s - request.arrival_s) * 1000.0
         if delay_ms + curve.predict_ms(self.current_mhz) <= request.slo_ms:
             return None
         longer, _ = curve.clock_for_queue(request.slo_ms, s.queue_len + 1)
@@ -158,7 +158,7 @@ class SlackParams:
     """Knobs of :class:`SlackPolicy`; the defaults are argued in its docstring and measured by
     ``python -m scheduler tune``."""
 
-    batch_hold: float = 0.5
+    batch_hold: float = 0.25
     quantile: str = "p99"
     lookahead: int = 16
     phantoms: int = 16
@@ -215,6 +215,10 @@ class SlackPolicy(ClockPolicy):
       ``change_delay_ms`` (5 ms) for the change to land; a step down waits until it has been
       enough for ``hold_s`` (50 ms), so a lull costs no clock change. ``safety`` (0.95) keeps 5%
       of every deadline's room for what the model does not know.
+    * **Batches worth waiting for.** Below a full batch a model's requests may be held back
+      for up to ``batch_hold`` (a quarter) of the tightest one's SLO while more arrive, and go
+      together (see :meth:`release_limit`; the measurements behind the default are in the
+      README, "Batching and many models").
     * **A model with no table gets the top clock** while any of its requests is queued or in
       flight: nothing is known of how fast it runs.
 

@@ -23,6 +23,9 @@ class QueuedRequest(Protocol):
     def seq(self) -> int: ...
 
     @property
+    def arrival_s(self) -> float: ...
+
+    @property
     def slo_ms(self) -> float: ...
 
     @property

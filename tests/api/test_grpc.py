@@ -470,6 +470,7 @@ def test_grpc_port_option(monkeypatch: pytest.MonkeyPatch) -> None:
     import argparse
 
     from api.config import add_arguments, from_args
+    from api.metrics import GatewayMetrics
     from api.runtime import Runtime
 
     monkeypatch.setenv("SIDECAR_GRPC_PORT", "9101")
@@ -481,12 +482,10 @@ def test_grpc_port_option(monkeypatch: pytest.MonkeyPatch) -> None:
         GatewayConfig(grpc_port=70000)
     assert GatewayConfig().grpc_port == 8001
     # In front of an existing Triton: its gRPC as given, else Triton's convention (HTTP port + 1).
-    metrics = None
-    rt = Runtime(GatewayConfig(triton_url="10.0.0.5:8010"), metrics)  # type: ignore[arg-type]
+    rt = Runtime(GatewayConfig(triton_url="10.0.0.5:8010"), GatewayMetrics())
     assert rt.triton_grpc_url == "10.0.0.5:8011"
     rt = Runtime(
-        GatewayConfig(triton_url="http://h:8010", triton_grpc_url="g:9001"),
-        metrics,  # type: ignore[arg-type]
+        GatewayConfig(triton_url="http://h:8010", triton_grpc_url="g:9001"), GatewayMetrics()
     )
     assert rt.triton_grpc_url == "g:9001"
 

@@ -28,7 +28,9 @@ ROW = [1.0] * 16
 
 @pytest.fixture(scope="module")
 def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveSidecar]:
-    with LiveSidecar(embedded_config(tmp_path_factory.mktemp("state"), max_queue=64)) as sc:
+    # At most 2 requests at Triton, so that requests wait in the sidecar's queue.
+    config = embedded_config(tmp_path_factory.mktemp("state"), max_queue=64, max_inflight=2)
+    with LiveSidecar(config) as sc:
         yield sc
 
 
@@ -107,7 +109,7 @@ def _binary(header: dict[str, object], tail: bytes) -> tuple[bytes, dict[str, st
                          "parameters": {"binary_data_size": 64}}]},
             b"\0" * 8,
         ), "but 8 bytes follow the JSON header"),
-        (infer_body([9, 16], [1.0] * 144), {}, "the model takes at most 128"),
+        (infer_body([33, 16], [1.0] * 528), {}, "the model takes at most 512"),
     ],
 )  # fmt: skip
 def test_bad_tensors_are_400_in_the_protocol_shape(
