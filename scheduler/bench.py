@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from dvfs.profiles import CNN
 from scheduler.compare import DEFAULT_MIX, slo_models
 from scheduler.core import Scheduler, SchedulerConfig
-from scheduler.policies import POLICIES, make_policy
+from scheduler.policies import POLICIES, SlackParams, make_policy
 from scheduler.request import Request
 from scheduler.simulate import SimConfig, profiled_tables, simulate
 
@@ -29,7 +29,8 @@ def core_cost(
     clocks = next(iter(tables)).clocks_mhz
     sched: Scheduler[None] = Scheduler(
         tables,
-        make_policy(policy, clocks),
+        # Batch holds off: a request held back for a fuller batch is not a decision to time.
+        make_policy(policy, clocks, SlackParams(batch_hold=0.0)),
         SchedulerConfig(max_queue=queue_len + 10, default_slo_ms=10_000.0),
     )
     now = 0.0

@@ -249,19 +249,20 @@ class SlackPolicy(ClockPolicy):
 
         Energy per inference falls steeply with the batch (dvfs/profiles.py), and Triton's batcher
         only gets what arrives while an instance is busy: at low load, batches of one or two.
-        Holding while the model's instances are busy too gives fuller batches at high load,
-        which also serve more per second (README, "Batching"). So with fewer than a full batch
-        waiting, the sidecar waits for more, until the earliest of: a full batch;
-        ``batch_hold`` of the tightest waiting request's SLO since it arrived; the last moment
-        the batch expected by then, after what is already at Triton, still meets the earliest
-        deadline at the energy-optimal clock with the tail margin. Re-decided at every event.
+        So when nothing of the model is at Triton and fewer than a full batch wait, the sidecar
+        waits for more, until the earliest of: a full batch; ``batch_hold`` of the tightest
+        waiting request's SLO since it arrived; the last moment the batch expected by then still
+        meets the earliest deadline at the energy-optimal clock with the tail margin. While the
+        model's requests are at Triton, what arrives goes at once: it piles up at Triton's
+        batcher anyway, and holding there too made bursts that cost the live stack its tail
+        (README, "Batching and many models"). Re-decided at every event.
         """
         depth = s.serving(model).depth
         self._holds.pop(model, None)
         plan = self._plan(s, model)
         waiting = s.queued_of(model)
         n = len(waiting)
-        if not self.params.batch_hold or plan is None or n == 0:
+        if not self.params.batch_hold or plan is None or n == 0 or s.inflight_count(model):
             return depth
         if waiting[0].seq <= self._released_upto.get(model, -1):
             return depth  # the rest of a batch let go: it goes together
