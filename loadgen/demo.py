@@ -19,6 +19,7 @@ from rich.progress import (
 from rich.table import Table
 
 from api.config import GatewayConfig
+from api.embedded import SIMNET
 from dvfs.__main__ import PIPE_WIDTH
 from loadgen.live import PolicyRun, compare_live, plot, write_csv
 
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
             duration_s=args.duration_s,
             slo_ms=args.slo_ms,
             seed=args.seed,
-            config=GatewayConfig(device=f"sim:{args.gpu}"),
+            config=GatewayConfig(device=f"sim:{args.gpu}", profile_models=(SIMNET,)),
             progress=progress,
         )
     console.print(table(runs))

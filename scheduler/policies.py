@@ -401,38 +401,53 @@ class SlackPolicy(ClockPolicy):
                 counts[m] += 1
                 rows.append((m, counts[m], gap * ms_per_gap + s.last_slo_ms(m), p.phantom_margin))
 
-        memo: dict[tuple[str, int], tuple[FloatArray, int]] = {}
+        # One matrix product for every constraint: row i counts, per (model, batch size), the
+        # executions ahead of it; times holds each (model, batch)'s mean ms at every clock.
+        offsets: dict[str, int] = {}
+        blocks: list[FloatArray] = []
+        for m in models:
+            offsets[m] = sum(len(b) for b in blocks)
+            blocks.append(plan_of[m].times_ms)
+        times = np.vstack(blocks)
+        index = {m: k for k, m in enumerate(models)}
 
-        def work(m: str, n: int) -> tuple[FloatArray, int]:
-            """Mean time of ``n`` requests of ``m`` in full batches, per clock, and batches."""
-            if (m, n) not in memo:
-                plan = plan_of[m]
-                full, part = divmod(n, plan.max_batch)
-                times: FloatArray = full * plan.times_ms[plan.max_batch] + plan.times_ms[part]
-                memo[m, n] = times, full + (part > 0)
-            return memo[m, n]
+        def coefficients(m: str, n: int, row: FloatArray) -> int:
+            """Add ``n`` requests of ``m`` in full batches to ``row``; the executions it takes."""
+            batch = plan_of[m].max_batch
+            full, part = divmod(n, batch)
+            row[offsets[m] + batch] += full
+            row[offsets[m] + part] += 1  # part 0: the zero row
+            return full + (part > 0)
+
+        def work(counts_by_model: dict[str, int]) -> FloatArray:
+            """Mean ms of these requests, per model, at every clock (models × clocks)."""
+            coef = np.zeros((len(models), len(times)))
+            for m, n in counts_by_model.items():
+                coefficients(m, n, coef[index[m]])
+            result: FloatArray = coef @ times
+            return result
 
         # Work done on what is in flight: at most the time since the model's last completion
         # (all earlier work has left the in-flight set), shared among the models running.
         share = 1.0 / max(1, len(inflight))
-        credit: dict[str, FloatArray] = {
-            m: np.minimum(
-                (now_s - since[m]) * 1000.0 * share, 0.95 * work(m, inflight_counts[m])[0]
-            )
-            for m in models
-        }
-        known = {m: work(m, counts[m])[0] - credit[m] for m in models}
-        need = np.empty((len(rows), len(self.clocks_mhz)))
+        elapsed = np.array([(now_s - since[m]) * 1000.0 * share for m in models])
+        credit = np.minimum(elapsed[:, None], 0.95 * work(inflight_counts))
+        known = work(counts) - credit
+        coef = np.zeros((len(rows), len(times)))
+        executions = np.empty(len(rows))
         room = np.empty(len(rows))
+        scale = np.empty(len(rows))
+        model_of = np.empty(len(rows), dtype=int)
         for i, (m, n, room_ms, margin_scale) in enumerate(rows):
-            ahead, batches = work(m, n)
-            own: FloatArray = ahead - credit[m]
-            total = own.copy()
-            for other in models:
-                if other != m:
-                    total += np.minimum(own, known[other])
-            need[i] = total + margin * margin_scale * math.sqrt(max(batches, 1))
-            room[i] = room_ms
+            executions[i] = coefficients(m, n, coef[i])
+            room[i], scale[i], model_of[i] = room_ms, margin_scale, index[m]
+        own = coef @ times - credit[model_of]
+        total = own.copy()
+        for k in range(len(models)):
+            others = model_of != k
+            if others.any():
+                total[others] += np.minimum(own[others], known[k])
+        need = total + (margin * scale * np.sqrt(np.maximum(executions, 1.0)))[:, None]
         now_ok = (need <= (room * p.safety)[:, None]).all(axis=0)
         delayed_ok = (need <= ((room - p.change_delay_ms) * p.safety)[:, None]).all(axis=0)
         return now_ok, delayed_ok
@@ -458,10 +473,13 @@ class SlackPolicy(ClockPolicy):
     def on_enqueue(self, s: SchedulerView, request: QueuedRequest, now_s: float) -> int | None:
         return self._decide(s, now_s)
 
-    def on_dispatch(self, s: SchedulerView, request: QueuedRequest, now_s: float) -> int | None:
-        return self._decide(s, now_s)
-
+    # A dispatch moves a request from the queue to Triton and a completion takes work away:
+    # neither can need a faster clock, and a slower one waits ``hold_s`` anyway. So they are not
+    # re-planned (a batch's completions arrive together: a plan each cost most of the CPU),
+    # except the last completion, which starts the way down to the floor.
     def on_complete(self, s: SchedulerView, request: QueuedRequest, now_s: float) -> int | None:
+        if s.queue_len or s.inflight_by_model():
+            return None
         return self._decide(s, now_s)
 
     def poll(self, s: SchedulerView, now_s: float) -> int | None:
