@@ -339,7 +339,7 @@ class GpuDispatcher:
                 m: {
                     "queued": s.queued_by_model().get(m, 0),
                     "inflight": s.inflight_count(m),
-                    "release_limit": s.policy.release_limit(s, m, now),
+                    "depth": s.serving(m).depth,
                     "max_batch": s.serving(m).max_batch,
                     "instances": s.serving(m).instances,
                     "arrival_rate_rps": round(rates.get(m, 0.0), 3),
