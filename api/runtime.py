@@ -100,6 +100,8 @@ class Runtime:
             self.metrics.default_slo.set(self.config.slo_ms / 1000.0)
             self.dispatcher.start()
             self.watch.start()
+            for model in tables.models:  # how each profiled model batches, before any request
+                await self.models.limits(model)
         except BaseException:
             await self.stop()
             raise

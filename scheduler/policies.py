@@ -308,7 +308,11 @@ class SlackPolicy(ClockPolicy):
                 None
                 if table is None
                 else _ModelPlan(
-                    table, s.serving(model).max_batch, self.clocks_mhz, self.params.quantile
+                    table,
+                    # Triton batches only what it is sent: never more than the in-flight cap.
+                    min(s.serving(model).max_batch, s.max_inflight),
+                    self.clocks_mhz,
+                    self.params.quantile,
                 )
             )
         return self._plans[model]
