@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from api.embedded import NOOP, SIMNET, EmbeddedTriton
+from api.embedded import EMULATED, NOOP, SIMNET, EmbeddedTriton
 from dvfs.simulated import SimulatedDevice
 from time2clock.__main__ import main
 from time2clock.fit import fit_model_table, read_measurements
@@ -39,13 +39,13 @@ def test_sweep_drives_a_triton_model_in_batches(triton: tuple[EmbeddedTriton, Pa
     assert {b: sorted(s) for b, s in result.samples.items()} == {1: clocks, 4: clocks}
     assert all(len(v) == 6 for s in result.samples.values() for v in s.values())
     table = fit_model_table(result.samples, gpu="v100", model=SIMNET)
-    # The model follows the clock the sweep locked: about 45 ms at the bottom, 7 at the top, plus
-    # an HTTP round trip that the difference cancels; whatever the batch (the emulated model
-    # runs a batch in one request's time).
-    profile = device.profile
+    # The model follows the clock the sweep locked, at its batch's time: batch 1 about 45 ms at
+    # the bottom and 7 at the top, a batch of 4 the published 1.48× that, plus an HTTP round trip
+    # that the difference cancels.
+    law = device.profile.model(EMULATED[SIMNET])
     low, top = clocks[0], clocks[-1]
-    expected_ms = profile.mean_latency_ms(low) - profile.mean_latency_ms(top)
     for batch in (1, 4):
+        expected_ms = law.mean_latency_ms(low, batch) - law.mean_latency_ms(top, batch)
         # Sleeping in steps overshoots more at the bottom clock on a busy machine: a loose band.
         slower_ms = table.predict_ms(low, batch) - table.predict_ms(top, batch)
         assert 0.7 * expected_ms < slower_ms < 1.6 * expected_ms
