@@ -7,7 +7,7 @@ import os
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
-from scheduler.policies import POLICIES
+from scheduler.registry import POLICIES
 
 ENV_PREFIX = "SIDECAR_"
 

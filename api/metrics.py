@@ -11,7 +11,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from dvfs.device import Device
-from scheduler.policies import POLICIES, FixedPolicy
+from scheduler.policies import FixedPolicy
+from scheduler.registry import POLICIES
 
 POLICY_NAMES = (*POLICIES, FixedPolicy.name)
 

@@ -23,7 +23,7 @@ from dvfs.lockrecord import GpuLockRecord
 from dvfs.profiles import get_profile
 from dvfs.readonly import ReadOnlyDevice
 from scheduler.core import Scheduler, SchedulerConfig
-from scheduler.policies import make_policy
+from scheduler.registry import make_policy
 from scheduler.view import ModelServing
 from time2clock.fit import fit_model_table
 from time2clock.profile import TritonMeasurer, select_clocks, sweep

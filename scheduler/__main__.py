@@ -13,8 +13,18 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from dvfs.__main__ import PIPE_WIDTH
-from scheduler.compare import DEFAULT_MIX, Matrix, plot, run_all, tabulate, tune, write_csv
-from scheduler.policies import POLICIES
+from scheduler.bestfixed import BEST_FIXED
+from scheduler.compare import (
+    DEFAULT_MIX,
+    Matrix,
+    against_best_fixed,
+    plot,
+    run_all,
+    tabulate,
+    tune,
+    write_csv,
+)
+from scheduler.registry import POLICIES
 from scheduler.simulate import SimConfig, parse_models, simulate
 from scheduler.workload import ClientSpec, parse_clients
 
@@ -25,6 +35,15 @@ def _floats(text: str) -> tuple[float, ...]:
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"expected comma-separated numbers, got {text!r}"
+        ) from None
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated whole numbers, got {text!r}"
         ) from None
 
 
@@ -132,24 +151,27 @@ def _matrix(args: argparse.Namespace, **extra: object) -> Matrix:
 
 
 def _cmd_compare(args: argparse.Namespace, console: Console) -> int:
-    matrix = _matrix(args, policies=args.policies, seed=args.seed)
+    matrix = _matrix(args, policies=args.policies, seeds=args.seeds)
     configs = matrix.configs()
     with _progress(console) as bar:
         task = bar.add_task("simulating", total=len(configs))
         rows = tabulate(run_all(configs, jobs=args.jobs, progress=lambda n: bar.advance(task, n)))
     view = Table(
-        title=f"policy comparison ({args.duration_s:g} s per run, seed {args.seed}); "
-        "ratios are energy per inference"
+        title=f"policy comparison ({args.duration_s:g} s per run, seeds "
+        f"{','.join(map(str, args.seeds))}); ratios are energy per inference"
     )
     for col in (
         "GPU",
         "mix",
         "load",
         "SLO ×",
+        "seed",
         "policy",
         "J/inf",
         "vs max",
+        "vs best-fixed",
         "vs oracle",
+        "vs clairv.",
         "p99 ms",
         "p99/SLO",
         "SLO met",
@@ -163,16 +185,33 @@ def _cmd_compare(args: argparse.Namespace, console: Console) -> int:
             r["mix"],
             f"{r['load']:g}",
             f"{r['slo_mult']:g}",
+            str(r["seed"]),
             r["policy"],
             f"{r['energy_per_inference_j']:.3f}",
             f"{r['vs_max']:.2f}",
+            f"{r['vs_best_fixed']:.2f}",
             f"{r['vs_oracle']:.2f}",
+            f"{r['vs_clairvoyant']:.2f}",
             f"{r['p99_ms']:.1f}",
             f"[red]{r['p99_over_slo']:.2f}[/red]" if miss else f"{r['p99_over_slo']:.2f}",
             f"{r['slo_attainment']:.1%}",
             f"{r['mean_clock_mhz']:.0f}",
         )
     console.print(view)
+    if BEST_FIXED in args.policies:
+        summary = Table(title="against the best single clock, where it meets the p99 SLO")
+        for col in ("policy", "cells", "meets p99", "≤ best-fixed J", "both", "mean vs best-fixed"):
+            summary.add_column(col, justify="right")
+        for s in against_best_fixed(rows):
+            summary.add_row(
+                s["policy"],
+                str(s["cells"]),
+                str(s["meets"]),
+                str(s["cheaper"]),
+                str(s["both"]),
+                f"{s['mean_vs_best_fixed']:.3f}",
+            )
+        console.print(summary)
     out = Path(args.out_dir)
     write_csv(rows, out / "compare.csv")
     plot(rows, out / "compare.png")
@@ -270,8 +309,13 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--duration-s", type=float, default=30.0)
         p.add_argument("--jobs", type=int, default=None, help="processes (default: all cores)")
         if name == "compare":
-            p.add_argument("--policies", type=_names, default=tuple(POLICIES))
-            p.add_argument("--seed", type=int, default=0)
+            p.add_argument(
+                "--policies",
+                type=_names,
+                default=Matrix.policies,
+                help=f"any of {', '.join(POLICIES)}, fixed:MHZ, {BEST_FIXED}",
+            )
+            p.add_argument("--seeds", type=_ints, default=(0,), help="e.g. 0,1,2,3,4")
             p.add_argument("-o", "--out-dir", default="out/compare")
             p.set_defaults(run=_cmd_compare)
         else:
@@ -279,9 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
                 "--param", required=True, help="a SlackParams field, e.g. arrival_quantile"
             )
             p.add_argument("--values", type=_floats, required=True)
-            p.add_argument(
-                "--seeds", type=lambda t: tuple(int(x) for x in t.split(",")), default=(0, 1, 2)
-            )
+            p.add_argument("--seeds", type=_ints, default=(0, 1, 2))
             p.set_defaults(run=_cmd_tune)
 
     p = sub.add_parser("bench", help="the core's cost per decision and the simulator's speed")

@@ -11,7 +11,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from dvfs.profiles import CNN, TRANSFORMER, get_profile
+from scheduler.bestfixed import BEST_FIXED, best_fixed
 from scheduler.policies import SlackParams
 from scheduler.simulate import ModelMix, SimConfig, parse_models, simulate
 
@@ -22,6 +25,7 @@ COLUMNS = (
     "mix",
     "load",
     "slo_mult",
+    "seed",
     "policy",
     "requests",
     "completed",
@@ -29,8 +33,11 @@ COLUMNS = (
     "throughput_rps",
     "energy_per_inference_j",
     "vs_max",
+    "vs_best_fixed",
     "vs_oracle",
+    "vs_clairvoyant",
     "oracle_energy_per_inference_j",
+    "clairvoyant_energy_per_inference_j",
     "p50_ms",
     "p99_ms",
     "p99_over_slo",
@@ -38,26 +45,28 @@ COLUMNS = (
     "mean_batch",
     "mean_clock_mhz",
     "clock_changes",
+    "fixed_mhz",
 )
 DEFAULT_MIX = f"{CNN}:0.7,{TRANSFORMER}:0.3"
 
 
 @dataclass(frozen=True)
 class Matrix:
-    """GPUs × model mixes × loads × SLOs × policies, each cell on the same arrivals.
+    """GPUs × model mixes × loads × SLOs × seeds × policies, each cell on the same arrivals.
 
-    A model's SLO is a multiple of its full batch's time at the top clock (what a request may
-    take at full load with no queue); ``load`` is a fraction of the mix's capacity at the top
-    clock in full batches.
+    ``best-fixed`` is a policy here: the best single clock in hindsight
+    (:mod:`scheduler.bestfixed`). A model's SLO is a multiple of its full batch's time at the
+    top clock (what a request may take at full load with no queue); ``load`` is a fraction of
+    the mix's capacity at the top clock in full batches.
     """
 
     gpus: tuple[str, ...] = ("v100", "rtx3090", "titanrtx")
     mixes: tuple[str, ...] = (DEFAULT_MIX,)
     loads: tuple[float, ...] = (0.3, 0.6, 0.9)
     slo_multipliers: tuple[float, ...] = (2.0, 3.0, 5.0)
-    policies: tuple[str, ...] = ("max", "default", "seed", "slack")
+    policies: tuple[str, ...] = ("max", "default", "seed", "slack", BEST_FIXED)
     duration_s: float = 30.0
-    seed: int = 0
+    seeds: tuple[int, ...] = (0,)
     slack: SlackParams = field(default_factory=SlackParams)
 
     def configs(self) -> list[SimConfig]:
@@ -69,13 +78,14 @@ class Matrix:
                 models=slo_models(gpu, mix, mult),
                 slo_multiplier=mult,
                 duration_s=self.duration_s,
-                seed=self.seed,
+                seed=seed,
                 slack=self.slack,
             )
             for gpu in self.gpus
             for mix in self.mixes
             for load in self.loads
             for mult in self.slo_multipliers
+            for seed in self.seeds
             for policy in self.policies
         ]
 
@@ -92,7 +102,9 @@ def slo_models(gpu: str, mix: str, multiplier: float) -> tuple[ModelMix, ...]:
 
 
 def _run(cfg: SimConfig) -> Row:
-    return simulate(cfg).to_json()
+    if cfg.policy == BEST_FIXED:
+        return best_fixed(cfg)
+    return {**simulate(cfg).to_json(), "fixed_mhz": None}
 
 
 def run_all(
@@ -122,24 +134,61 @@ def run_all(
 
 def cell(row: Row) -> tuple[Any, ...]:
     """What identifies a row's cell: the same arrivals and deadlines, whatever the policy."""
-    return row["gpu"], row["mix"], row["load"], row["slo_mult"]
+    return row["gpu"], row["mix"], row["load"], row["slo_mult"], row["seed"]
 
 
 def tabulate(results: Sequence[Row]) -> list[Row]:
-    """Rows with ratios to ``max`` (same GPU, mix, load, SLO) and to the oracle."""
-    max_e = {cell(r): r["energy_per_inference_j"] for r in results if r["policy"] == "max"}
+    """Rows with ratios to ``max`` and ``best-fixed`` (same cell: GPU, mix, load, SLO, seed),
+    to the oracle and to the clairvoyant oracle (that run's own service times)."""
+
+    def by_policy(name: str) -> dict[tuple[Any, ...], float]:
+        return {cell(r): r["energy_per_inference_j"] for r in results if r["policy"] == name}
+
+    def per_inference(r: Row, key: str) -> float:
+        return r[key] / r["completed"] if r.get(key) else math.nan
+
+    max_e, fixed_e = by_policy("max"), by_policy(BEST_FIXED)
     rows = []
     for r in results:
         e = r["energy_per_inference_j"]
-        oracle = r["oracle_energy_j"] / r["completed"] if r["oracle_energy_j"] else math.nan
-        base = max_e.get(cell(r), math.nan)
+        oracle = per_inference(r, "oracle_energy_j")
+        clairvoyant = per_inference(r, "clairvoyant_energy_j")
         derived = {
-            "vs_max": e / base,
+            "vs_max": e / max_e.get(cell(r), math.nan),
+            "vs_best_fixed": e / fixed_e.get(cell(r), math.nan),
             "vs_oracle": e / oracle,
+            "vs_clairvoyant": e / clairvoyant,
             "oracle_energy_per_inference_j": oracle,
+            "clairvoyant_energy_per_inference_j": clairvoyant,
         }
         rows.append({**{k: r[k] for k in COLUMNS if k not in derived}, **derived})
     return rows
+
+
+def against_best_fixed(rows: Sequence[Row]) -> list[Row]:
+    """Per policy, over the (cell, seed) pairs where ``best-fixed`` meets the p99 SLO: in how
+    many it meets it too, spends no more energy than ``best-fixed``, and both."""
+    fixed_ok = {cell(r) for r in rows if r["policy"] == BEST_FIXED and r["p99_over_slo"] <= 1}
+    out = []
+    for policy in dict.fromkeys(r["policy"] for r in rows):
+        if policy == BEST_FIXED:
+            continue
+        mine = [r for r in rows if r["policy"] == policy and cell(r) in fixed_ok]
+        meets = [r["p99_over_slo"] <= 1 for r in mine]
+        cheaper = [r["vs_best_fixed"] <= 1 for r in mine]
+        out.append(
+            {
+                "policy": policy,
+                "cells": len(mine),
+                "meets": sum(meets),
+                "cheaper": sum(cheaper),
+                "both": sum(m and c for m, c in zip(meets, cheaper, strict=True)),
+                "mean_vs_best_fixed": float(np.mean([r["vs_best_fixed"] for r in mine]))
+                if mine
+                else math.nan,
+            }
+        )
+    return out
 
 
 def write_csv(rows: Sequence[Row], path: Path) -> None:
@@ -152,48 +201,53 @@ def write_csv(rows: Sequence[Row], path: Path) -> None:
 
 
 def plot(rows: Sequence[Row], path: Path) -> Path:
-    """Energy per inference relative to ``max`` per cell and policy; hatched where p99 > SLO."""
+    """Energy per inference relative to ``max`` per cell and policy (mean over seeds), hatched
+    where p99 > SLO in any seed; the oracle as a black dash."""
     from time2clock.plot import pyplot
 
     plt = pyplot()
 
-    gpus = sorted({r["gpu"] for r in rows}, key=[r["gpu"] for r in rows].index)
-    policies = sorted({r["policy"] for r in rows}, key=[r["policy"] for r in rows].index)
+    def order(key: str, subset: Sequence[Row]) -> list[Any]:
+        return list(dict.fromkeys(r[key] for r in subset))
+
+    gpus, policies = order("gpu", rows), order("policy", rows)
     fig, axes = plt.subplots(len(gpus), 1, figsize=(11, 3.2 * len(gpus)), squeeze=False)
     width = 0.8 / len(policies)
     for ax, gpu in zip(axes[:, 0], gpus, strict=True):
-        cells = [
-            (r["load"], r["slo_mult"])
-            for r in rows
-            if r["gpu"] == gpu and r["policy"] == policies[0]
-        ]
+        mine = [r for r in rows if r["gpu"] == gpu]
+        cells = list(dict.fromkeys((r["load"], r["slo_mult"]) for r in mine))
+
+        def of(c: tuple[Any, ...], policy: str | None = None, mine: list[Row] = mine) -> list[Row]:
+            return [
+                r for r in mine if (r["load"], r["slo_mult"]) == c and policy in (None, r["policy"])
+            ]
+
         for i, policy in enumerate(policies):
-            by_cell = {
-                (r["load"], r["slo_mult"]): r
-                for r in rows
-                if r["gpu"] == gpu and r["policy"] == policy
-            }
-            for x, cell in enumerate(cells):
-                r = by_cell[cell]
+            for x, c in enumerate(cells):
+                runs = of(c, policy)
                 ax.bar(
                     x + i * width,
-                    r["vs_max"],
+                    float(np.mean([r["vs_max"] for r in runs])),
                     width,
                     color=f"C{i}",
-                    hatch="//" if r["p99_over_slo"] > 1 else None,
+                    hatch="//" if any(r["p99_over_slo"] > 1 for r in runs) else None,
                     edgecolor="black",
                     linewidth=0.3,
                     label=policy if x == 0 else None,
                 )
-        oracle = [
-            next(r for r in rows if r["gpu"] == gpu and (r["load"], r["slo_mult"]) == c)
-            for c in cells
-        ]
         ax.plot(
             [x + 0.4 - width / 2 for x in range(len(cells))],
             [
-                r["oracle_energy_per_inference_j"] / (r["energy_per_inference_j"] / r["vs_max"])
-                for r in oracle
+                float(
+                    np.mean(
+                        [
+                            r["oracle_energy_per_inference_j"]
+                            / (r["energy_per_inference_j"] / r["vs_max"])
+                            for r in of(c, policies[0])
+                        ]
+                    )
+                )
+                for c in cells
             ],
             "k_",
             markersize=18,
@@ -232,8 +286,7 @@ def tune(
     field_type = type(getattr(SlackParams(), param))
     cells = [
         replace(c, with_oracle=False)
-        for s in seeds
-        for c in replace(base, seed=s, policies=("max",)).configs()
+        for c in replace(base, seeds=tuple(seeds), policies=("max",)).configs()
     ]
     max_rows = run_all(cells, jobs=jobs, progress=progress)
     out = []

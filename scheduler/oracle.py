@@ -32,6 +32,13 @@ clock-change delay, perfect knowledge of arrivals, the speed of any batch size a
 points for free, idle power at the lowest clock, and the mean service time (with random service
 times the bound holds in expectation). Where even the fastest point cannot meet the deadlines,
 that stretch is charged at the fastest point's energy per request and marked infeasible.
+
+The clairvoyant bound. Given ``work`` (each request's actual work: the service time it drew
+over the mean, as the simulator records it), the arrival and deadline curves count work, not
+requests: a request that drew twice the mean time counts twice. That bound knows each request's
+service time in advance, so it holds for the run as drawn, not only in expectation; the gap
+between it and a policy is the price of not knowing the future (arrivals and service times),
+and the gap between a policy's margins and it the price of the spread.
 """
 
 from __future__ import annotations
@@ -80,20 +87,27 @@ def energy_hull(profile: GpuProfile, model: str | None = None) -> tuple[FloatArr
 Segment = tuple[float, float, float]
 
 
-def taut_string(arrivals_s: FloatArray, deadlines_s: FloatArray) -> list[Segment]:
+def taut_string(
+    arrivals_s: FloatArray, deadlines_s: FloatArray, work: FloatArray | None = None
+) -> list[Segment]:
     """Segments ``(t0, t1, work)`` of the shortest path between the arrival and deadline curves.
 
-    The path starts at ``(0, 0)``, stays at or below ``A(t)`` (arrivals so far) and at or above
-    ``D(t)`` (deadlines passed), and ends at ``(max deadline, N)``. Constraint corners: just
-    before the ``j``-th arrival at most ``j`` requests are done; at the ``k``-th deadline at least
-    ``k`` are.
+    The path starts at ``(0, 0)``, stays at or below ``A(t)`` (work arrived so far) and at or
+    above ``D(t)`` (work whose deadline has passed), and ends at ``(max deadline, total work)``.
+    Constraint corners: just before the ``j``-th arrival at most the work of the ``j`` before it
+    is done; at the ``k``-th deadline at least the work of the ``k`` first deadlines is.
+    ``work`` (default: 1 each) is each request's work, in mean requests.
     """
     n = len(arrivals_s)
     if n == 0:
         return []
+    weights = np.ones(n) if work is None else np.asarray(work, dtype=float)
+    by_arrival, by_deadline = np.argsort(arrivals_s, kind="stable"), np.argsort(deadlines_s)
+    before = np.concatenate(([0.0], np.cumsum(weights[by_arrival])[:-1]))
+    due = np.cumsum(weights[by_deadline])
     # Corner points in time order: ("up", t, w) caps work at w just before t; ("low", t, w) needs w.
-    upper = [(float(t), float(j)) for j, t in enumerate(np.sort(arrivals_s))]
-    lower = [(float(t), float(k + 1)) for k, t in enumerate(np.sort(deadlines_s))]
+    upper = [(float(arrivals_s[i]), float(c)) for i, c in zip(by_arrival, before, strict=True)]
+    lower = [(float(deadlines_s[i]), float(c)) for i, c in zip(by_deadline, due, strict=True)]
     events: list[tuple[float, int, float]] = [(t, 0, w) for t, w in upper]
     events += [(t, 1, w) for t, w in lower]
     events.sort()
@@ -140,10 +154,12 @@ def oracle_energy(
     deadlines_s: FloatArray,
     duration_s: float,
     models: Sequence[str] | None = None,
+    work: FloatArray | None = None,
 ) -> OracleResult:
     """The lower bound described in the module docstring, in joules.
 
-    ``models[i]`` is the model of request ``i`` (default: every request the GPU's CNN).
+    ``models[i]`` is the model of request ``i`` (default: every request the GPU's CNN);
+    ``work[i]`` its actual work in mean requests, for the clairvoyant bound (default: 1 each).
     """
     names = np.asarray(models if models is not None else [None] * len(arrivals_s), dtype=object)
     idle_j = profile.idle_power_w(profile.min_clock_mhz) * duration_s
@@ -152,16 +168,18 @@ def oracle_energy(
         mine = names == model
         xs, ys = energy_hull(profile, model)
         sigma_max = float(xs[-1])
-        segments = taut_string(arrivals_s[mine], deadlines_s[mine])
+        segments = taut_string(
+            arrivals_s[mine], deadlines_s[mine], None if work is None else work[mine]
+        )
         count += len(segments)
-        for t0, t1, work in segments:
+        for t0, t1, done in segments:
             dt = t1 - t0
-            speed = work / dt if dt > 0 else np.inf
+            speed = done / dt if dt > 0 else np.inf
             if speed <= sigma_max:
                 busy_j += float(np.interp(speed, xs, ys)) * dt
             else:
-                busy_j += float(ys[-1]) / sigma_max * work
-                infeasible += work
+                busy_j += float(ys[-1]) / sigma_max * done
+                infeasible += done
     return OracleResult(
         energy_j=idle_j + busy_j,
         idle_energy_j=idle_j,

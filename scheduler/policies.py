@@ -181,6 +181,8 @@ class _ModelPlan:
         )
         self.margin_ms = table.tail_margin_ms(quantile)
         self.floor_mhz = table.energy_optimal_clock_mhz()
+        # Below this clock even a full batch costs more energy per inference, not less.
+        self.full_batch_floor_mhz = table.energy_optimal_clock_mhz(max_batch)
 
 
 class SlackPolicy(ClockPolicy):
@@ -243,6 +245,16 @@ class SlackPolicy(ClockPolicy):
             for j in range(1, self.params.phantoms + 1)
         ]
 
+    def _slo_scale(self, model: str, slo_ms: float) -> float:
+        """The share of a request's SLO the plan aims at (1: its SLO; a feedback policy moves
+        it, see :mod:`scheduler.adaptive`)."""
+        return 1.0
+
+    def _deadline_s(self, r: QueuedRequest) -> float:
+        """The deadline the plan aims at for ``r``."""
+        scale = self._slo_scale(r.model, r.slo_ms)
+        return r.deadline_s if scale == 1.0 else r.arrival_s + scale * r.slo_ms / 1000.0
+
     def release_limit(self, s: SchedulerView, model: str, now_s: float) -> int:
         """Hold ``model``'s waiting requests back for a fuller batch while that is safe; else
         let go all its batcher can use.
@@ -273,7 +285,7 @@ class SlackPolicy(ClockPolicy):
         rate = s.arrival_rates_rps(now_s).get(model, 0.0)
         by_slo = min(r.deadline_s - r.slo_ms * (1.0 - p.batch_hold) / 1000.0 for r in waiting)
         expected = min(plan.max_batch, n + int(rate * max(0.0, by_slo - now_s)))
-        clock = self.clocks_mhz.index(self._snap_up(plan.floor_mhz or self.clocks_mhz[-1]))
+        clock = self.clocks_mhz.index(self._snap_up(self._floor_of(plan) or self.clocks_mhz[-1]))
         ahead = s.inflight_count(model)
         full, part = divmod(ahead + expected, plan.max_batch)
         need_ms = (
@@ -281,7 +293,7 @@ class SlackPolicy(ClockPolicy):
             + plan.times_ms[part, clock]
             + plan.margin_ms * math.sqrt(full + (part > 0))
         )
-        deadline_s = min(r.deadline_s for r in waiting)
+        deadline_s = min(self._deadline_s(r) for r in waiting)
         by_deadline = deadline_s - (need_ms / p.safety + p.change_delay_ms) / 1000.0
         until_s = min(by_slo, by_deadline)
         if until_s <= now_s + MIN_HOLD_S:
@@ -336,11 +348,15 @@ class SlackPolicy(ClockPolicy):
         clock = self._first(feasible)
         return max(clock, self._floor(s, models))
 
+    def _floor_of(self, plan: _ModelPlan) -> int | None:
+        """The clock a model is never run below: its energy-optimal clock at batch 1."""
+        return plan.floor_mhz
+
     def _floor(self, s: SchedulerView, models: list[str]) -> int:
         floors = [
-            p.floor_mhz
+            f
             for m in models
-            if (p := self._plan(s, m)) is not None and p.floor_mhz is not None
+            if (p := self._plan(s, m)) is not None and (f := self._floor_of(p)) is not None
         ]
         return self._snap_up(max(floors)) if floors else self.clocks_mhz[0]
 
@@ -381,14 +397,19 @@ class SlackPolicy(ClockPolicy):
         for m, reqs in inflight.items():
             counts[m] = len(reqs)
             since[m] = max(min(r.dispatch_s for r in reqs), s.last_completion_s(m))
-            rows.append((m, counts[m], (min(r.deadline_s for r in reqs) - now_s) * 1e3, 1.0))
+            rows.append((m, counts[m], (min(map(self._deadline_s, reqs)) - now_s) * 1e3, 1.0))
         inflight_counts = dict(counts)
         for r in queued:
             counts[r.model] += 1
-            rows.append((r.model, counts[r.model], (r.deadline_s - now_s) * 1000.0, 1.0))
+            rows.append((r.model, counts[r.model], (self._deadline_s(r) - now_s) * 1000.0, 1.0))
         if s.queue_len > len(queued):
             earliest = s.earliest_deadline_s()
             assert earliest is not None
+            # The bound on the rest: its earliest deadline, moved as the tightest class's is.
+            earliest += min(
+                (self._slo_scale(m, s.last_slo_ms(m)) - 1.0) * s.last_slo_ms(m) / 1000.0
+                for m in s.queued_by_model()
+            )
             for m, n in s.queued_by_model().items():
                 if m not in counts:
                     none = np.zeros(len(self.clocks_mhz), bool)
@@ -403,7 +424,9 @@ class SlackPolicy(ClockPolicy):
                 m = max(rates, key=lambda x: rates[x] * j / total_rate - given[x])
                 given[m] += 1
                 counts[m] += 1
-                rows.append((m, counts[m], gap * ms_per_gap + s.last_slo_ms(m), p.phantom_margin))
+                slo_ms = s.last_slo_ms(m)
+                room_ms = gap * ms_per_gap + self._slo_scale(m, slo_ms) * slo_ms
+                rows.append((m, counts[m], room_ms, p.phantom_margin))
 
         # One matrix product for every constraint: row i counts, per (model, batch size), the
         # executions ahead of it; times holds each (model, batch)'s mean ms at every clock.
@@ -494,29 +517,3 @@ class SlackPolicy(ClockPolicy):
         if self._lower_since_s is not None:
             times.append(self._lower_since_s + self.params.hold_s)
         return min(times, default=None)
-
-
-POLICIES: dict[str, type[ClockPolicy]] = {
-    p.name: p for p in (MaxPolicy, DefaultPolicy, SeedPolicy, SlackPolicy)
-}
-
-
-def make_policy(name: str, clocks_mhz: list[int], slack: SlackParams | None = None) -> ClockPolicy:
-    """The policy called ``name`` (``fixed:MHZ`` for one locked clock); ValueError lists the
-    known ones."""
-    if name == SlackPolicy.name:
-        return SlackPolicy(clocks_mhz, slack)
-    kind, sep, arg = name.partition(":")
-    if kind == FixedPolicy.name and sep:
-        try:
-            mhz = int(arg)
-        except ValueError:
-            raise ValueError(f"fixed:MHZ needs a whole number of MHz, got {arg!r}") from None
-        return FixedPolicy(clocks_mhz, mhz)
-    try:
-        cls = POLICIES[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown policy {name!r}; known: {', '.join(POLICIES)}, fixed:MHZ"
-        ) from None
-    return cls(clocks_mhz)

@@ -22,8 +22,10 @@ from dvfs.profiles import CNN, GpuProfile, ModelProfile, get_profile
 from dvfs.simulated import SimulatedDevice, shared_time_ms
 from dvfs.timesource import VirtualTime
 from scheduler.core import Scheduler, SchedulerConfig
+from scheduler.feedback import FeedbackParams
 from scheduler.oracle import oracle_energy
-from scheduler.policies import SlackParams, make_policy
+from scheduler.policies import SlackParams
+from scheduler.registry import make_policy
 from scheduler.request import Request
 from scheduler.view import ModelServing
 from scheduler.workload import (
@@ -104,6 +106,7 @@ class SimConfig:
     profile_requests_per_clock: int = 20
     with_oracle: bool = True
     slack: SlackParams = field(default_factory=SlackParams)
+    feedback: FeedbackParams = field(default_factory=FeedbackParams)
 
     def rate(self, profile: GpuProfile) -> float:
         if self.rate_rps is not None:
@@ -176,6 +179,7 @@ class SimResult:
     span_s: float
     energy_j: float
     oracle_energy_j: float | None
+    clairvoyant_energy_j: float | None
     latencies_ms: FloatArray
     met: int
     clock_changes: int
@@ -220,6 +224,7 @@ class SimResult:
                 self.energy_j / self.completed if self.completed else math.nan
             ),
             "oracle_energy_j": self.oracle_energy_j,
+            "clairvoyant_energy_j": self.clairvoyant_energy_j,
             "p50_ms": self._pct(50),
             "p90_ms": self._pct(90),
             "p99_ms": self._pct(99),
@@ -388,7 +393,7 @@ def simulate(cfg: SimConfig, tables: TableSet | None = None) -> SimResult:
     tables = tables or profiled_tables(cfg.gpu, names, 0, cfg.profile_requests_per_clock)
     vt = VirtualTime()
     device = SimulatedDevice(profile, time_source=vt, rng=device_rng)
-    policy = make_policy(cfg.policy, device.supported_clocks_mhz(), cfg.slack)
+    policy = make_policy(cfg.policy, device.supported_clocks_mhz(), cfg.slack, cfg.feedback)
     sched: Scheduler[None] = Scheduler(
         tables,
         policy,
@@ -410,6 +415,8 @@ def simulate(cfg: SimConfig, tables: TableSet | None = None) -> SimResult:
     stats = {c.name: ClientStats() for c in cfg.clients}
     per_model = {n: ClientStats() for n in names}
     latencies: list[float] = []
+    work = np.ones(len(arrivals))  # each request's drawn service time over its mean
+    index_of: dict[int, int] = {}  # request seq -> its arrival's index
     met = rejected = events = batches = 0
     heap: list[tuple[float, int, int, Any]] = [
         (float(t), _ARRIVAL, i, None) for i, t in enumerate(arrivals)
@@ -470,7 +477,9 @@ def simulate(cfg: SimConfig, tables: TableSet | None = None) -> SimResult:
                 client_id=client.name,
             )
             result = sched.enqueue(req, now)
-            if not result.accepted:
+            if result.accepted:
+                index_of[req.seq] = idx
+            else:
                 rejected += 1
                 stats[client.name].rejected += 1
                 per_model[req.model].rejected += 1
@@ -483,6 +492,7 @@ def simulate(cfg: SimConfig, tables: TableSet | None = None) -> SimResult:
             for t_end, key in triton.completions():
                 push(t_end, _COMPLETE, key)
             for req in run.requests:
+                work[index_of.pop(req.seq)] = run.work
                 service_s = now - req.dispatch_s
                 apply(sched.on_complete(req, service_s, now).clock_mhz, now)
                 latency_ms = (now - req.arrival_s) * 1000.0
@@ -511,11 +521,11 @@ def simulate(cfg: SimConfig, tables: TableSet | None = None) -> SimResult:
     span_s = max(cfg.duration_s, vt())
     vt.advance_to(span_s)
     dev_stats = device.stats()
-    oracle = None
+    oracle = clairvoyant = None
     if cfg.with_oracle and len(arrivals):
-        oracle = oracle_energy(
-            profile, arrivals, arrivals + slos_ms / 1000.0, span_s, [names[w] for w in which]
-        ).energy_j
+        deadlines, models = arrivals + slos_ms / 1000.0, [names[w] for w in which]
+        oracle = oracle_energy(profile, arrivals, deadlines, span_s, models).energy_j
+        clairvoyant = oracle_energy(profile, arrivals, deadlines, span_s, models, work).energy_j
     return SimResult(
         config=cfg,
         requests=len(arrivals),
@@ -524,6 +534,7 @@ def simulate(cfg: SimConfig, tables: TableSet | None = None) -> SimResult:
         span_s=span_s,
         energy_j=dev_stats.energy_j,
         oracle_energy_j=oracle,
+        clairvoyant_energy_j=clairvoyant,
         latencies_ms=np.asarray(latencies),
         met=met,
         clock_changes=dev_stats.clock_changes,

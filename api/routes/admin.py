@@ -18,7 +18,8 @@ from pydantic import BaseModel, Field, ValidationError
 
 from api.runtime import Runtime
 from dvfs.errors import DeviceError
-from scheduler.policies import POLICIES, ClockPolicy, FixedPolicy, make_policy
+from scheduler.policies import ClockPolicy, FixedPolicy
+from scheduler.registry import POLICIES, make_policy
 from time2clock.table import TableError, TableSet
 
 bearer = HTTPBearer(auto_error=False, description="the sidecar's --admin-token")

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from scheduler.core import Scheduler, SchedulerConfig
-from scheduler.policies import make_policy
+from scheduler.registry import make_policy
 from tests.scheduler import helpers
 from tests.scheduler.helpers import CLOCKS, make_request
 

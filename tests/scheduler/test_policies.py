@@ -4,7 +4,8 @@ import math
 
 import pytest
 
-from scheduler.policies import SeedPolicy, SlackParams, SlackPolicy, make_policy
+from scheduler.policies import SeedPolicy, SlackParams, SlackPolicy
+from scheduler.registry import make_policy
 from scheduler.view import ModelServing
 from tests.scheduler.helpers import (
     CLOCKS,
