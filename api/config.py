@@ -7,7 +7,7 @@ import os
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
-from scheduler.registry import POLICIES
+from scheduler.registry import DEFAULT_POLICY, POLICIES
 
 ENV_PREFIX = "SIDECAR_"
 
@@ -26,7 +26,7 @@ class GatewayConfig:
     triton_url: str | None = None
     triton_grpc_url: str | None = None
     device: str | None = None
-    policy: str = "slack"
+    policy: str = DEFAULT_POLICY
     table: tuple[Path, ...] = ()
     slo_ms: float = 100.0
     max_inflight: int = 256

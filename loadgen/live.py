@@ -105,7 +105,7 @@ async def _run_one(
 
 def compare_live(
     *,
-    policies: Sequence[str] = ("max", "seed", "slack"),
+    policies: Sequence[str] = ("max", "seed", "slack", "adaptive"),
     rate_rps: float = 40.0,
     duration_s: float = 20.0,
     slo_ms: float = 40.0,

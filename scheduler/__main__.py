@@ -24,7 +24,7 @@ from scheduler.compare import (
     tune,
     write_csv,
 )
-from scheduler.registry import POLICIES
+from scheduler.registry import DEFAULT_POLICY, POLICIES
 from scheduler.simulate import SimConfig, parse_models, simulate
 from scheduler.workload import ClientSpec, parse_clients
 
@@ -257,7 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("simulate", help="one simulated run")
     p.add_argument("--gpu", default="v100")
-    p.add_argument("--policy", default="slack", help=", ".join(POLICIES) + ", fixed:MHZ")
+    p.add_argument("--policy", default=DEFAULT_POLICY, help=", ".join(POLICIES) + ", fixed:MHZ")
     p.add_argument(
         "--models",
         default="resnet50",

@@ -88,7 +88,7 @@ def run() -> list[str]:
     for name in POLICIES:
         c = core_cost(name)
         lines.append(f"  {name:8s} {c.us_per_enqueue_and_dispatch:7.1f} µs per request")
-    for name in ("slack",):
+    for name in ("slack", "adaptive"):
         c = core_cost(name, queue_len=10)
         lines.append(
             f"  {name:8s} {c.us_per_enqueue_and_dispatch:7.1f} µs per request at a queue of 10"

@@ -64,7 +64,7 @@ class Matrix:
     mixes: tuple[str, ...] = (DEFAULT_MIX,)
     loads: tuple[float, ...] = (0.3, 0.6, 0.9)
     slo_multipliers: tuple[float, ...] = (2.0, 3.0, 5.0)
-    policies: tuple[str, ...] = ("max", "default", "seed", "slack", BEST_FIXED)
+    policies: tuple[str, ...] = ("max", "default", "seed", "slack", "adaptive", BEST_FIXED)
     duration_s: float = 30.0
     seeds: tuple[int, ...] = (0,)
     slack: SlackParams = field(default_factory=SlackParams)

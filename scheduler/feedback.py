@@ -43,7 +43,7 @@ class FeedbackParams:
     """Knobs of :class:`TailController`; see the module docstring for each."""
 
     target: float = 0.99
-    setpoint: float = 0.9
+    setpoint: float = 0.8
     window_s: float = 10.0
     max_samples: int = 2000
     min_samples: int = 50

@@ -87,7 +87,7 @@ class SimConfig:
     """
 
     gpu: str = "v100"
-    policy: str = "slack"
+    policy: str = "adaptive"
     slo_ms: float = 100.0
     duration_s: float = 30.0
     seed: int = 0

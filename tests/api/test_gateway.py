@@ -255,7 +255,7 @@ def test_metrics(sidecar: LiveSidecar) -> None:
     ]
     assert ok and ok[0].value >= 1
     policy = {s.labels["policy"]: s.value for s in families["sidecar_policy_info"].samples}
-    assert policy["slack"] == 1.0 and policy["max"] == 0.0
+    assert policy["adaptive"] == 1.0 and policy["max"] == 0.0
     energy = families["sidecar_gpu_energy_joules"].samples[0].value
     assert energy > 0
     assert families["sidecar_gpu_clock_hertz"].samples[0].value >= 135e6
@@ -270,11 +270,11 @@ def test_admin(sidecar: LiveSidecar) -> None:
         content=b'{"clock_mhz": null}',
         headers={**ADMIN, "Content-Type": "application/x-www-form-urlencoded"},
     )
-    assert r.status_code == 200 and r.json()["policy"] == "slack"
+    assert r.status_code == 200 and r.json()["policy"] == "adaptive"
     r = admin(sidecar, "PUT", "/policy", {"nope": 1})
     assert r.status_code == 400 and "policy" in r.json()["error"]
     state = admin(sidecar, "GET", "/state").json()
-    assert state["policy"] == "slack" and state["max_inflight"] == 2
+    assert state["policy"] == "adaptive" and state["max_inflight"] == 2
     simnet = state["models"]["simnet"]
     assert simnet["max_batch"] == 32 and simnet["instances"] == 2
     assert simnet["table"]["batches"] == [1, 8, 32]
@@ -293,15 +293,15 @@ def test_admin(sidecar: LiveSidecar) -> None:
         assert r.status_code == 400 and "no time2clock table" in r.json()["error"]
         cached = next(Path(sidecar.config.state_dir, "tables").glob("*.json"))
         r = admin(sidecar, "POST", "/table", {"path": str(cached)})
-        assert r.status_code == 200 and r.json()["policy"] == "slack"
+        assert r.status_code == 200 and r.json()["policy"] == "adaptive"
     finally:
         admin(sidecar, "PUT", "/clock", {"clock_mhz": None})
-        admin(sidecar, "PUT", "/policy", {"policy": "slack"})
+        admin(sidecar, "PUT", "/policy", {"policy": "adaptive"})
     schema = sidecar.get("/openapi.json").json()
     assert "/admin/state" in schema["paths"] and "HTTPBearer" in json.dumps(schema["components"])
 
 
-def test_slack_moves_the_clock_with_the_queue(sidecar: LiveSidecar) -> None:
+def test_the_default_policy_moves_the_clock_with_the_queue(sidecar: LiveSidecar) -> None:
     floor = admin(sidecar, "GET", "/state").json()["clock_target_mhz"]
     seen: list[int] = []
     stop = threading.Event()

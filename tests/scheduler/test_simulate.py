@@ -101,6 +101,17 @@ def test_slack_saves_energy_against_max_and_meets_the_slo() -> None:
     assert slack["oracle_energy_j"] < slack["energy_j"]
 
 
+def test_adaptive_uses_the_room_slack_leaves_and_keeps_the_tail() -> None:
+    models = slo_models("rtx3090", DEFAULT_MIX, 3.0)
+    base = dict(gpu="rtx3090", load=0.3, models=models, duration_s=20.0, with_oracle=False)
+    slack = simulate(SimConfig(policy="slack", **base)).to_json()  # type: ignore[arg-type]
+    adaptive = simulate(SimConfig(policy="adaptive", **base)).to_json()  # type: ignore[arg-type]
+    assert slack["p99_over_slo"] < 0.8  # slack's fixed margins leave a fifth of the SLO unused
+    assert slack["p99_over_slo"] < adaptive["p99_over_slo"] <= 1.0
+    assert adaptive["mean_clock_mhz"] < slack["mean_clock_mhz"]
+    assert adaptive["energy_per_inference_j"] < 0.9 * slack["energy_per_inference_j"]
+
+
 def test_arrival_processes(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     bursty = bursty_arrivals(100.0, 60.0, rng)
@@ -175,6 +186,10 @@ def test_cli_compare_writes_table_csv_and_plot(
                 "0.3",
                 "--slo-multipliers",
                 "4",
+                "--seeds",
+                "0,1",
+                "--policies",
+                "max,slack,adaptive,best-fixed",
                 "--duration-s",
                 "3",
                 "--jobs",
@@ -185,8 +200,9 @@ def test_cli_compare_writes_table_csv_and_plot(
         )
         == 0
     )
-    header = (tmp_path / "compare.csv").read_text().splitlines()[0]
-    assert header.startswith("gpu,mix,load,slo_mult,policy,")
-    assert len((tmp_path / "compare.csv").read_text().splitlines()) == 5  # 4 policies
+    lines = (tmp_path / "compare.csv").read_text().splitlines()
+    assert lines[0].startswith("gpu,mix,load,slo_mult,seed,policy,")
+    assert len(lines) == 1 + 2 * 4  # 2 seeds × 4 policies
     assert (tmp_path / "compare.png").read_bytes()[:4] == b"\x89PNG"
-    assert "slack" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "adaptive" in out and "against the best single clock" in out
