@@ -1,6 +1,6 @@
 """``make demo``: the main job. The embedded stack (real Triton, simulated GPU, the sidecar), the
-same load under ``max``, ``seed``, ``slack`` and ``adaptive`` (the default), a table of energy
-and latency, a plot."""
+same load under ``max``, ``default``, ``seed``, ``slack`` and ``adaptive`` (the default policy),
+a table of energy and latency, a plot."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=40.0, help="requests per second (Poisson)")
     parser.add_argument("--duration-s", type=float, default=20.0, help="per policy")
     parser.add_argument("--slo-ms", type=float, default=40.0)
-    parser.add_argument("--policies", default="max,seed,slack,adaptive")
+    parser.add_argument("--policies", default="max,default,seed,slack,adaptive")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("-o", "--out-dir", type=Path, default=Path("out/demo"))
     args = parser.parse_args(argv)
