@@ -224,10 +224,10 @@ class GpuDispatcher:
             request, job = d.request, _job(d.request)
             now = self._now()
             if job.future.cancelled():  # its client is gone: nothing to send, nobody to answer
-                self.scheduler.on_complete(request, 0.0, now)
+                self.scheduler.on_complete(request, 0.0, now, measured=False)
                 continue
             if job.timeout_us is not None and (now - request.arrival_s) * 1e6 > job.timeout_us:
-                self.scheduler.on_complete(request, 0.0, now)
+                self.scheduler.on_complete(request, 0.0, now, measured=False)
                 self._fail(request, UnavailableError("Request timeout expired"))
                 continue
             self.metrics.queue_delay.labels(self.metrics.model_label(request.model)).observe(
@@ -258,7 +258,8 @@ class GpuDispatcher:
             error = UnavailableError(f"request to Triton failed: {err}")
         now = self._now()
         service_s = now - sent_s
-        done = self.scheduler.on_complete(request, service_s, now)
+        served = error is None and response is not None and bool(response.ok)
+        done = self.scheduler.on_complete(request, service_s, now, measured=served)
         self._apply(done.clock_mhz)
         client = self.metrics.client_label(request.client_id)
         self.metrics.gpu_time.labels(client, str(request.level), str(request.nice)).inc(service_s)
