@@ -323,7 +323,16 @@ class GpuDispatcher:
         s = self.scheduler
         now = self._now()
         rates = s.arrival_rates_rps(now)
-        models = sorted({*s.tables.models, *rates, *s.inflight_by_model(), *s.queued_by_model()})
+        learner = s.learner
+        models = sorted(
+            {
+                *s.tables.models,
+                *rates,
+                *s.inflight_by_model(),
+                *s.queued_by_model(),
+                *(learner.models if learner is not None else ()),
+            }
+        )
         return {
             "gpu": self.gpu,
             "device": self.device.identity.name,
@@ -336,6 +345,7 @@ class GpuDispatcher:
             "arrival_rate_rps": round(sum(rates.values()), 3),
             "max_inflight": s.config.max_inflight,
             "max_queue": s.config.max_queue,
+            "learning": learner is not None,
             "models": {
                 m: {
                     "queued": s.queued_by_model().get(m, 0),
@@ -345,6 +355,7 @@ class GpuDispatcher:
                     "instances": s.serving(m).instances,
                     "arrival_rate_rps": round(rates.get(m, 0.0), 3),
                     "table": _table_summary(s.table_for(m)),
+                    "learning": None if learner is None else learner.state(m, now),
                 }
                 for m in models
             },

@@ -166,6 +166,7 @@ class OnlineTables:
         self._last_refit_s: float | None = None
         self.version = 0  # bumped by every refit that changed a table
         self.latest: TableSet | None = None  # what the last such refit returned
+        self.journal: list[ExecutionSample] | None = None  # a list: every sample is kept there
 
     # -- measurements ---------------------------------------------------------------------
 
@@ -173,6 +174,8 @@ class OnlineTables:
         """Record ``sample``; ``table`` is the model's table in force (for its error)."""
         if not (sample.ms > 0 and math.isfinite(sample.ms)) or sample.batch < 1:
             return
+        if self.journal is not None:
+            self.journal.append(sample)
         state = self._models.setdefault(sample.model, _ModelState())
         cell = state.cells.setdefault((sample.batch, sample.clock_mhz), deque())
         cell.append((sample.at_s, sample.ms))
@@ -343,6 +346,10 @@ class OnlineTables:
     def samples_total(self, model: str) -> int:
         state = self._models.get(model)
         return 0 if state is None else state.samples_total
+
+    def refits(self, model: str) -> int:
+        state = self._models.get(model)
+        return 0 if state is None else state.refits
 
     def error(self, model: str) -> float | None:
         """Median ``|measured / predicted − 1|`` of ``model``'s samples since the last refit,
