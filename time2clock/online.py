@@ -7,8 +7,13 @@ trim 0.2). Each refit starts from a **prior**, the table in force:
 
 * a cell with at least ``min_cell_samples`` live samples is a point of its curve at its
   trimmed mean, weighted by its number of samples, so live cells dominate;
-* every other (clock, batch) of the prior moves with the observed ones: the prior's prediction
-  times the median, over the live cells, of live / prior (weight ``prior_weight``);
+* every other (clock, batch) of the prior moves with the observed ones (weight
+  ``prior_weight``) in one of the two ways a prior is usually off: by a factor (the median over
+  the live cells of live / prior: a slower or faster GPU) or by a constant (the median of
+  live − prior: host time, which a busy CPU adds to every execution whatever the clock). With
+  live cells at one clock only, which way is right cannot be told, so the one that predicts
+  the slower time at the lowest clock is taken: there a guess too fast costs deadlines, one too
+  slow only energy, and the clocks the policy then picks measure the rest;
 * the law ``1/(m·x + b)`` is fitted by weighted least squares of ``1/y`` on ``x``;
 * the tail margins (pooled residual quantiles) come from the live residuals once there are
   ``min_residual_samples`` of them, else stay the prior's.
@@ -248,9 +253,12 @@ class OnlineTables:
             top_ms = {b: (c, ms) for (b, c), (ms, _) in live.items() if c == top}
             gpu = self.gpu
             prior = compute_bound_prior(gpu, model, top_ms, self.clocks_mhz, p.new_model_clocks)
-        ratios = [ms / prior.predict_ms(c, b) for (b, c), (ms, _) in live.items()]
-        finite = [r for r in ratios if r > 0 and math.isfinite(r)]
-        scale = float(np.median(finite)) if finite else 1.0
+        priors = {key: prior.predict_ms(key[1], key[0]) for key in live}
+        usable = [k for k, v in priors.items() if v > 0 and math.isfinite(v)]
+        scale = float(np.median([live[k][0] / priors[k] for k in usable])) if usable else 1.0
+        shift = float(np.median([live[k][0] - priors[k] for k in usable])) if usable else 0.0
+        low = (self.clocks_mhz[0], prior.batches[0])
+        by_factor = prior.predict_ms(*low) * scale >= prior.predict_ms(*low) + shift
         batches = sorted({*prior.batches, *(b for b, _ in live)})
         means: dict[int, InverseLinearFit] = {}
         for batch in batches:
@@ -262,7 +270,8 @@ class OnlineTables:
                     values.append(ms)
                     weights.append(float(n))
                 else:
-                    values.append(prior.predict_ms(c, batch) * scale)
+                    guess = prior.predict_ms(c, batch)
+                    values.append(guess * scale if by_factor else guess + shift)
                     weights.append(p.prior_weight)
             if not all(v > 0 and math.isfinite(v) for v in values):
                 continue
