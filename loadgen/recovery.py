@@ -46,6 +46,7 @@ from loadgen.classes import RequestClass
 from loadgen.engine import Recorder, Target, build_payloads, new_session, open_loop, schedule
 from loadgen.metrics import energy_j, scrape, scrape_values
 from time2clock.online import ExecutionSample
+from time2clock.table import TableSet
 
 log = logging.getLogger(__name__)
 
@@ -93,12 +94,14 @@ def cpu_load(processes: int) -> Iterator[None]:
             p.join(5)
 
 
-def profile_table(state_dir: Path, gpu: str, loaded: bool) -> Path:
-    """``simnet``'s table profiled by the embedded stack at start (under CPU load when
-    ``loaded``), cached in ``state_dir``; the cached one when it is already there."""
+def profile_table(state_dir: Path, gpu: str, busy_processes: int, *, again: bool) -> Path:
+    """``simnet``'s table profiled by the embedded stack at start (while ``busy_processes``
+    busy loops run), cached in ``state_dir``; the cached one unless ``again``."""
     table = state_dir / "tables" / f"{gpu}-{SIMNET}-v{TABLES_VERSION}.json"
-    if table.is_file():
+    if table.is_file() and not again:
+        log.info("using the table profiled before: %s", table)
         return table
+    table.unlink(missing_ok=True)
     config = GatewayConfig(
         port=0,
         grpc_port=0,
@@ -107,9 +110,16 @@ def profile_table(state_dir: Path, gpu: str, loaded: bool) -> Path:
         state_dir=state_dir,
         learn=False,
     )
-    load = cpu_load(os.cpu_count() or 1) if loaded else contextlib.nullcontext()
+    load = cpu_load(busy_processes) if busy_processes else contextlib.nullcontext()
     with load, SidecarServer(config):
         pass
+    log.info(
+        "profiled %s with %d busy loops (load average now %.2f): %s",
+        SIMNET,
+        busy_processes,
+        os.getloadavg()[0],
+        table,
+    )
     return table
 
 
@@ -203,6 +213,7 @@ def run_once(
         saved = learned_path(Path(tmp), gpu, TABLES_VERSION)
         if learn and saved.is_file():
             log.info("%s: the learned table was saved (%d bytes)", name, saved.stat().st_size)
+    log.info("%s: done, load average %.2f", name, os.getloadavg()[0])
     return Run(name, windows, state)
 
 
@@ -249,6 +260,15 @@ def report(runs: Sequence[Run], slo_ms: float, window_s: float) -> str:
     return "\n".join(lines)
 
 
+def summary(path: Path) -> str:
+    """Batch 1 at the top clock, and the pooled p99 residual, of the table at ``path``."""
+    table = next(iter(TableSet.load(path)))
+    curve = table.curve(1)
+    top = curve.clocks_mhz[-1]
+    p99 = curve.residual_quantiles_ms.get("p99", math.nan)
+    return f"{curve.predict_ms(top):.1f} ms at {top} MHz, p99 residual {p99:.1f} ms"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m loadgen.recovery", description=__doc__)
     parser.add_argument("--policy", default="slack", help="the policy under test")
@@ -265,10 +285,23 @@ def main(argv: list[str] | None = None) -> int:
         help="where the clean and CPU-loaded tables are profiled and cached",
     )
     parser.add_argument("--record", type=Path, help="write the learning run's measurements here")
+    parser.add_argument(
+        "--busy-processes",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="busy loops while the CPU-loaded table is profiled (default: one per core)",
+    )
+    parser.add_argument(
+        "--reprofile", action="store_true", help="profile both tables again (else: cached)"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    clean = profile_table(args.state_dir / "clean", args.gpu, loaded=False)
-    loaded = profile_table(args.state_dir / "loaded", args.gpu, loaded=True)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    clean = profile_table(args.state_dir / "clean", args.gpu, 0, again=args.reprofile)
+    loaded = profile_table(
+        args.state_dir / "loaded", args.gpu, args.busy_processes, again=args.reprofile
+    )
+    log.info("tables: clean %s, CPU-loaded %s", summary(clean), summary(loaded))
     send_times = list(
         schedule(args.rate, args.duration_s, "poisson", np.random.default_rng(args.seed))
     )
