@@ -17,7 +17,7 @@ import logging
 import os
 import re
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -73,9 +73,13 @@ class LearnedTableSaver:
         tables: Callable[[], TableSet],
         path: Path,
         *,
+        keep: Iterable[str] = (),
         save_every_s: float = SAVE_EVERY_S,
     ) -> None:
+        """``keep``: models whose learned table was loaded at start; they stay in the file
+        whether or not they are served this time."""
         self.learner = learner
+        self.keep = set(keep)
         self._tables = tables
         self.path = path
         self.save_every_s = save_every_s
@@ -105,7 +109,9 @@ class LearnedTableSaver:
             return
         version = self.learner.version
         current = self._tables()
-        learned = TableSet(t for t in current if self.learner.refits(t.model))
+        learned = TableSet(
+            t for t in current if self.learner.refits(t.model) or t.model in self.keep
+        )
         if not len(learned):
             return
         try:

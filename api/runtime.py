@@ -67,6 +67,7 @@ class Runtime:
         self.gpu_name = ""
         self.learner: OnlineTables | None = None
         self.saver: LearnedTableSaver | None = None
+        self.learned_models: list[str] = []  # loaded from the learned file at start
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
 
     async def start(self) -> None:
@@ -114,7 +115,10 @@ class Runtime:
                     LearningCollector(self.learner, self.gpu, self.metrics.model_label)
                 )
                 self.saver = LearnedTableSaver(
-                    self.learner, lambda: scheduler.tables, self.learned_path
+                    self.learner,
+                    lambda: scheduler.tables,
+                    self.learned_path,
+                    keep=self.learned_models,
                 )
                 self.saver.start()
             self.watch.start()
@@ -181,6 +185,7 @@ class Runtime:
             self.models.known.update((*EMULATED, NOOP))
         gpu_name = self.gpu_name = arg if kind == "sim" else self.device.identity.name
         learned = load_learned(self.learned_path) if self.learning else TableSet()
+        self.learned_models = learned.models
         if cfg.table:
             return _prefer(TableSet.load_many(cfg.table), learned)
         if cfg.embedded:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -14,11 +16,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from api.config import GatewayConfig, add_arguments, from_args
 from api.embedded import EMULATED
-from api.learning import learned_path, load_learned, save_atomic
+from api.learning import LearnedTableSaver, learned_path, load_learned, save_atomic
 from api.runtime import TABLES_VERSION
 from dvfs.profiles import get_profile
 from tests.api.live import LiveSidecar, embedded_config, simnet_tables
-from time2clock.table import TableSet
+from tests.time2clock.test_online import V100_CLOCKS
+from time2clock.online import ExecutionSample, OnlineParams, OnlineTables
+from time2clock.table import ModelTable, TableSet, Time2ClockTable
 
 ADMIN = {"Authorization": "Bearer test-token"}
 SIMBERT = "simbert"  # the embedded config of the tests profiles only simnet: no table here
@@ -130,3 +134,30 @@ def test_shadow_mode_does_not_learn(tmp_path: Path) -> None:
         reply = httpx.get(f"http://{sc.url}/metrics", timeout=30)
         assert "sidecar_table_samples" not in reply.text
     assert json.loads(table.read_text())["models"]  # the given table is left as it was
+
+
+def test_the_saver_writes_what_was_learned_and_keeps_what_was_loaded(tmp_path: Path) -> None:
+    """Only refits are saved (a profiled table is not a learned one), models loaded from the
+    file at start stay in it, and nothing is written when nothing changed."""
+    base = next(iter(simnet_tables()))
+    tables = TableSet(replace(base, model=m, curves=_renamed(base, m)) for m in ("a", "b", "c"))
+    learner = OnlineTables(V100_CLOCKS, gpu="v100", params=OnlineParams(refit_every_s=1.0))
+    path = tmp_path / "learned.json"
+    current = [tables]
+    saver = LearnedTableSaver(learner, lambda: current[-1], path, keep=["b"])
+    asyncio.run(saver.save())
+    assert not path.exists()  # nothing learned yet
+    for i in range(10):
+        learner.observe(ExecutionSample("a", 1530, 1, 9.0, 0.1 * i), tables.get("a"))
+    refitted = learner.refit(tables, 2.0)
+    assert refitted is not None
+    current.append(refitted)
+    asyncio.run(saver.save())
+    assert TableSet.load(path).models == ["a", "b"] and saver.saves == 1
+    asyncio.run(saver.save())
+    assert saver.saves == 1  # no refit since: not written again
+    assert TableSet.load(path).get("a") == refitted.get("a")
+
+
+def _renamed(table: ModelTable, model: str) -> dict[int, Time2ClockTable]:
+    return {b: replace(c, model=model) for b, c in table.curves.items()}
