@@ -263,16 +263,15 @@ class OnlineTables:
         means: dict[int, InverseLinearFit] = {}
         for batch in batches:
             clocks = sorted({*prior.curve(batch).clocks_mhz, *(c for b, c in live if b == batch)})
+            guesses = [prior.predict_ms(c, batch) for c in clocks]
+            moved = [g * scale if by_factor else g + shift for g in guesses]
+            if not all(v > 0 for v in moved):  # a constant would take a time below zero
+                moved = [g * scale for g in guesses]
             values, weights = [], []
-            for c in clocks:
-                if (batch, c) in live:
-                    ms, n = live[batch, c]
-                    values.append(ms)
-                    weights.append(float(n))
-                else:
-                    guess = prior.predict_ms(c, batch)
-                    values.append(guess * scale if by_factor else guess + shift)
-                    weights.append(p.prior_weight)
+            for c, guess in zip(clocks, moved, strict=True):
+                ms, n = live.get((batch, c), (guess, 0))
+                values.append(ms)
+                weights.append(float(n) if n else p.prior_weight)
             if not all(v > 0 and math.isfinite(v) for v in values):
                 continue
             fit = weighted_fit(clocks, values, weights)
