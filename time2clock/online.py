@@ -13,7 +13,10 @@ trim 0.2). Each refit starts from a **prior**, the table in force:
   live − prior: host time, which a busy CPU adds to every execution whatever the clock). With
   live cells at one clock only, which way is right cannot be told, so the one that predicts
   the slower time at the lowest clock is taken: there a guess too fast costs deadlines, one too
-  slow only energy, and the clocks the policy then picks measure the rest;
+  slow only energy, and the clocks the policy then picks measure the rest. Within
+  ``factor_band`` (5%) of the prior, always the factor: the choice of the slower guess would
+  otherwise ratchet the unmeasured clocks up a little at every refit with the noise of the
+  measured ones (seen live: +15% at the lowest clock in 60 s);
 * the law ``1/(m·x + b)`` is fitted by weighted least squares of ``1/y`` on ``x``;
 * the tail margins (pooled residual quantiles) come from the live residuals once there are
   ``min_residual_samples`` of them, else stay the prior's.
@@ -72,14 +75,18 @@ class OnlineParams:
     trim: float = 0.2
     refit_every_s: float = 5.0
     min_residual_samples: int = 100
+    residual_cap: int = 1000
+    factor_band: float = 0.05
     prior_weight: float = 1.0
     new_model_clocks: int = 8
 
     def __post_init__(self) -> None:
         if not (self.window_s > 0 and self.refit_every_s > 0 and self.prior_weight > 0):
             raise ValueError("window_s, refit_every_s and prior_weight must be > 0")
-        if self.cell_cap < 1 or self.min_cell_samples < 1 or self.min_residual_samples < 1:
+        if min(self.cell_cap, self.min_cell_samples, self.min_residual_samples) < 1:
             raise ValueError("cell_cap, min_cell_samples and min_residual_samples must be >= 1")
+        if self.residual_cap < self.min_residual_samples:
+            raise ValueError("residual_cap must be >= min_residual_samples")
         if not 0.0 <= self.trim < 0.5:
             raise ValueError(f"trim must be in [0, 0.5), got {self.trim}")
 
@@ -87,6 +94,8 @@ class OnlineParams:
 @dataclass
 class _ModelState:
     cells: dict[tuple[int, int], deque[tuple[float, float]]] = field(default_factory=dict)
+    # (at_s, batch, clock, ms), newest last: the tail margins' samples (a cell keeps fewer)
+    recent: deque[tuple[float, int, int, float]] = field(default_factory=deque)
     samples_total: int = 0
     new_samples: int = 0
     refits: int = 0
@@ -186,6 +195,9 @@ class OnlineTables:
         cell.append((sample.at_s, sample.ms))
         while len(cell) > self.params.cell_cap:
             cell.popleft()
+        state.recent.append((sample.at_s, sample.batch, sample.clock_mhz, sample.ms))
+        while len(state.recent) > self.params.residual_cap:
+            state.recent.popleft()
         state.samples_total += 1
         state.new_samples += 1
         if table is not None:
@@ -218,7 +230,9 @@ class OnlineTables:
             self._prune(state, now_s)
             state.last_error = self._median_error(state) if state.ratios else state.last_error
             state.ratios.clear()
-            fitted = self.fit_model(model, tables.get(model), state.cells)
+            fitted = self.fit_model(
+                model, tables.get(model), state.cells, [r[1:] for r in state.recent]
+            )
             if fitted is None:
                 continue
             result.add(fitted)
@@ -236,9 +250,12 @@ class OnlineTables:
         model: str,
         prior: ModelTable | None,
         cells: Mapping[tuple[int, int], Iterable[tuple[float, float]]],
+        recent: Sequence[tuple[int, int, float]] | None = None,
     ) -> ModelTable | None:
-        """``model``'s table from ``prior`` and the live ``cells[(batch, clock)]``; None when
-        there is nothing to fit (no table and no live cell yet)."""
+        """``model``'s table from ``prior`` and the live ``cells[(batch, clock)]`` (times as
+        ``(at_s, ms)``); its tail margins from the ``recent`` samples ``(batch, clock, ms)``
+        (default: those of the cells). None when there is nothing to fit (no table and no live
+        cell yet)."""
         p = self.params
         samples = {key: [ms for _, ms in cell] for key, cell in cells.items()}
         live = {
@@ -255,13 +272,16 @@ class OnlineTables:
             prior = compute_bound_prior(gpu, model, top_ms, self.clocks_mhz, p.new_model_clocks)
         priors = {key: prior.predict_ms(key[1], key[0]) for key in live}
         usable = [k for k, v in priors.items() if v > 0 and math.isfinite(v)]
-        scale = float(np.median([live[k][0] / priors[k] for k in usable])) if usable else 1.0
-        shift = float(np.median([live[k][0] - priors[k] for k in usable])) if usable else 0.0
-        low = (self.clocks_mhz[0], prior.batches[0])
-        by_factor = prior.predict_ms(*low) * scale >= prior.predict_ms(*low) + shift
         batches = sorted({*prior.batches, *(b for b, _ in live)})
         means: dict[int, InverseLinearFit] = {}
         for batch in batches:
+            # a batch measured moves by its own cells (the curve then goes through them, and
+            # the next refit moves it no further); the others by every measured cell
+            own = [k for k in usable if k[0] == batch] or usable
+            scale = float(np.median([live[k][0] / priors[k] for k in own])) if own else 1.0
+            shift = float(np.median([live[k][0] - priors[k] for k in own])) if own else 0.0
+            low = prior.predict_ms(self.clocks_mhz[0], batch)
+            by_factor = abs(scale - 1.0) <= p.factor_band or low * scale >= low + shift
             clocks = sorted({*prior.curve(batch).clocks_mhz, *(c for b, c in live if b == batch)})
             guesses = [prior.predict_ms(c, batch) for c in clocks]
             moved = [g * scale if by_factor else g + shift for g in guesses]
@@ -283,7 +303,12 @@ class OnlineTables:
         for b, curve in prior.curves.items():  # a prior curve whose refit was unsound stays
             fresh.setdefault(b, curve)
         table = ModelTable(gpu=prior.gpu, model=model, curves=fresh)
-        residuals = [ms - table.predict_ms(c, b) for (b, c), v in samples.items() for ms in v]
+        pool = (
+            recent
+            if recent is not None
+            else [(b, c, ms) for (b, c), v in samples.items() for ms in v]
+        )
+        residuals = [ms - table.predict_ms(c, b) for b, c, ms in pool]
         if len(residuals) >= p.min_residual_samples or not any(
             c.residual_quantiles_ms for c in prior.curves.values()
         ):
@@ -336,6 +361,8 @@ class OnlineTables:
 
     def _prune(self, state: _ModelState, now_s: float) -> None:
         horizon = now_s - self.params.window_s
+        while state.recent and state.recent[0][0] < horizon:
+            state.recent.popleft()
         for key in list(state.cells):
             cell = state.cells[key]
             while cell and cell[0][0] < horizon:
