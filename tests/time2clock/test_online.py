@@ -246,3 +246,25 @@ def test_compute_bound_prior_is_exactly_inverse_in_the_clock() -> None:
     assert table.predict_ms(1050, 1) == pytest.approx(20.0)
     assert table.predict_ms(900, 4) == pytest.approx(40.0)
     assert 2100 in table.curves[1].clocks_mhz and 1800 in table.curves[4].clocks_mhz
+
+
+def test_noise_at_one_clock_does_not_ratchet_the_others() -> None:
+    """Traffic that sits at one clock, refitted every 5 s for 10 minutes: the clocks not
+    measured follow the measured one and do not drift with its noise (choosing the slower
+    guess at every refit would creep them up)."""
+    prior = make_model_table(batches={1: 1.0, 8: 3.0})
+    truth = InverseLinearFit(prior.curves[1].m, prior.curves[1].b, 1.0)
+    learner = OnlineTables(CLOCKS, params=OnlineParams(window_s=10.0))
+    rng = np.random.default_rng(7)
+    tables = TableSet([prior])
+    t = 0.0
+    for _ in range(6000):
+        t += 0.1
+        noisy = truth.predict_ms(2100) * float(rng.lognormal(0.0, 0.08))
+        learner.observe(ExecutionSample(MODEL, 2100, 1, noisy, t), tables.get(MODEL))
+        if learner.due(t):
+            tables = learner.refit(tables, t) or tables
+    learned = tables.get(MODEL)
+    assert learned is not None and learner.refits(MODEL) > 100
+    assert learned.predict_ms(300) == pytest.approx(prior.predict_ms(300), rel=0.05)
+    assert learned.predict_ms(300, 8) == pytest.approx(prior.predict_ms(300, 8), rel=0.05)
