@@ -400,7 +400,7 @@ class OnlineTables:
         if state is None:
             return None
         horizon = now_s - self.params.window_s
-        in_window = sum(1 for cell in state.cells.values() for at, _ in cell if at >= horizon)
+        in_window = sum(1 for at, *_ in state.recent if at >= horizon)  # at most residual_cap
         error = self.error(model)
         return {
             "samples_in_window": in_window,

@@ -166,7 +166,8 @@ def test_window_and_cell_cap() -> None:
     for s in samples_at(MODEL, law, 900, 1, 20, 0.0):
         learner.observe(s, None)
     state = learner.state(MODEL, 2.0)
-    assert state is not None and state["samples_in_window"] == 8  # the cap keeps the newest
+    assert state is not None and state["samples_in_window"] == 20
+    assert [len(c) for c in learner._models[MODEL].cells.values()] == [8]  # the newest 8
     assert state["samples_total"] == 20
     learner.refit(TableSet(), 2.0)
     for s in samples_at(MODEL, law, 1200, 1, 1, 30.0):
