@@ -50,6 +50,7 @@ class GatewayConfig:
     profile_requests: int = 10
     log_level: str = "info"
     shadow: bool = False
+    learn: bool = True
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES and not self.policy.startswith("fixed:"):
@@ -119,12 +120,14 @@ _HELP = {
     "probe_interval_s": "seconds between probes of Triton's readiness",
     "liveness_grace_s": "seconds Triton may stay down before /v2/health/live says 503",
     "shutdown_grace_s": "seconds queued work gets after SIGTERM; then 503 and exit",
-    "state_dir": "where tables are cached",
+    "state_dir": "where tables are cached (profiled, and learned from live traffic)",
     "profile_models": "embedded models to profile at start-up, comma-separated (others: top clock)",
     "profile_clocks": "clocks to sweep when profiling at start-up",
     "profile_requests": "requests per clock and batch size when profiling at start-up",
     "log_level": "uvicorn log level",
     "shadow": "decide and export the clock it would set, never write one (no root needed)",
+    "learn": "refit each model's table from live traffic, save it in the state dir and prefer "
+    "it at the next start (off in shadow mode)",
 }
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
 
@@ -173,6 +176,7 @@ def _list(value: object) -> tuple[str, ...]:
 def from_args(args: argparse.Namespace) -> GatewayConfig:
     values = {f.name: getattr(args, f.name) for f in fields(GatewayConfig)}
     values["shadow"] = _flag("shadow", values["shadow"])
+    values["learn"] = _flag("learn", values["learn"])
     values["state_dir"] = Path(values["state_dir"])
     values["table"] = tuple(Path(p) for p in _list(values["table"]))
     values["profile_models"] = _list(values["profile_models"])

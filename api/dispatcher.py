@@ -224,10 +224,10 @@ class GpuDispatcher:
             request, job = d.request, _job(d.request)
             now = self._now()
             if job.future.cancelled():  # its client is gone: nothing to send, nobody to answer
-                self.scheduler.on_complete(request, 0.0, now)
+                self.scheduler.on_complete(request, 0.0, now, measured=False)
                 continue
             if job.timeout_us is not None and (now - request.arrival_s) * 1e6 > job.timeout_us:
-                self.scheduler.on_complete(request, 0.0, now)
+                self.scheduler.on_complete(request, 0.0, now, measured=False)
                 self._fail(request, UnavailableError("Request timeout expired"))
                 continue
             self.metrics.queue_delay.labels(self.metrics.model_label(request.model)).observe(
@@ -258,7 +258,8 @@ class GpuDispatcher:
             error = UnavailableError(f"request to Triton failed: {err}")
         now = self._now()
         service_s = now - sent_s
-        done = self.scheduler.on_complete(request, service_s, now)
+        served = error is None and response is not None and bool(response.ok)
+        done = self.scheduler.on_complete(request, service_s, now, measured=served)
         self._apply(done.clock_mhz)
         client = self.metrics.client_label(request.client_id)
         self.metrics.gpu_time.labels(client, str(request.level), str(request.nice)).inc(service_s)
@@ -322,7 +323,16 @@ class GpuDispatcher:
         s = self.scheduler
         now = self._now()
         rates = s.arrival_rates_rps(now)
-        models = sorted({*s.tables.models, *rates, *s.inflight_by_model(), *s.queued_by_model()})
+        learner = s.learner
+        models = sorted(
+            {
+                *s.tables.models,
+                *rates,
+                *s.inflight_by_model(),
+                *s.queued_by_model(),
+                *(learner.models if learner is not None else ()),
+            }
+        )
         return {
             "gpu": self.gpu,
             "device": self.device.identity.name,
@@ -335,6 +345,7 @@ class GpuDispatcher:
             "arrival_rate_rps": round(sum(rates.values()), 3),
             "max_inflight": s.config.max_inflight,
             "max_queue": s.config.max_queue,
+            "learning": learner is not None,
             "models": {
                 m: {
                     "queued": s.queued_by_model().get(m, 0),
@@ -344,6 +355,7 @@ class GpuDispatcher:
                     "instances": s.serving(m).instances,
                     "arrival_rate_rps": round(rates.get(m, 0.0), 3),
                     "table": _table_summary(s.table_for(m)),
+                    "learning": None if learner is None else learner.state(m, now),
                 }
                 for m in models
             },

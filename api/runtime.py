@@ -12,6 +12,7 @@ from typing import Any
 from api.config import GatewayConfig
 from api.dispatcher import GpuDispatcher, Job
 from api.embedded import EMULATED, NOOP, EmbeddedTriton
+from api.learning import LearnedTableSaver, LearningCollector, learned_path, load_learned
 from api.metrics import GatewayMetrics
 from api.models import ModelIndex
 from api.tenants import Tenants
@@ -26,6 +27,7 @@ from scheduler.core import Scheduler, SchedulerConfig
 from scheduler.registry import make_policy
 from scheduler.view import ModelServing
 from time2clock.fit import fit_model_table
+from time2clock.online import OnlineTables
 from time2clock.profile import TritonMeasurer, select_clocks, sweep
 from time2clock.table import TableError, TableSet
 
@@ -62,6 +64,10 @@ class Runtime:
         self.draining = False
         self.pending: set[asyncio.Future[Any]] = set()  # inference requests being handled
         self.gpu = "0"
+        self.gpu_name = ""
+        self.learner: OnlineTables | None = None
+        self.saver: LearnedTableSaver | None = None
+        self.learned_models: list[str] = []  # loaded from the learned file at start
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
 
     async def start(self) -> None:
@@ -78,6 +84,10 @@ class Runtime:
                 liveness_grace_s=self.config.liveness_grace_s,
             )
             policy = make_policy(self.config.policy, self.device.supported_clocks_mhz())
+            if self.learning:
+                self.learner = OnlineTables(
+                    self.device.supported_clocks_mhz(), gpu=tables.gpu or self.gpu_name
+                )
             scheduler: Scheduler[Job] = Scheduler(
                 tables,
                 policy,
@@ -87,6 +97,7 @@ class Runtime:
                     priority_levels=self.config.priority_levels,
                     default_slo_ms=self.config.slo_ms,
                 ),
+                learner=self.learner,
             )
             self.dispatcher = GpuDispatcher(
                 gpu=self.gpu,
@@ -99,12 +110,33 @@ class Runtime:
             self.metrics.watch_device(self.device, self.gpu)
             self.metrics.default_slo.set(self.config.slo_ms / 1000.0)
             self.dispatcher.start()
+            if self.learner is not None:
+                self.metrics.registry.register(
+                    LearningCollector(self.learner, self.gpu, self.metrics.model_label)
+                )
+                self.saver = LearnedTableSaver(
+                    self.learner,
+                    lambda: scheduler.tables,
+                    self.learned_path,
+                    keep=self.learned_models,
+                )
+                self.saver.start()
             self.watch.start()
             for model in tables.models:  # how each profiled model batches, before any request
                 await self.models.limits(model)
         except BaseException:
             await self.stop()
             raise
+
+    @property
+    def learning(self) -> bool:
+        """Whether the tables learn from live traffic (never in shadow mode: the clock the
+        policy decides is not the one the GPU runs)."""
+        return self.config.learn and not self.config.shadow
+
+    @property
+    def learned_path(self) -> Path:
+        return learned_path(self.config.state_dir, self.gpu_name, TABLES_VERSION)
 
     @property
     def triton_url(self) -> str:
@@ -151,11 +183,15 @@ class Runtime:
             self.embedded = EmbeddedTriton(state_path)
             self.embedded.start()
             self.models.known.update((*EMULATED, NOOP))
-        gpu_name = arg if kind == "sim" else self.device.identity.name
+        gpu_name = self.gpu_name = arg if kind == "sim" else self.device.identity.name
+        learned = load_learned(self.learned_path) if self.learning else TableSet()
+        self.learned_models = learned.models
         if cfg.table:
-            return TableSet.load_many(cfg.table)
+            return _prefer(TableSet.load_many(cfg.table), learned)
         if cfg.embedded:
-            return self._profile_embedded(gpu_name)
+            return _prefer(self._profile_embedded(gpu_name, skip=set(learned.models)), learned)
+        if len(learned):
+            return learned
         if cfg.policy in ("seed", "slack"):
             log.warning(
                 "no --table: every model runs at the top clock until it has one; profile them "
@@ -164,8 +200,9 @@ class Runtime:
             )
         return TableSet()
 
-    def _profile_embedded(self, gpu_name: str) -> TableSet:
-        """Each emulated model's table: from the cache, or profiled through Triton and cached."""
+    def _profile_embedded(self, gpu_name: str, skip: set[str] | None = None) -> TableSet:
+        """Each emulated model's table: from the cache, or profiled through Triton and cached
+        (not the models in ``skip``: they have a learned table)."""
         cfg = self.config
         tables = TableSet()
         unknown = sorted(set(cfg.profile_models) - set(EMULATED))
@@ -175,6 +212,8 @@ class Runtime:
                 f"known: {', '.join(EMULATED)}"
             )
         for name in cfg.profile_models:
+            if name in (skip or ()):
+                continue
             cache = cfg.state_dir / "tables" / f"{gpu_name}-{name}-v{TABLES_VERSION}.json"
             with contextlib.suppress(TableError, OSError):
                 tables.add(next(iter(TableSet.load(cache))))
@@ -255,6 +294,8 @@ class Runtime:
             await self.watch.stop()
         if self.dispatcher is not None:
             await self.dispatcher.stop()
+        if self.saver is not None:
+            await self.saver.stop()
         if self.upstream is not None:
             await self.upstream.close()
         await asyncio.to_thread(self._close_blocking)
@@ -277,3 +318,11 @@ class Runtime:
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
+
+
+def _prefer(tables: TableSet, learned: TableSet) -> TableSet:
+    """``tables`` with each model that has a learned table taking that one instead."""
+    merged = TableSet(list(tables))
+    for table in learned:
+        merged.add(table)
+    return merged

@@ -9,11 +9,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic
 
+from scheduler.observe import ExecutionObserver
 from scheduler.policies import ClockPolicy
 from scheduler.queue import PriorityCfsQueue
 from scheduler.request import Completion, Dispatch, EnqueueResult, P, Request
 from scheduler.view import ModelServing, QueuedRequest
 from scheduler.weights import NICE_MAX, NICE_MIN, weight_for_nice
+from time2clock.online import OnlineTables
 from time2clock.table import ModelTable, TableSet
 
 FAIR_FROM = 0.5
@@ -83,8 +85,13 @@ class Scheduler(Generic[P]):
         policy: ClockPolicy,
         config: SchedulerConfig | None = None,
         serving: Mapping[str, ModelServing] | None = None,
+        learner: OnlineTables | None = None,
     ) -> None:
+        """``learner``: when given, every isolated execution (:mod:`scheduler.observe`) is a
+        measurement, and the tables are refitted from them as it says (tables that learn)."""
         self._tables = tables
+        self.learner = learner
+        self._observer = ExecutionObserver()
         self.policy = policy
         self.config = config or SchedulerConfig()
         self.queue: PriorityCfsQueue[P] = PriorityCfsQueue()
@@ -104,6 +111,7 @@ class Scheduler(Generic[P]):
         self.policy = policy
         policy.attach(self)
         self.clock_target_mhz = policy.initial_clock_mhz()
+        self._observer.clock_changed(None)
 
     # -- tables and serving ---------------------------------------------------------------
 
@@ -193,11 +201,12 @@ class Scheduler(Generic[P]):
 
     # -- events ---------------------------------------------------------------------------
 
-    def _clock(self, proposed: int | None) -> int | None:
+    def _clock(self, proposed: int | None, now_s: float) -> int | None:
         """Record a policy's proposal; report it only when it changes the target."""
         if proposed is None or proposed == self.clock_target_mhz:
             return None
         self.clock_target_mhz = proposed
+        self._observer.clock_changed(now_s)
         return proposed
 
     def enqueue(self, request: Request[P], now_s: float) -> EnqueueResult:
@@ -216,7 +225,8 @@ class Scheduler(Generic[P]):
         self.queue.push(request)
         self._queued_of.setdefault(request.model, []).append(request)
         return EnqueueResult(
-            accepted=True, clock_mhz=self._clock(self.policy.on_enqueue(self, request, now_s))
+            accepted=True,
+            clock_mhz=self._clock(self.policy.on_enqueue(self, request, now_s), now_s),
         )
 
     def _admission(self, request: Request[P]) -> str | None:
@@ -262,7 +272,14 @@ class Scheduler(Generic[P]):
         request.dispatch_s = now_s
         self.inflight[request.seq] = request
         self._inflight_by_model.setdefault(request.model, []).append(request)
-        clock = self._clock(self.policy.on_dispatch(self, request, now_s))
+        self._observer.on_dispatch(
+            request.model,
+            request.seq,
+            self.clock_target_mhz,
+            self.serving(request.model).max_batch,
+            now_s,
+        )
+        clock = self._clock(self.policy.on_dispatch(self, request, now_s), now_s)
         return Dispatch(request=request, clock_mhz=clock)
 
     def _next_sendable(self, now_s: float) -> Request[P] | None:
@@ -278,8 +295,11 @@ class Scheduler(Generic[P]):
                 return None  # every model waiting is held back
         return None
 
-    def on_complete(self, request: Request[P], service_s: float, now_s: float) -> Completion[P]:
-        """``request`` finished after ``service_s`` at Triton (queue there included)."""
+    def on_complete(
+        self, request: Request[P], service_s: float, now_s: float, *, measured: bool = True
+    ) -> Completion[P]:
+        """``request`` finished after ``service_s`` at Triton (queue there included);
+        ``measured`` False: it failed or was never sent (its time is no measurement)."""
         if self.inflight.pop(request.seq, None) is None:
             raise KeyError(f"request {request.seq} is not in flight")
         same_model = self._inflight_by_model[request.model]
@@ -288,8 +308,16 @@ class Scheduler(Generic[P]):
             del self._inflight_by_model[request.model]
         self.queue.settle(request, service_s * 1000.0)
         self._last_completion_s[request.model] = now_s
+        sample = self._observer.on_complete(request.seq, now_s, measured=measured)
+        if sample is not None and self.learner is not None:
+            self.learner.observe(sample, self._tables.get(sample.model))
+        if self.learner is not None and self.learner.due(now_s):
+            refitted = self.learner.refit(self._tables, now_s)
+            if refitted is not None:
+                self.set_tables(refitted)
         return Completion(
-            request=request, clock_mhz=self._clock(self.policy.on_complete(self, request, now_s))
+            request=request,
+            clock_mhz=self._clock(self.policy.on_complete(self, request, now_s), now_s),
         )
 
     def cancel(self, request: Request[P]) -> bool:
@@ -317,7 +345,7 @@ class Scheduler(Generic[P]):
 
     def poll(self, now_s: float) -> int | None:
         """Run the policy's timer (hysteresis); a clock to set, if any."""
-        return self._clock(self.policy.poll(self, now_s))
+        return self._clock(self.policy.poll(self, now_s), now_s)
 
     def wake_at_s(self) -> float | None:
         return self.policy.wake_at_s()

@@ -37,6 +37,7 @@ from scheduler.workload import (
     trace_arrivals,
 )
 from time2clock.fit import fit_model_table
+from time2clock.online import OnlineTables
 from time2clock.profile import SimulatedMeasurer, sweep
 from time2clock.table import TableSet
 
@@ -107,6 +108,7 @@ class SimConfig:
     with_oracle: bool = True
     slack: SlackParams = field(default_factory=SlackParams)
     feedback: FeedbackParams = field(default_factory=FeedbackParams)
+    learn: bool = False  # refit the tables online from what the run measures
 
     def rate(self, profile: GpuProfile) -> float:
         if self.rate_rps is not None:
@@ -372,8 +374,11 @@ def _arrivals(cfg: SimConfig, profile: GpuProfile, rng: np.random.Generator) -> 
     raise ValueError(f"unknown arrival process {cfg.arrival!r}; known: poisson, bursty, trace")
 
 
-def simulate(cfg: SimConfig, tables: TableSet | None = None) -> SimResult:
-    """Run one simulation; deterministic for a given config (seed included)."""
+def simulate(
+    cfg: SimConfig, tables: TableSet | None = None, learner: OnlineTables | None = None
+) -> SimResult:
+    """Run one simulation; deterministic for a given config (seed included). ``learner``: the
+    online fit to use when ``cfg.learn`` (default: a fresh one)."""
     profile = get_profile(cfg.gpu)
     rng = np.random.default_rng(cfg.seed)
     arrival_rng, client_rng, device_rng = (
@@ -404,6 +409,11 @@ def simulate(cfg: SimConfig, tables: TableSet | None = None) -> SimResult:
             default_slo_ms=cfg.slo_ms,
         ),
         serving={n: ModelServing(profile.model(n).max_batch, cfg.instances) for n in names},
+        learner=(
+            (learner or OnlineTables(device.supported_clocks_mhz(), gpu=cfg.gpu))
+            if cfg.learn
+            else None
+        ),
     )
 
     initial = policy.initial_clock_mhz()

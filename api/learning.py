@@ -1,0 +1,164 @@
+"""Tables that learn, live: where the learned tables are kept, how they are saved, and what
+they export.
+
+The scheduler core refits the tables (:mod:`time2clock.online`); this module keeps the result
+across restarts. Every ``save_every_s`` the tables of the models refitted since the last save
+are written to ``<state-dir>/tables/<gpu>-learned-v2.json`` (atomically: a temporary file
+renamed over the old one, so a crash never leaves half a table), and once more on the way out.
+The next start loads that file in preference to the profiled cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import re
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from time2clock.online import OnlineTables
+from time2clock.table import TableError, TableSet
+
+log = logging.getLogger(__name__)
+SAVE_EVERY_S = 10.0
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def learned_path(state_dir: Path, gpu_name: str, version: int) -> Path:
+    """Where the tables learned on ``gpu_name`` are kept."""
+    return state_dir / "tables" / f"{_UNSAFE.sub('_', gpu_name)}-learned-v{version}.json"
+
+
+def load_learned(path: Path) -> TableSet:
+    """The learned tables at ``path``; empty (with a warning) when there are none usable."""
+    if not path.is_file():
+        return TableSet()
+    try:
+        tables = TableSet.load(path)
+    except TableError as err:
+        log.warning("ignoring the learned tables: %s", err)
+        return TableSet()
+    log.info("using the learned time2clock tables of %s from %s", ", ".join(tables.models), path)
+    return tables
+
+
+def save_atomic(tables: TableSet, path: Path) -> None:
+    """Write ``tables`` to ``path`` through a temporary file in the same folder and a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(tables.to_json(), handle, indent=2)
+            handle.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+class LearnedTableSaver:
+    """Saves what the online fit learned, at most every ``save_every_s``, and at stop."""
+
+    def __init__(
+        self,
+        learner: OnlineTables,
+        tables: Callable[[], TableSet],
+        path: Path,
+        *,
+        keep: Iterable[str] = (),
+        save_every_s: float = SAVE_EVERY_S,
+    ) -> None:
+        """``keep``: models whose learned table was loaded at start; they stay in the file
+        whether or not they are served this time."""
+        self.learner = learner
+        self.keep = set(keep)
+        self._tables = tables
+        self.path = path
+        self.save_every_s = save_every_s
+        self._saved_version = learner.version
+        self._task: asyncio.Task[None] | None = None
+        self.saves = 0
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="learned-table-saver")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        await self.save()
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.save_every_s)
+            await self.save()
+
+    async def save(self) -> None:
+        """Write the learned models' tables if a refit changed them since the last save."""
+        if self.learner.version == self._saved_version:
+            return
+        version = self.learner.version
+        current = self._tables()
+        learned = TableSet(
+            t for t in current if self.learner.refits(t.model) or t.model in self.keep
+        )
+        if not len(learned):
+            return
+        try:
+            await asyncio.to_thread(save_atomic, learned, self.path)
+        except OSError as err:
+            log.warning("could not save the learned tables to %s: %s", self.path, err)
+            return
+        self._saved_version = version
+        self.saves += 1
+
+
+class LearningCollector(Collector):
+    """At scrape time, per model: the table's error on what was measured since the last refit,
+    the samples measured, the refits."""
+
+    def __init__(self, learner: OnlineTables, gpu: str, model_label: Callable[[str], str]):
+        self.learner = learner
+        self.gpu = gpu
+        self.model_label = model_label
+
+    def collect(self) -> Iterator[Metric]:
+        error = GaugeMetricFamily(
+            "sidecar_table_error_ratio",
+            "Median |measured / predicted - 1| of the execution times measured since the last "
+            "refit, against the table in force when each was measured.",
+            labels=["gpu", "model"],
+        )
+        samples = CounterMetricFamily(
+            "sidecar_table_samples",
+            "Isolated executions measured for the online table fit.",
+            labels=["gpu", "model"],
+        )
+        refits = CounterMetricFamily(
+            "sidecar_table_refits", "Online refits that changed the table.", labels=["gpu", "model"]
+        )
+        errors: dict[str, float] = {}
+        counts: dict[str, tuple[int, int]] = {}
+        for model in self.learner.models:
+            label = self.model_label(model)  # bounded: two models may share one
+            value = self.learner.error(model)
+            if value is not None:
+                errors[label] = max(value, errors.get(label, 0.0))
+            n, r = counts.get(label, (0, 0))
+            counts[label] = (n + self.learner.samples_total(model), r + self.learner.refits(model))
+        for label, value in sorted(errors.items()):
+            error.add_metric([self.gpu, label], value)
+        for label, (n, r) in sorted(counts.items()):
+            samples.add_metric([self.gpu, label], n)
+            refits.add_metric([self.gpu, label], r)
+        yield from (error, samples, refits)

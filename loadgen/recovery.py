@@ -1,0 +1,339 @@
+"""How fast a badly profiled table heals under live traffic (issue 10's live "done when").
+
+``python -m loadgen.recovery`` profiles ``simnet`` twice on the embedded stack (real Triton,
+simulated V100): once on an idle machine (the clean table) and once while a busy loop runs on
+every core (the CPU-loaded table). It then sends ``make demo``'s load (40 req/s Poisson to
+``simnet``, SLO 40 ms, the same seeded arrivals every run) through a fresh sidecar per run:
+
+* ``max`` (the baseline each saving is measured against),
+* the policy (``--policy``, default ``slack``) from the clean table, learning off,
+* the policy from the CPU-loaded table, learning off (before: what issue 10 measured),
+* the policy from the CPU-loaded table, learning on (after),
+
+and prints, per 10 s window, the energy per inference of each run as a saving against ``max``'s
+in the same window, and each run's p99 against the SLO. Done (issue 10) when the learning run is
+within 5 points of the clean one after at most 30 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import csv
+import logging
+import math
+import multiprocessing as mp
+import os
+import secrets
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from api.config import GatewayConfig
+from api.embedded import INPUT_WIDTH, SIMNET
+from api.learning import learned_path
+from api.runtime import TABLES_VERSION
+from api.server import SidecarServer
+from loadgen.classes import RequestClass
+from loadgen.engine import Recorder, Target, build_payloads, new_session, open_loop, schedule
+from loadgen.metrics import energy_j, scrape, scrape_values
+from time2clock.online import ExecutionSample
+from time2clock.table import TableSet
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Window:
+    """One window of one run: from ``start_s`` (s after the load began) for ``span_s``."""
+
+    start_s: float
+    completed: int
+    energy_j: float
+    p99_ms: float
+    table_error: float | None
+
+    @property
+    def j_per_inference(self) -> float:
+        return self.energy_j / self.completed if self.completed else math.nan
+
+
+@dataclass(frozen=True)
+class Run:
+    name: str
+    windows: list[Window]
+    admin_state: dict[str, object]
+
+
+def _spin() -> None:  # pragma: no cover (runs in a child process)
+    while True:
+        pass
+
+
+@contextmanager
+def cpu_load(processes: int) -> Iterator[None]:
+    """A busy loop on ``processes`` cores for the duration of the block."""
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_spin, daemon=True) for _ in range(processes)]
+    for p in procs:
+        p.start()
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.join(5)
+
+
+def profile_table(state_dir: Path, gpu: str, busy_processes: int, *, again: bool) -> Path:
+    """``simnet``'s table profiled by the embedded stack at start (while ``busy_processes``
+    busy loops run), cached in ``state_dir``; the cached one unless ``again``."""
+    table = state_dir / "tables" / f"{gpu}-{SIMNET}-v{TABLES_VERSION}.json"
+    if table.is_file() and not again:
+        log.info("using the table profiled before: %s", table)
+        return table
+    table.unlink(missing_ok=True)
+    config = GatewayConfig(
+        port=0,
+        grpc_port=0,
+        device=f"sim:{gpu}",
+        profile_models=(SIMNET,),
+        state_dir=state_dir,
+        learn=False,
+    )
+    load = cpu_load(busy_processes) if busy_processes else contextlib.nullcontext()
+    with load, SidecarServer(config):
+        pass
+    log.info(
+        "profiled %s with %d busy loops (load average now %.2f): %s",
+        SIMNET,
+        busy_processes,
+        os.getloadavg()[0],
+        table,
+    )
+    return table
+
+
+async def _load(
+    url: str,
+    token: str,
+    send_times: Sequence[float],
+    slo_ms: float,
+    seed: int,
+    window_s: float,
+) -> tuple[list[Window], dict[str, object]]:
+    classes = [RequestClass("recovery", slo_ms=slo_ms)]
+    data = np.ones((1, INPUT_WIDTH), dtype=np.float32)
+    payloads = build_payloads(classes, input_name="INPUT0", datatype="FP32", data=data)
+    target = Target(url, SIMNET, payloads, [1.0])
+    metrics_url = f"http://{url}/metrics"
+    windows = math.ceil(max(send_times) / window_s)
+    async with new_session() as session:
+        await asyncio.sleep(0.5)  # let the clock settle
+        rec = Recorder()
+        start = time.monotonic()
+        marks: list[tuple[float, dict[str, float]]] = []
+
+        async def scraper() -> None:
+            for k in range(windows + 1):
+                await asyncio.sleep(max(0.0, start + k * window_s - time.monotonic()))
+                async with session.get(metrics_url) as resp:
+                    marks.append((time.monotonic(), scrape_values(await resp.text())))
+
+        task = asyncio.create_task(scraper())
+        await open_loop(session, target, send_times, rec, np.random.default_rng(seed))
+        await task
+        headers = {"Authorization": f"Bearer {token}"}
+        async with session.get(f"http://{url}/admin/state", headers=headers) as resp:
+            state = await resp.json()
+        await scrape(session, metrics_url)
+    out = []
+    for k in range(windows):
+        (t0, before), (t1, after) = marks[k], marks[k + 1]
+        done = [s for s in rec.samples if s.status == 200 and t0 <= s.end_s < t1]
+        sent = [
+            s.latency_s * 1000.0 for s in rec.samples if s.status == 200 and t0 <= s.start_s < t1
+        ]
+        out.append(
+            Window(
+                start_s=k * window_s,
+                completed=len(done),
+                energy_j=(energy_j(after) or 0.0) - (energy_j(before) or 0.0),
+                p99_ms=float(np.percentile(sent, 99)) if sent else math.nan,
+                table_error=after.get("sidecar_table_error_ratio"),
+            )
+        )
+    return out, state
+
+
+def run_once(
+    name: str,
+    *,
+    policy: str,
+    table: Path,
+    learn: bool,
+    gpu: str,
+    send_times: Sequence[float],
+    slo_ms: float,
+    seed: int,
+    window_s: float,
+    record: Path | None = None,
+) -> Run:
+    """One fresh sidecar (its own empty state dir: nothing learned before) under the load."""
+    token = secrets.token_urlsafe(16)
+    with tempfile.TemporaryDirectory(prefix="recovery-") as tmp:
+        shutil.copy(table, Path(tmp) / "table.json")
+        config = GatewayConfig(
+            port=0,
+            grpc_port=0,
+            device=f"sim:{gpu}",
+            policy=policy,
+            table=(Path(tmp) / "table.json",),
+            state_dir=Path(tmp),
+            slo_ms=slo_ms,
+            admin_token=token,
+            learn=learn,
+        )
+        with SidecarServer(config) as sc:
+            journal: list[ExecutionSample] = []
+            if sc.runtime.learner is not None and record is not None:
+                sc.runtime.learner.journal = journal
+            windows, state = asyncio.run(_load(sc.url, token, send_times, slo_ms, seed, window_s))
+        if record is not None and journal:
+            write_samples(journal, record)
+        saved = learned_path(Path(tmp), gpu, TABLES_VERSION)
+        if learn and saved.is_file():
+            log.info("%s: the learned table was saved (%d bytes)", name, saved.stat().st_size)
+    log.info("%s: done, load average %.2f", name, os.getloadavg()[0])
+    return Run(name, windows, state)
+
+
+def write_samples(samples: Sequence[ExecutionSample], path: Path) -> None:
+    """Isolated executions as CSV (``at_s`` relative to the first)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    t0 = samples[0].at_s
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(("at_s", "model", "batch", "clock_mhz", "ms"))
+        for s in samples:
+            writer.writerow((f"{s.at_s - t0:.4f}", s.model, s.batch, s.clock_mhz, f"{s.ms:.4f}"))
+
+
+def read_samples(path: Path) -> list[ExecutionSample]:
+    with path.open(newline="") as handle:
+        return [
+            ExecutionSample(
+                model=row["model"],
+                clock_mhz=int(row["clock_mhz"]),
+                batch=int(row["batch"]),
+                ms=float(row["ms"]),
+                at_s=float(row["at_s"]),
+            )
+            for row in csv.DictReader(handle)
+        ]
+
+
+def report(runs: Sequence[Run], slo_ms: float, window_s: float) -> str:
+    """Per window: each run's saving against ``max`` (first run) and its p99."""
+    base, others = runs[0], runs[1:]
+    head = ["window"] + [f"{r.name}: saving / p99 ms" for r in others]
+    lines = [" | ".join(head), " | ".join("---" for _ in head)]
+    for k, ref in enumerate(base.windows):
+        cells = [f"{ref.start_s:.0f}-{ref.start_s + window_s:.0f} s"]
+        for r in others:
+            w = r.windows[k]
+            saving = 1.0 - w.j_per_inference / ref.j_per_inference
+            flag = "" if w.p99_ms <= slo_ms else " (over SLO)"
+            cells.append(f"{-saving:+.1%} / {w.p99_ms:.1f}{flag}")
+        lines.append(" | ".join(cells))
+    per_window = ", ".join(f"{w.j_per_inference:.3f}" for w in base.windows)
+    lines.append(f"(max's J/inference per window: {per_window}; SLO {slo_ms:g} ms)")
+    return "\n".join(lines)
+
+
+def summary(path: Path) -> str:
+    """Batch 1 at the top clock, and the pooled p99 residual, of the table at ``path``."""
+    table = next(iter(TableSet.load(path)))
+    curve = table.curve(1)
+    top = curve.clocks_mhz[-1]
+    p99 = curve.residual_quantiles_ms.get("p99", math.nan)
+    return f"{curve.predict_ms(top):.1f} ms at {top} MHz, p99 residual {p99:.1f} ms"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m loadgen.recovery", description=__doc__)
+    parser.add_argument("--policy", default="slack", help="the policy under test")
+    parser.add_argument("--gpu", default="v100", help="simulated GPU profile")
+    parser.add_argument("--rate", type=float, default=40.0, help="requests per second (Poisson)")
+    parser.add_argument("--duration-s", type=float, default=60.0)
+    parser.add_argument("--window-s", type=float, default=10.0)
+    parser.add_argument("--slo-ms", type=float, default=40.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=Path("out/recovery"),
+        help="where the clean and CPU-loaded tables are profiled and cached",
+    )
+    parser.add_argument("--record", type=Path, help="write the learning run's measurements here")
+    parser.add_argument(
+        "--busy-processes",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="busy loops while the CPU-loaded table is profiled (default: one per core)",
+    )
+    parser.add_argument(
+        "--reprofile", action="store_true", help="profile both tables again (else: cached)"
+    )
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    clean = profile_table(args.state_dir / "clean", args.gpu, 0, again=args.reprofile)
+    loaded = profile_table(
+        args.state_dir / "loaded", args.gpu, args.busy_processes, again=args.reprofile
+    )
+    log.info("tables: clean %s, CPU-loaded %s", summary(clean), summary(loaded))
+    send_times = list(
+        schedule(args.rate, args.duration_s, "poisson", np.random.default_rng(args.seed))
+    )
+    p = args.policy
+    plan = [
+        ("max", "max", clean, False, None),
+        (f"{p}, clean table", p, clean, False, None),
+        (f"{p}, CPU-loaded table, no learning", p, loaded, False, None),
+        (f"{p}, CPU-loaded table, learning", p, loaded, True, args.record),
+    ]
+    runs = []
+    for name, policy, table, learn, record in plan:
+        log.info("run: %s", name)
+        runs.append(
+            run_once(
+                name,
+                policy=policy,
+                table=table,
+                learn=learn,
+                record=record,
+                gpu=args.gpu,
+                send_times=send_times,
+                slo_ms=args.slo_ms,
+                seed=args.seed,
+                window_s=args.window_s,
+            )
+        )
+    print(report(runs, args.slo_ms, args.window_s))
+    learning = runs[-1].admin_state.get("models", {})
+    print("admin state of the learning run, at the end:", learning)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

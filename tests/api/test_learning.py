@@ -1,0 +1,163 @@
+"""Tables that learn, on the real stack: sidecar → embedded Triton → emulated GPU."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from prometheus_client.parser import text_string_to_metric_families
+
+from api.config import GatewayConfig, add_arguments, from_args
+from api.embedded import EMULATED
+from api.learning import LearnedTableSaver, learned_path, load_learned, save_atomic
+from api.runtime import TABLES_VERSION
+from dvfs.profiles import get_profile
+from tests.api.live import LiveSidecar, embedded_config, simnet_tables
+from tests.time2clock.test_online import V100_CLOCKS
+from time2clock.online import ExecutionSample, OnlineParams, OnlineTables
+from time2clock.table import ModelTable, TableSet, Time2ClockTable
+
+ADMIN = {"Authorization": "Bearer test-token"}
+SIMBERT = "simbert"  # the embedded config of the tests profiles only simnet: no table here
+
+
+def state(sc: LiveSidecar) -> dict[str, object]:
+    reply = sc.get("/admin/state", headers=ADMIN)
+    assert reply.status_code == 200
+    return dict(reply.json())
+
+
+def model_state(sc: LiveSidecar, model: str) -> dict[str, object]:
+    models = state(sc)["models"]
+    assert isinstance(models, dict)
+    return dict(models.get(model, {"table": None}))  # listed once it is seen
+
+
+def metric(sc: LiveSidecar, name: str, model: str) -> float | None:
+    for family in text_string_to_metric_families(sc.get("/metrics").text):
+        for s in family.samples:
+            if s.name == name and s.labels.get("model") == model:
+                return float(s.value)
+    return None
+
+
+def test_a_model_without_a_table_learns_one_and_keeps_it_across_a_restart(
+    tmp_path: Path,
+) -> None:
+    config = embedded_config(tmp_path, max_queue=100)
+    x = httpclient.InferInput("INPUT0", [1, 16], "FP32")
+    x.set_data_from_numpy(np.ones((1, 16), np.float32))
+    with LiveSidecar(config) as sc:
+        assert state(sc)["learning"] is True
+        assert model_state(sc, SIMBERT)["table"] is None
+        client = httpclient.InferenceServerClient(sc.url, network_timeout=60.0)
+        deadline = time.monotonic() + 60.0
+        while model_state(sc, SIMBERT)["table"] is None:  # served at the top clock meanwhile
+            assert time.monotonic() < deadline, model_state(sc, SIMBERT)
+            for _ in range(20):
+                client.infer(SIMBERT, [x])
+        for _ in range(20):  # measured against the table it now has
+            client.infer(SIMBERT, [x])
+        seen = model_state(sc, SIMBERT)
+        learning = seen["learning"]
+        assert isinstance(learning, dict)
+        assert learning["samples_in_window"] > 10
+        assert learning["refits"] >= 1
+        assert 0.0 <= learning["last_refit_age_s"] < 30.0
+        assert isinstance(learning["error"], float) and learning["error"] < 1.0
+        table = seen["table"]
+        assert isinstance(table, dict)
+        top_ms = table["top_clock_ms"]["1"]
+        truth = get_profile("v100").model(EMULATED[SIMBERT])
+        top = truth.max_clock_mhz
+        assert truth.mean_latency_ms(top) * 0.9 <= top_ms <= truth.mean_latency_ms(top) + 25.0
+        samples = metric(sc, "sidecar_table_samples_total", SIMBERT)
+        assert samples is not None and samples >= learning["samples_total"]
+        error = metric(sc, "sidecar_table_error_ratio", SIMBERT)
+        assert error is not None and error == pytest.approx(learning["error"], abs=0.05)
+        assert (metric(sc, "sidecar_table_refits_total", SIMBERT) or 0) >= 1
+    saved = learned_path(tmp_path, "v100", TABLES_VERSION)
+    assert SIMBERT in load_learned(saved)  # written on the way out (atomically)
+
+    with LiveSidecar(config) as sc:  # the next start begins from what was learned
+        again = model_state(sc, SIMBERT)
+        assert isinstance(again["table"], dict)
+        assert again["table"]["top_clock_ms"]["1"] == pytest.approx(top_ms, rel=0.05)
+
+    with LiveSidecar(embedded_config(tmp_path, learn=False)) as sc:  # --no-learn: none of it
+        assert state(sc)["learning"] is False
+        assert model_state(sc, SIMBERT)["table"] is None
+        assert "sidecar_table_samples" not in sc.get("/metrics").text
+
+
+def test_the_learned_table_is_written_atomically(tmp_path: Path) -> None:
+    path = learned_path(tmp_path, "NVIDIA H100 80GB HBM3", TABLES_VERSION)
+    assert path.name == "NVIDIA_H100_80GB_HBM3-learned-v2.json"
+    tables = simnet_tables()
+    save_atomic(tables, path)
+    assert TableSet.load(path) == tables
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary left
+    path.write_text("{not json")
+    assert len(load_learned(path)) == 0  # a broken file is ignored (with a warning), not fatal
+    assert len(load_learned(tmp_path / "absent.json")) == 0
+
+
+def test_learn_flag_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+
+    def parse(argv: list[str]) -> GatewayConfig:
+        parser = argparse.ArgumentParser()
+        add_arguments(parser)
+        return from_args(parser.parse_args(argv))
+
+    assert parse([]).learn is True
+    assert parse(["--no-learn"]).learn is False
+    monkeypatch.setenv("SIDECAR_LEARN", "0")
+    assert parse([]).learn is False
+    assert parse(["--learn"]).learn is True
+
+
+def test_shadow_mode_does_not_learn(tmp_path: Path) -> None:
+    """In shadow mode the GPU does not run the clock the policy decides: no measurement."""
+    table = tmp_path / "table.json"
+    simnet_tables().save(table)
+    config = embedded_config(tmp_path, shadow=True, table=(table,))
+    with LiveSidecar(config) as sc:
+        assert state(sc)["learning"] is False
+        reply = httpx.get(f"http://{sc.url}/metrics", timeout=30)
+        assert "sidecar_table_samples" not in reply.text
+    assert json.loads(table.read_text())["models"]  # the given table is left as it was
+
+
+def test_the_saver_writes_what_was_learned_and_keeps_what_was_loaded(tmp_path: Path) -> None:
+    """Only refits are saved (a profiled table is not a learned one), models loaded from the
+    file at start stay in it, and nothing is written when nothing changed."""
+    base = next(iter(simnet_tables()))
+    tables = TableSet(replace(base, model=m, curves=_renamed(base, m)) for m in ("a", "b", "c"))
+    learner = OnlineTables(V100_CLOCKS, gpu="v100", params=OnlineParams(refit_every_s=1.0))
+    path = tmp_path / "learned.json"
+    current = [tables]
+    saver = LearnedTableSaver(learner, lambda: current[-1], path, keep=["b"])
+    asyncio.run(saver.save())
+    assert not path.exists()  # nothing learned yet
+    for i in range(10):
+        learner.observe(ExecutionSample("a", 1530, 1, 9.0, 0.1 * i), tables.get("a"))
+    refitted = learner.refit(tables, 2.0)
+    assert refitted is not None
+    current.append(refitted)
+    asyncio.run(saver.save())
+    assert TableSet.load(path).models == ["a", "b"] and saver.saves == 1
+    asyncio.run(saver.save())
+    assert saver.saves == 1  # no refit since: not written again
+    assert TableSet.load(path).get("a") == refitted.get("a")
+
+
+def _renamed(table: ModelTable, model: str) -> dict[int, Time2ClockTable]:
+    return {b: replace(c, model=model) for b, c in table.curves.items()}

@@ -1,0 +1,114 @@
+"""Isolated executions found in the scheduler's events (injected time)."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler.core import Scheduler, SchedulerConfig
+from scheduler.observe import ExecutionObserver
+from scheduler.policies import FixedPolicy
+from scheduler.request import Request
+from scheduler.view import ModelServing
+from tests.scheduler.helpers import CLOCKS, MODEL, make_model_table
+from time2clock.online import OnlineParams, OnlineTables
+from time2clock.table import TableSet
+
+
+def settled() -> ExecutionObserver:
+    obs = ExecutionObserver(window_s=0.001, settle_s=0.02)
+    obs.clock_changed(0.0)
+    return obs
+
+
+def test_a_group_sent_together_onto_an_idle_gpu_is_one_sample() -> None:
+    obs = settled()
+    for seq, t in enumerate((1.0, 1.0002, 1.0005)):
+        obs.on_dispatch("m", seq, 900, 8, t)
+    assert obs.on_complete(0, 1.010) is None
+    assert obs.on_complete(2, 1.011) is None
+    sample = obs.on_complete(1, 1.012)
+    assert sample is not None
+    assert (sample.model, sample.clock_mhz, sample.batch, sample.at_s) == ("m", 900, 3, 1.012)
+    assert sample.ms == pytest.approx(12.0)
+
+
+@pytest.mark.parametrize(
+    "spoiler",
+    [
+        "late",  # a request of the model sent after the window
+        "other_model",  # another model sent while it runs
+        "clock",  # the clock target changed while it ran
+        "too_many",  # more than the model's largest batch
+        "failed",  # one of them failed (no measurement)
+    ],
+)
+def test_anything_that_is_not_an_isolated_execution_is_no_sample(spoiler: str) -> None:
+    obs = settled()
+    obs.on_dispatch("m", 0, 900, 2, 1.0)
+    obs.on_dispatch("m", 1, 900, 2, 1.0003)
+    last = 1
+    if spoiler == "late":
+        obs.on_dispatch("m", 2, 900, 2, 1.005)
+        last = 2
+    elif spoiler == "other_model":
+        obs.on_dispatch("x", 2, 900, 2, 1.0004)
+        last = 2
+    elif spoiler == "too_many":
+        obs.on_dispatch("m", 2, 900, 2, 1.0004)
+        last = 2
+    elif spoiler == "clock":
+        obs.clock_changed(1.003)
+    results = [obs.on_complete(0, 1.01)]
+    results += [
+        obs.on_complete(seq, 1.02, measured=spoiler != "failed") for seq in range(1, last + 1)
+    ]
+    assert results == [None] * len(results)
+    # and the next isolated execution (clock settled again) is measured as usual
+    obs.on_dispatch("m", 10, 900, 2, 2.0)
+    assert obs.on_complete(10, 2.01) is not None
+
+
+def test_no_sample_until_the_clock_has_settled_nor_without_a_clock() -> None:
+    obs = ExecutionObserver(settle_s=0.02)
+    obs.clock_changed(1.0)
+    obs.on_dispatch("m", 0, 900, 8, 1.005)  # 5 ms after the change: may not have landed
+    assert obs.on_complete(0, 1.015) is None
+    obs.on_dispatch("m", 1, None, 8, 2.0)  # the GPU's own clock (policy default): unknown
+    assert obs.on_complete(1, 2.01) is None
+    obs.clock_changed(None)  # a new policy, at a moment not known: counts from the next send
+    obs.on_dispatch("m", 2, 900, 8, 3.0)
+    assert obs.on_complete(2, 3.01) is None
+    obs.on_dispatch("m", 3, 900, 8, 3.05)
+    assert obs.on_complete(3, 3.06) is not None
+
+
+def test_the_core_measures_and_refits_with_injected_time() -> None:
+    """A scheduler with a learner: sequential requests at a fixed clock are measured, and a
+    refit due after ``refit_every_s`` hands the policy a new table."""
+    table = make_model_table()
+    learner = OnlineTables(CLOCKS, gpu="gpu", params=OnlineParams(refit_every_s=1.0))
+    sched: Scheduler[None] = Scheduler(
+        TableSet([table]),
+        FixedPolicy(CLOCKS, 900),
+        SchedulerConfig(),
+        serving={MODEL: ModelServing(max_batch=4)},
+        learner=learner,
+    )
+    true_ms = 2.0 * table.predict_ms(900)  # the GPU runs twice as slow as the table says
+    t = 0.0
+    for _ in range(40):
+        sched.enqueue(Request(MODEL, t, slo_ms=500.0), t)
+        d = sched.next_dispatch(t)
+        assert d is not None
+        t += true_ms / 1000.0
+        sched.on_complete(d.request, true_ms / 1000.0, t)
+        t += 0.05
+    assert learner.samples_total(MODEL) == 40
+    assert learner.refits(MODEL) >= 2
+    assert sched.tables is learner.latest
+    learned = sched.tables.get(MODEL)
+    assert learned is not None
+    assert learned.predict_ms(900) == pytest.approx(true_ms, rel=1e-3)
+    # no live data at the other clocks: they moved with the observed one (×2)
+    assert learned.predict_ms(300) == pytest.approx(2.0 * table.predict_ms(300), rel=0.02)
+    assert learner.error(MODEL) == pytest.approx(0.0, abs=1e-3)  # the new table is right

@@ -1,0 +1,271 @@
+"""The online refit of time2clock tables: seeded data, injected time."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from dvfs.profiles import CNN, get_profile
+from dvfs.simulated import SimulatedDevice
+from dvfs.timesource import VirtualTime
+from scheduler.simulate import SimConfig, profiled_tables, simulate
+from tests.scheduler.helpers import CLOCKS, MODEL, make_model_table
+from time2clock.fit import fit_inverse_linear
+from time2clock.online import (
+    ExecutionSample,
+    OnlineParams,
+    OnlineTables,
+    compute_bound_prior,
+    curve_is_sound,
+)
+from time2clock.table import InverseLinearFit, ModelTable, TableSet
+
+V100_CLOCKS = SimulatedDevice(get_profile("v100"), time_source=VirtualTime()).supported_clocks_mhz()
+
+
+def cpu_loaded(tables: TableSet, add_ms: float = 3.0, p99_ms: float = 12.5) -> TableSet:
+    """What profiling under CPU load gives: every execution slower by ``add_ms`` plus 15%, and a
+    pooled p99 residual of ``p99_ms`` (issue 10 measured 12.5 ms against 5.3 ms clean)."""
+    out = []
+    for table in tables:
+        curves = {}
+        for b, c in table.curves.items():
+            points = tuple(
+                replace(p, trimmed_mean_ms=p.trimmed_mean_ms * 1.15 + add_ms) for p in c.points
+            )
+            fit = fit_inverse_linear(
+                [p.clock_mhz for p in points], [p.trimmed_mean_ms for p in points]
+            )
+            curves[b] = replace(
+                c,
+                points=points,
+                mean_fit=fit,
+                tail_fits={},
+                residual_quantiles_ms={"p90": p99_ms / 2, "p99": p99_ms},
+            )
+        out.append(replace(table, curves=curves))
+    return TableSet(out)
+
+
+def samples_at(
+    model: str, law: InverseLinearFit, clock: int, batch: int, n: int, t0: float, seed: int = 0
+) -> list[ExecutionSample]:
+    rng = np.random.default_rng(seed)
+    mean = law.predict_ms(clock)
+    return [
+        ExecutionSample(model, clock, batch, float(mean * rng.lognormal(0, 0.05)), t0 + 0.1 * i)
+        for i in range(n)
+    ]
+
+
+def test_simulated_traffic_heals_a_cpu_loaded_table() -> None:
+    """slack on the simulated V100 from a CPU-loaded table, learning, 60 s: the table is within
+    3% of the true mean time in every cell the traffic measured and 5% at every clock above
+    for the batches measured; elsewhere (lower clocks, other batches), where nothing was
+    measured, it errs on the slow side (never 3% faster than the truth, at most 1.6× slower);
+    its p99 margin is the live one, not the loaded 12.5 ms."""
+    clean = profiled_tables("v100")
+    learner = OnlineTables(V100_CLOCKS, gpu="v100")
+    cfg = SimConfig(
+        gpu="v100",
+        policy="slack",
+        slo_ms=40.0,
+        duration_s=60.0,
+        seed=3,
+        load=None,
+        rate_rps=40.0,
+        learn=True,
+        with_oracle=False,
+    )
+    simulate(cfg, cpu_loaded(clean), learner)
+    assert learner.refits(CNN) >= 5
+    assert learner.latest is not None
+    learned = learner.latest.get(CNN)
+    assert learned is not None
+    truth = get_profile("v100").model(CNN)
+    cells = _cells(learner)
+    for batch, clock in cells:
+        assert learned.predict_ms(clock, batch) == pytest.approx(
+            truth.mean_latency_ms(clock, batch), rel=0.03
+        )
+    lowest = min(c for _, c in cells)
+    measured = {b for b, _ in cells}
+    for batch in (1, 2, 4, 8):
+        for clock in V100_CLOCKS:
+            ms, true_ms = learned.predict_ms(clock, batch), truth.mean_latency_ms(clock, batch)
+            if clock >= lowest and batch in measured:
+                assert ms == pytest.approx(true_ms, rel=0.05)
+            else:
+                assert true_ms * 0.97 <= ms <= true_ms * 1.6
+    assert learned.tail_margin_ms("p99") < 3.0
+
+
+def _cells(learner: OnlineTables) -> list[tuple[int, int]]:
+    state = learner._models[CNN]
+    return [
+        key for key, cell in state.cells.items() if len(cell) >= learner.params.min_cell_samples
+    ]
+
+
+def test_a_model_without_a_table_gets_the_compute_bound_prior_then_learns() -> None:
+    """No table: the first refit gives ``t ∝ 1/f`` through the top-clock mean (never faster than
+    the truth below the top clock); samples at a lower clock then pull it to the truth."""
+    truth = InverseLinearFit(m=5e-5, b=0.02, r2=1.0)  # 13.6 ms at 2100, 28.6 ms at 300
+    learner = OnlineTables(CLOCKS, gpu="gpu", params=OnlineParams(refit_every_s=1.0))
+    for s in samples_at("new", truth, 2100, 1, 20, 0.0):
+        learner.observe(s, None)
+    assert learner.due(2.0)
+    first = learner.refit(TableSet(), 2.0)
+    assert first is not None
+    table = first.get("new")
+    assert table is not None
+    top = truth.predict_ms(2100)
+    assert table.predict_ms(2100) == pytest.approx(top, rel=0.02)
+    for clock in CLOCKS:
+        assert table.predict_ms(clock) == pytest.approx(top * 2100 / clock, rel=0.02)
+        assert table.predict_ms(clock) >= truth.predict_ms(clock) * 0.98
+    assert table.tail_margin_ms("p99") > 0  # margins from its own samples
+    for s in samples_at("new", truth, 600, 1, 20, 3.0, seed=1):
+        learner.observe(s, table)
+    assert learner.error("new") == pytest.approx(
+        abs(truth.predict_ms(600) / table.predict_ms(600) - 1), rel=0.2
+    )
+    second = learner.refit(first, 5.0)
+    assert second is not None
+    healed = second.get("new")
+    assert healed is not None
+    for clock in CLOCKS:
+        assert healed.predict_ms(clock) == pytest.approx(truth.predict_ms(clock), rel=0.05)
+
+
+def test_live_cells_dominate_and_the_rest_move_with_them() -> None:
+    prior = make_model_table(batches={1: 1.0, 4: 2.0})
+    learner = OnlineTables(CLOCKS, params=OnlineParams(refit_every_s=1.0))
+    slower = replace(prior.curves[1].mean_fit)
+    live_law = InverseLinearFit(slower.m / 1.5, slower.b / 1.5, 1.0)  # 1.5× slower
+    for s in samples_at(MODEL, live_law, 900, 1, 30, 0.0):
+        learner.observe(s, prior)
+    table = learner.refit(TableSet([prior]), 5.0)
+    assert table is not None
+    learned = table.get(MODEL)
+    assert learned is not None
+    assert learned.predict_ms(900, 1) == pytest.approx(live_law.predict_ms(900), rel=0.02)
+    assert learned.predict_ms(2100, 4) == pytest.approx(1.5 * prior.predict_ms(2100, 4), rel=0.03)
+    # the prior's measured energy is kept (slack's floor), the live clock shows its samples
+    assert learned.energy_optimal_clock_mhz() == prior.energy_optimal_clock_mhz()
+    assert {p.clock_mhz: p.n for p in learned.curves[1].points}[900] == 30
+
+
+def test_window_and_cell_cap() -> None:
+    params = OnlineParams(window_s=10.0, cell_cap=8, refit_every_s=1.0)
+    learner = OnlineTables(CLOCKS, params=params)
+    law = InverseLinearFit(6e-5, 0.0085, 1.0)
+    for s in samples_at(MODEL, law, 900, 1, 20, 0.0):
+        learner.observe(s, None)
+    state = learner.state(MODEL, 2.0)
+    assert state is not None and state["samples_in_window"] == 20
+    assert [len(c) for c in learner._models[MODEL].cells.values()] == [8]  # the newest 8
+    assert state["samples_total"] == 20
+    learner.refit(TableSet(), 2.0)
+    for s in samples_at(MODEL, law, 1200, 1, 1, 30.0):
+        learner.observe(s, None)
+    learner.refit(TableSet(), 30.0)  # the 900 MHz cell is older than the window: gone
+    state = learner.state(MODEL, 30.0)
+    assert state is not None and state["samples_in_window"] == 1
+    assert state["refits"] == 1 and state["last_refit_age_s"] == 28.0
+
+
+def test_no_refit_before_it_is_due() -> None:
+    learner = OnlineTables(CLOCKS, params=OnlineParams(refit_every_s=5.0))
+    assert not learner.due(0.0)  # nothing measured
+    law = InverseLinearFit(6e-5, 0.0085, 1.0)
+    for s in samples_at(MODEL, law, 900, 1, 10, 0.0):
+        learner.observe(s, None)
+    assert learner.due(1.0)
+    assert learner.refit(TableSet(), 1.0) is not None
+    learner.observe(samples_at(MODEL, law, 900, 1, 1, 2.0)[0], None)
+    assert not learner.due(5.9)
+    assert learner.due(6.0)
+
+
+def test_guards_keep_the_prior_when_live_data_would_break_a_curve() -> None:
+    """Two close clocks where the higher one measured slower: the line through them has
+    ``m <= 0``; with no prior points to hold it, the curve is refused and the prior stays."""
+    prior = make_model_table()
+    learner = OnlineTables(CLOCKS, params=OnlineParams(prior_weight=1e-9, refit_every_s=1.0))
+    flat = {900: 20.0, 901: 25.0}
+    for clock, ms in flat.items():
+        for i in range(10):
+            learner.observe(ExecutionSample(MODEL, clock, 1, ms, 0.1 * i), prior)
+    bad = learner.fit_model(MODEL, None, {(1, c): [(0.0, ms)] * 10 for c, ms in flat.items()})
+    assert bad is None or all(curve_is_sound(c.mean_fit, CLOCKS) for c in bad.curves.values())
+    refitted = learner.refit(TableSet([prior]), 5.0)
+    table = prior if refitted is None else refitted.get(MODEL)
+    assert table is not None
+    for c in table.curves.values():
+        assert curve_is_sound(c.mean_fit, CLOCKS)
+        assert c.mean_fit == prior.curves[1].mean_fit or c.mean_fit.m > 0
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_garbage_in_never_gives_a_broken_curve(seed: int) -> None:
+    """Whatever is measured (seeded noise of any size, any clock, any batch), every curve of a
+    refit predicts a positive, finite time at every clock of the ladder."""
+    rng = np.random.default_rng(seed)
+    prior = make_model_table(batches={1: 1.0, 8: 3.0}) if seed % 2 else None
+    learner = OnlineTables(CLOCKS, params=OnlineParams(min_cell_samples=2, refit_every_s=1.0))
+    for i in range(200):
+        learner.observe(
+            ExecutionSample(
+                MODEL,
+                int(rng.choice(CLOCKS[:3] if seed % 3 else CLOCKS)),
+                int(rng.integers(1, 9)),
+                float(rng.lognormal(2.0, 1.5)),
+                0.01 * i,
+            ),
+            prior,
+        )
+    tables = TableSet([prior]) if prior is not None else TableSet()
+    out = learner.refit(tables, 3.0)
+    table: ModelTable | None = prior if out is None else out.get(MODEL)
+    if table is None:
+        return
+    for batch in range(1, 10):
+        for clock in CLOCKS:
+            ms = table.predict_ms(clock, batch)
+            assert ms > 0 and math.isfinite(ms)
+            for q in ("p90", "p99"):
+                assert math.isfinite(table.tail_margin_ms(q, batch))
+
+
+def test_compute_bound_prior_is_exactly_inverse_in_the_clock() -> None:
+    table = compute_bound_prior("gpu", "m", {1: (2100, 10.0), 4: (1800, 20.0)}, CLOCKS, 4)
+    assert table.predict_ms(2100, 1) == pytest.approx(10.0)
+    assert table.predict_ms(1050, 1) == pytest.approx(20.0)
+    assert table.predict_ms(900, 4) == pytest.approx(40.0)
+    assert 2100 in table.curves[1].clocks_mhz and 1800 in table.curves[4].clocks_mhz
+
+
+def test_noise_at_one_clock_does_not_ratchet_the_others() -> None:
+    """Traffic that sits at one clock, refitted every 5 s for 10 minutes: the clocks not
+    measured follow the measured one and do not drift with its noise (choosing the slower
+    guess at every refit would creep them up)."""
+    prior = make_model_table(batches={1: 1.0, 8: 3.0})
+    truth = InverseLinearFit(prior.curves[1].m, prior.curves[1].b, 1.0)
+    learner = OnlineTables(CLOCKS, params=OnlineParams(window_s=10.0))
+    rng = np.random.default_rng(7)
+    tables = TableSet([prior])
+    t = 0.0
+    for _ in range(6000):
+        t += 0.1
+        noisy = truth.predict_ms(2100) * float(rng.lognormal(0.0, 0.08))
+        learner.observe(ExecutionSample(MODEL, 2100, 1, noisy, t), tables.get(MODEL))
+        if learner.due(t):
+            tables = learner.refit(tables, t) or tables
+    learned = tables.get(MODEL)
+    assert learned is not None and learner.refits(MODEL) > 100
+    assert learned.predict_ms(300) == pytest.approx(prior.predict_ms(300), rel=0.05)
+    assert learned.predict_ms(300, 8) == pytest.approx(prior.predict_ms(300, 8), rel=0.05)
