@@ -22,6 +22,7 @@ from api.shadow import ShadowLedger
 from api.upstream import Upstream, UpstreamUnavailableError
 from dvfs.device import Device
 from dvfs.errors import DeviceError
+from scheduler.adaptive import AdaptivePolicy
 from scheduler.core import Scheduler
 from scheduler.request import Request
 from time2clock.table import ModelTable
@@ -261,6 +262,12 @@ class GpuDispatcher:
         served = error is None and response is not None and bool(response.ok)
         done = self.scheduler.on_complete(request, service_s, now, measured=served)
         self._apply(done.clock_mhz)
+        policy = self.scheduler.policy
+        if isinstance(policy, AdaptivePolicy):
+            scale = policy.model_scale(request.model)
+            if scale is not None:
+                label = self.metrics.model_label(request.model)
+                self.metrics.slo_scale.labels(self.gpu, label).set(scale)
         client = self.metrics.client_label(request.client_id)
         self.metrics.gpu_time.labels(client, str(request.level), str(request.nice)).inc(service_s)
         if error is not None or response is None:
@@ -360,6 +367,7 @@ class GpuDispatcher:
                 for m in models
             },
             **({} if self.shadow is None else {"shadow": self.shadow.state()}),
+            **({"feedback": s.policy.state()} if isinstance(s.policy, AdaptivePolicy) else {}),
         }
 
 

@@ -149,6 +149,14 @@ class GatewayMetrics:
             ["gpu", "policy"],
             registry=r,
         )
+        self.slo_scale = Gauge(
+            "sidecar_slo_scale",
+            "Policy adaptive: the share of its SLO the clock plan aims at for the model's "
+            "requests (the lowest of its SLO classes; 1 = the SLO itself, above 1 the room the "
+            "plan's margins leave is used, below 1 it plans tighter than the SLO).",
+            ["gpu", "model"],
+            registry=r,
+        )
         self.client_weight = Gauge(
             "sidecar_client_weight",
             "CFS weight of the nice a client last sent, by priority level.",

@@ -6,7 +6,7 @@ every core (the CPU-loaded table). It then sends ``make demo``'s load (40 req/s 
 ``simnet``, SLO 40 ms, the same seeded arrivals every run) through a fresh sidecar per run:
 
 * ``max`` (the baseline each saving is measured against),
-* the policy (``--policy``, default ``slack``) from the clean table, learning off,
+* the policy (``--policy``, default ``adaptive``) from the clean table, learning off,
 * the policy from the CPU-loaded table, learning off (before: what issue 10 measured),
 * the policy from the CPU-loaded table, learning on (after),
 
@@ -45,6 +45,7 @@ from api.server import SidecarServer
 from loadgen.classes import RequestClass
 from loadgen.engine import Recorder, Target, build_payloads, new_session, open_loop, schedule
 from loadgen.metrics import energy_j, scrape, scrape_values
+from scheduler.registry import DEFAULT_POLICY
 from time2clock.online import ExecutionSample
 from time2clock.table import TableSet
 
@@ -271,7 +272,7 @@ def summary(path: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m loadgen.recovery", description=__doc__)
-    parser.add_argument("--policy", default="slack", help="the policy under test")
+    parser.add_argument("--policy", default=DEFAULT_POLICY, help="the policy under test")
     parser.add_argument("--gpu", default="v100", help="simulated GPU profile")
     parser.add_argument("--rate", type=float, default=40.0, help="requests per second (Poisson)")
     parser.add_argument("--duration-s", type=float, default=60.0)

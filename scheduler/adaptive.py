@@ -10,6 +10,7 @@ it). The scale is shared by the class's queued, in-flight and phantom requests.
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 
 from scheduler.feedback import FeedbackParams, TailController
@@ -22,6 +23,11 @@ MAX_CLASSES = 64  # SLO classes tracked at once (clients choose SLOs: the oldest
 def slo_class(model: str, slo_ms: float) -> tuple[str, float]:
     """The class a request's attainment counts in: its model and its SLO (to 0.1 ms)."""
     return model, round(slo_ms, 1)
+
+
+def _finite(x: float) -> float | None:
+    """``x`` rounded, or None where nothing was measured (nan is not JSON)."""
+    return round(x, 4) if math.isfinite(x) else None
 
 
 class AdaptivePolicy(SlackPolicy):
@@ -64,6 +70,11 @@ class AdaptivePolicy(SlackPolicy):
             return self._decide(s, now_s)
         return super().on_complete(s, request, now_s)
 
+    def model_scale(self, model: str) -> float | None:
+        """The lowest scale of ``model``'s SLO classes (None: none has completed yet)."""
+        scales = [c.scale for (m, _), c in self.controllers.items() if m == model]
+        return min(scales, default=None)
+
     def state(self) -> list[dict[str, object]]:
         """Each class's scale and what its window measured, for the admin state."""
         return [
@@ -71,8 +82,8 @@ class AdaptivePolicy(SlackPolicy):
                 "model": model,
                 "slo_ms": slo_ms,
                 "scale": round(c.scale, 4),
-                "attainment": c.attainment(),
-                "tail_over_slo": c.tail_ratio(),
+                "attainment": _finite(c.attainment()),
+                "tail_over_slo": _finite(c.tail_ratio()),
                 "backoffs": c.backoffs,
                 "raises": c.raises,
             }

@@ -301,6 +301,21 @@ def test_admin(sidecar: LiveSidecar) -> None:
     assert "/admin/state" in schema["paths"] and "HTTPBearer" in json.dumps(schema["components"])
 
 
+def test_the_adaptive_policys_classes_are_in_the_admin_state_and_metrics(
+    sidecar: LiveSidecar,
+) -> None:
+    x = np.ones((1, 16), dtype=np.float32)
+    for _ in range(5):
+        client(sidecar).infer("simnet", [tensor(x)], parameters={"slo_ms": 250})
+    classes = admin(sidecar, "GET", "/state").json()["feedback"]
+    mine = next(c for c in classes if c["model"] == "simnet" and c["slo_ms"] == 250.0)
+    assert mine["scale"] == 1.0  # five completions: too few to move it
+    assert mine["attainment"] == 1.0 and mine["tail_over_slo"] is None  # JSON null, not NaN
+    families = {f.name: f for f in text_string_to_metric_families(sidecar.get("/metrics").text)}
+    scales = {s.labels["model"]: s.value for s in families["sidecar_slo_scale"].samples}
+    assert 0.5 <= scales["simnet"] <= 3.0
+
+
 def test_the_default_policy_moves_the_clock_with_the_queue(sidecar: LiveSidecar) -> None:
     floor = admin(sidecar, "GET", "/state").json()["clock_target_mhz"]
     seen: list[int] = []
