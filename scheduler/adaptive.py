@@ -18,11 +18,17 @@ from scheduler.policies import SlackParams, SlackPolicy, _ModelPlan
 from scheduler.view import QueuedRequest, SchedulerView
 
 MAX_CLASSES = 64  # SLO classes tracked at once (clients choose SLOs: the oldest is forgotten)
+TIGHTER = 0.9  # a new table whose plan needs less than this share of the old one's: re-earn room
 
 
 def slo_class(model: str, slo_ms: float) -> tuple[str, float]:
     """The class a request's attainment counts in: its model and its SLO (to 0.1 ms)."""
     return model, round(slo_ms, 1)
+
+
+def _need_ms(plan: _ModelPlan) -> float:
+    """What a plan expects one request alone to need, over the clocks: mean time plus margin."""
+    return float(plan.times_ms[1].mean()) + plan.margin_ms
 
 
 def _finite(x: float) -> float | None:
@@ -44,6 +50,7 @@ class AdaptivePolicy(SlackPolicy):
         super().__init__(clocks_mhz, params)
         self.feedback = feedback or FeedbackParams()
         self.controllers: OrderedDict[tuple[str, float], TailController] = OrderedDict()
+        self._need_before: dict[str, float] = {}  # model -> its plan's need, before new tables
 
     def _slo_scale(self, model: str, slo_ms: float) -> float:
         controller = self.controllers.get(slo_class(model, slo_ms))
@@ -60,6 +67,28 @@ class AdaptivePolicy(SlackPolicy):
         else:
             self.controllers.move_to_end(key)
         return controller
+
+    def tables_changed(self) -> None:
+        """Remember what each model's plan needed, to compare with its new table's."""
+        for model, plan in self._plans.items():
+            if plan is not None:
+                self._need_before[model] = _need_ms(plan)
+        super().tables_changed()
+
+    def _plan(self, s: SchedulerView, model: str) -> _ModelPlan | None:
+        """The model's plan; when a new table makes it markedly more aggressive (a refit that
+        found the model faster or its spread narrower), the room its classes had earned under
+        the old table is taken back (scale at most the start): it was earned with the old
+        margins, and keeping it on top of the new ones is what made live tails spike after a
+        refit (README, "The adaptive policy")."""
+        fresh = model not in self._plans
+        plan = super()._plan(s, model)
+        before = self._need_before.pop(model, None)
+        if fresh and plan is not None and before is not None and _need_ms(plan) < TIGHTER * before:
+            for (m, _), controller in self.controllers.items():
+                if m == model:
+                    controller.rebase(self.feedback.start_scale)
+        return plan
 
     def on_complete(self, s: SchedulerView, request: QueuedRequest, now_s: float) -> int | None:
         latency_ms = (now_s - request.arrival_s) * 1000.0
@@ -86,6 +115,7 @@ class AdaptivePolicy(SlackPolicy):
                 "tail_over_slo": _finite(c.tail_ratio()),
                 "backoffs": c.backoffs,
                 "raises": c.raises,
+                "rebases": c.rebases,
             }
             for (model, slo_ms), c in self.controllers.items()
         ]

@@ -80,6 +80,7 @@ class TailController:
         self._last_step_s: float | None = None
         self.backoffs = 0
         self.raises = 0
+        self.rebases = 0
 
     def observe(self, now_s: float, latency_ms: float, slo_ms: float) -> bool:
         """Record one completion; True if the scale changed."""
@@ -102,6 +103,15 @@ class TailController:
             return False
         self._last_step_s = now_s
         return self._step(now_s)
+
+    def rebase(self, at_most: float) -> None:
+        """The plan under the scale changed (a new table): keep the scale no higher than
+        ``at_most`` and judge only what completes from now on."""
+        if self.scale > at_most:
+            self.scale = at_most
+            self.rebases += 1
+        self._window.clear()
+        self._misses.clear()
 
     def attainment(self) -> float:
         """The share of the window's completions within their SLO (nan: none)."""

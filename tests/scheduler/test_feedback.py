@@ -114,3 +114,14 @@ def test_quiet_class_keeps_its_scale() -> None:
 def test_params_are_checked(bad: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         FeedbackParams(**bad)  # type: ignore[arg-type]
+
+
+def test_a_rebase_takes_back_earned_room_and_forgets_the_old_window() -> None:
+    c = TailController()
+    drive(c, 0.0, 30.0, 100.0, 0.4, np.random.default_rng(8))
+    assert c.scale > 1.5
+    c.rebase(1.0)
+    assert c.scale == 1.0 and c.rebases == 1
+    assert np.isnan(c.attainment())  # what completed under the old plan no longer counts
+    c.rebase(1.0)
+    assert c.rebases == 1  # nothing to take back: not counted
