@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dvfs.profiles import get_profile
 from scheduler.__main__ import main
 from scheduler.compare import DEFAULT_MIX, slo_models
 from scheduler.simulate import SimConfig, simulate
@@ -171,6 +172,14 @@ def test_cli_simulate_json_last_line(capsys: pytest.CaptureFixture[str]) -> None
     assert main(["simulate", "--policy", "fast"]) == 2
     assert "unknown policy" in capsys.readouterr().err
     assert main(["simulate", "--clients", "a:nice=99"]) == 2
+
+
+def test_cli_simulate_best_fixed_names_its_clock(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["simulate", "--policy", "best-fixed", "--load", "0.3", "--duration-s", "3", "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert out["policy"] == "best-fixed" and out["fixed_mhz"] in get_profile("v100").clocks_mhz
+    assert out["p99_over_slo"] <= 1.0
 
 
 def test_cli_compare_writes_table_csv_and_plot(
