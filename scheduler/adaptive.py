@@ -14,7 +14,7 @@ import math
 from collections import OrderedDict
 
 from scheduler.feedback import FeedbackParams, TailController
-from scheduler.policies import SlackParams, SlackPolicy, _ModelPlan
+from scheduler.policies import ModelPlan, SlackParams, SlackPolicy
 from scheduler.view import QueuedRequest, SchedulerView
 
 MAX_CLASSES = 64  # SLO classes tracked at once (clients choose SLOs: the oldest is forgotten)
@@ -26,7 +26,7 @@ def slo_class(model: str, slo_ms: float) -> tuple[str, float]:
     return model, round(slo_ms, 1)
 
 
-def _need_ms(plan: _ModelPlan) -> float:
+def _need_ms(plan: ModelPlan) -> float:
     """What a plan expects one request alone to need, over the clocks: mean time plus margin."""
     return float(plan.times_ms[1].mean()) + plan.margin_ms
 
@@ -75,7 +75,7 @@ class AdaptivePolicy(SlackPolicy):
                 self._need_before[model] = _need_ms(plan)
         super().tables_changed()
 
-    def _plan(self, s: SchedulerView, model: str) -> _ModelPlan | None:
+    def _plan(self, s: SchedulerView, model: str) -> ModelPlan | None:
         """The model's plan; when a new table makes it markedly more aggressive (a refit that
         found the model faster or its spread narrower), the room its classes had earned under
         the old table is taken back (scale at most the start): it was earned with the old
@@ -120,7 +120,7 @@ class AdaptivePolicy(SlackPolicy):
             for (model, slo_ms), c in self.controllers.items()
         ]
 
-    def _floor_of(self, plan: _ModelPlan) -> int | None:
+    def _floor_of(self, plan: ModelPlan) -> int | None:
         """The energy-optimal clock of a full batch, lower than batch 1's: running slower
         than batch 1's optimum is what lets batches fill (README, "The adaptive policy")."""
         return plan.full_batch_floor_mhz

@@ -169,7 +169,7 @@ class SlackParams:
     phantom_margin: float = 1.0
 
 
-class _ModelPlan:
+class ModelPlan:
     """One model's predicted execution times at every clock, by batch size (row ``b``, batch 0
     costs nothing), its tail margin per execution, and its energy floor."""
 
@@ -235,7 +235,7 @@ class SlackPolicy(ClockPolicy):
         self.params = params or SlackParams()
         self.current_mhz = self.clocks_mhz[0]
         self._lower_since_s: float | None = None
-        self._plans: dict[str, _ModelPlan | None] = {}
+        self._plans: dict[str, ModelPlan | None] = {}
         self._holds: dict[str, float] = {}  # model -> when to look again at requests held
         self._released_upto: dict[str, int] = {}  # model -> the last request of a batch let go
         # The j-th of a Poisson stream's next arrivals comes after Gamma(j, 1/λ); plan for it
@@ -313,13 +313,13 @@ class SlackPolicy(ClockPolicy):
     def tables_changed(self) -> None:
         self._plans.clear()
 
-    def _plan(self, s: SchedulerView, model: str) -> _ModelPlan | None:
+    def _plan(self, s: SchedulerView, model: str) -> ModelPlan | None:
         if model not in self._plans:
             table = s.table_for(model)
             self._plans[model] = (
                 None
                 if table is None
-                else _ModelPlan(
+                else ModelPlan(
                     table,
                     # Triton batches only what it is sent: never more than the in-flight cap.
                     min(s.serving(model).max_batch, s.max_inflight),
@@ -348,7 +348,7 @@ class SlackPolicy(ClockPolicy):
         clock = self._first(feasible)
         return max(clock, self._floor(s, models))
 
-    def _floor_of(self, plan: _ModelPlan) -> int | None:
+    def _floor_of(self, plan: ModelPlan) -> int | None:
         """The clock a model is never run below: its energy-optimal clock at batch 1."""
         return plan.floor_mhz
 
@@ -373,7 +373,7 @@ class SlackPolicy(ClockPolicy):
         s: SchedulerView,
         now_s: float,
         models: list[str],
-        plans: dict[str, _ModelPlan | None],
+        plans: dict[str, ModelPlan | None],
         inflight: Mapping[str, list[QueuedRequest]],
         queued: list[QueuedRequest],
         rates: dict[str, float],
