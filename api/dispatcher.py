@@ -10,7 +10,6 @@ reply, or an error (Triton unreachable, timeout expired in the queue, shutting d
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -19,6 +18,7 @@ from typing import Any
 
 from api.metrics import GatewayMetrics
 from api.shadow import ShadowLedger
+from api.tasks import cancel_and_wait
 from api.upstream import Upstream, UpstreamUnavailableError
 from dvfs.device import Device
 from dvfs.errors import DeviceError
@@ -84,10 +84,7 @@ class ClockApplier:
         self._task = asyncio.create_task(self._run(), name="clock-applier")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
 
     async def _run(self) -> None:
         while True:

@@ -23,6 +23,7 @@ from pathlib import Path
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from api.tasks import cancel_and_wait
 from time2clock.online import OnlineTables
 from time2clock.table import TableError, TableSet
 
@@ -91,11 +92,8 @@ class LearnedTableSaver:
         self._task = asyncio.create_task(self._run(), name="learned-table-saver")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         await self.save()
 
     async def _run(self) -> None:

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import contextlib
 import logging
 from collections.abc import Callable
 
 from api.metrics import GatewayMetrics
+from api.tasks import cancel_and_wait
 from dvfs.device import Device
 from dvfs.errors import DeviceError
 from time2clock.table import TableSet, Time2ClockTable
@@ -77,10 +77,7 @@ class ShadowLedger:
         self._task = asyncio.create_task(self._sample(), name="shadow-clock-sampler")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
 
     def would_set(self, clock_mhz: int | None) -> None:
         """The policy's target (None: it would leave the clock to the GPU)."""

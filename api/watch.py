@@ -18,12 +18,12 @@ The rule, for every front end:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
 
 from api.embedded import EmbeddedTriton
+from api.tasks import cancel_and_wait
 from api.upstream import Upstream, UpstreamUnavailableError
 
 log = logging.getLogger(__name__)
@@ -69,11 +69,8 @@ class TritonWatch:
         self._task = asyncio.create_task(self._run(), name="triton-watch")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
 
     async def probe(self) -> bool:
         """One readiness probe of Triton."""
