@@ -38,15 +38,15 @@ fuzz: setup
 	FUZZ_EXAMPLES=3400 $(BIN)/pytest tests/api/test_fuzz.py --timeout 3600
 
 demo: setup
-	$(BIN)/python -m loadgen.demo -o $(OUT)/demo
+	$(BIN)/python -m benchmarks.demo -o $(OUT)/demo
 	@echo "Longer runs and other GPUs, in the simulator (about 20 s): make compare"
 
 compare: setup
 	$(BIN)/python -m scheduler compare -o $(OUT)/compare
 
 bench: setup
-	$(BIN)/python -m loadgen.bench
-	$(BIN)/python -m loadgen.batchbench
+	$(BIN)/python -m benchmarks.bench
+	$(BIN)/python -m benchmarks.batchbench
 	$(BIN)/python -m scheduler bench
 
 monitor: setup $(PROMETHEUS)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scheduler.workload import parse_clients
+from scheduler.clients import parse_clients
 
 
 @dataclass(frozen=True)

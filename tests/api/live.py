@@ -14,7 +14,7 @@ from tritonclient.utils import InferenceServerException
 from api.config import GatewayConfig
 from api.embedded import SIMNET
 from api.server import SidecarServer
-from scheduler.simulate import profiled_tables
+from simulator.simulate import profiled_tables
 from time2clock.table import TableSet
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import httpx
 
-from api.adversary import descendants, tritonserver_pids
 from api.embedded import free_port
+from benchmarks.adversary import descendants, tritonserver_pids
 
 __all__ = ["descendants", "start_sidecar", "tritonserver_pids"]
 

@@ -16,7 +16,7 @@ from api.config import GatewayConfig, add_arguments, from_args
 from api.shadow import energy_per_inference_j
 from dvfs.readonly import DeviceWriteForbiddenError, ReadOnlyDevice
 from dvfs.simulated import SimulatedDevice
-from scheduler.simulate import profiled_tables
+from simulator.simulate import profiled_tables
 from tests.api.live import LiveSidecar, embedded_config, simnet_tables
 from tests.scheduler.helpers import make_table
 

@@ -11,7 +11,7 @@ import pytest
 from dvfs.profiles import CNN, get_profile
 from dvfs.simulated import SimulatedDevice
 from dvfs.timesource import VirtualTime
-from scheduler.simulate import SimConfig, profiled_tables, simulate
+from simulator.simulate import SimConfig, profiled_tables, simulate
 from tests.scheduler.helpers import CLOCKS, MODEL, make_model_table
 from time2clock.fit import fit_inverse_linear
 from time2clock.online import (

@@ -1,6 +1,6 @@
 """The online fit on RECORDED live completions.
 
-``python -m loadgen.recovery --busy-processes 8 --record data/recovery_samples.csv`` (2-core
+``python -m benchmarks.recovery --busy-processes 8 --record data/recovery_samples.csv`` (2-core
 machine) profiled ``simnet`` on the embedded stack (real Triton, simulated V100) once idle
 (``data/recovery_clean_table.json``) and once while 8 busy loops ran
 (``data/recovery_loaded_table.json``), then served ``make demo``'s load (40 req/s Poisson,
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from api.embedded import SIMNET
-from loadgen.recovery import read_samples
+from benchmarks.recovery import read_samples
 from tests.time2clock.test_online import V100_CLOCKS
 from time2clock.fit import trimmed_mean
 from time2clock.online import ExecutionSample, OnlineTables

@@ -1,4 +1,4 @@
-"""``python -m api.adversary``: the hardening figures, measured against a real sidecar.
+"""``python -m benchmarks.adversary``: the hardening figures, measured against a real sidecar.
 
 Starts ``python -m api serve`` (the embedded default) from a source tree (``--tree``, default
 this one, so an older checkout can be measured with the same command), attacks it as an
@@ -201,7 +201,7 @@ def frozen_sigterm(sc: Sidecar) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m api.adversary", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.adversary", description=__doc__)
     parser.add_argument("--tree", type=Path, default=Path.cwd(), help="source tree to run")
     parser.add_argument("serve_args", nargs="*", help="extra flags for python -m api serve")
     args = parser.parse_args(argv)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from dvfs.profiles import get_profile
-from scheduler.bestfixed import BEST_FIXED, STRIDE, best_fixed, run_fixed
-from scheduler.compare import DEFAULT_MIX, slo_models
-from scheduler.simulate import SimConfig, simulate
+from simulator.bestfixed import BEST_FIXED, STRIDE, best_fixed, run_fixed
+from simulator.compare import DEFAULT_MIX, slo_models
+from simulator.simulate import SimConfig, simulate
 
 CFG = SimConfig(
     gpu="v100", load=0.3, models=slo_models("v100", DEFAULT_MIX, 3.0), duration_s=6.0, seed=1

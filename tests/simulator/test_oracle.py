@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from dvfs.profiles import get_profile
-from scheduler.compare import DEFAULT_MIX, slo_models
-from scheduler.oracle import energy_hull, oracle_energy, taut_string
-from scheduler.simulate import SimConfig, simulate
+from simulator.compare import DEFAULT_MIX, slo_models
+from simulator.oracle import energy_hull, oracle_energy, taut_string
+from simulator.simulate import SimConfig, simulate
 
 
 @pytest.mark.parametrize("model", ["resnet50", "bert-large"])

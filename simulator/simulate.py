@@ -21,15 +21,15 @@ import numpy as np
 from dvfs.profiles import CNN, GpuProfile, ModelProfile, get_profile
 from dvfs.simulated import SimulatedDevice, shared_time_ms
 from dvfs.timesource import VirtualTime
+from scheduler.clients import ClientSpec
 from scheduler.core import Scheduler, SchedulerConfig
 from scheduler.feedback import FeedbackParams
-from scheduler.oracle import oracle_energy
 from scheduler.policies import SlackParams
 from scheduler.registry import make_policy
 from scheduler.request import Request
 from scheduler.view import ModelServing
-from scheduler.workload import (
-    ClientSpec,
+from simulator.oracle import oracle_energy
+from simulator.workload import (
     FloatArray,
     assign_clients,
     bursty_arrivals,

@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 
 from dvfs.profiles import CNN, TRANSFORMER, get_profile
-from scheduler.bestfixed import BEST_FIXED, best_fixed
 from scheduler.policies import SlackParams
-from scheduler.simulate import ModelMix, SimConfig, parse_models, simulate
+from simulator.bestfixed import BEST_FIXED, best_fixed
+from simulator.simulate import ModelMix, SimConfig, parse_models, simulate
 
 Row = dict[str, Any]
 
@@ -55,7 +55,7 @@ class Matrix:
     """GPUs × model mixes × loads × SLOs × seeds × policies, each cell on the same arrivals.
 
     ``best-fixed`` is a policy here: the best single clock in hindsight
-    (:mod:`scheduler.bestfixed`). A model's SLO is a multiple of its full batch's time at the
+    (:mod:`simulator.bestfixed`). A model's SLO is a multiple of its full batch's time at the
     top clock (what a request may take at full load with no queue); ``load`` is a fraction of
     the mix's capacity at the top clock in full batches.
     """

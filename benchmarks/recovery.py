@@ -1,6 +1,6 @@
 """How fast a badly profiled table heals under live traffic (issue 10's live "done when").
 
-``python -m loadgen.recovery`` profiles ``simnet`` twice on the embedded stack (real Triton,
+``python -m benchmarks.recovery`` profiles ``simnet`` twice on the embedded stack (real Triton,
 simulated V100): once on an idle machine (the clean table) and once while a busy loop runs on
 every core (the CPU-loaded table). It then sends ``make demo``'s load (40 req/s Poisson to
 ``simnet``, SLO 40 ms, the same seeded arrivals every run) through a fresh sidecar per run:
@@ -271,7 +271,7 @@ def summary(path: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m loadgen.recovery", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.recovery", description=__doc__)
     parser.add_argument("--policy", default=DEFAULT_POLICY, help="the policy under test")
     parser.add_argument("--gpu", default="v100", help="simulated GPU profile")
     parser.add_argument("--rate", type=float, default=40.0, help="requests per second (Poisson)")

@@ -28,8 +28,8 @@ import numpy as np
 
 from api.config import default_state_dir
 from api.embedded import EMULATED, INPUT_WIDTH, SIMBERT, SIMNET
+from benchmarks.bench import Run, measure, sidecar_process
 from dvfs.profiles import get_profile
-from loadgen.bench import Run, measure, sidecar_process
 from loadgen.classes import RequestClass
 from loadgen.engine import Recorder, Target, build_payloads, new_session, open_loop, schedule
 from loadgen.metrics import ClockSampler, energy_j, scrape
@@ -87,7 +87,7 @@ async def _policy_run(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m loadgen.batchbench", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.batchbench", description=__doc__)
     parser.add_argument("--models", default=f"{SIMNET},{SIMBERT}")
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--duration-s", type=float, default=5.0)

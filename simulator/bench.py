@@ -6,12 +6,12 @@ import time
 from dataclasses import dataclass
 
 from dvfs.profiles import CNN
-from scheduler.compare import DEFAULT_MIX, slo_models
 from scheduler.core import Scheduler, SchedulerConfig
 from scheduler.policies import SlackParams
 from scheduler.registry import POLICIES, make_policy
 from scheduler.request import Request
-from scheduler.simulate import SimConfig, profiled_tables, simulate
+from simulator.compare import DEFAULT_MIX, slo_models
+from simulator.simulate import SimConfig, profiled_tables, simulate
 
 
 @dataclass(frozen=True)

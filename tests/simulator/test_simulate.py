@@ -8,9 +8,10 @@ import pytest
 
 from dvfs.profiles import get_profile
 from scheduler.__main__ import main
-from scheduler.compare import DEFAULT_MIX, slo_models
-from scheduler.simulate import SimConfig, simulate
-from scheduler.workload import ClientSpec, bursty_arrivals, parse_clients, trace_arrivals
+from scheduler.clients import ClientSpec, parse_clients
+from simulator.compare import DEFAULT_MIX, slo_models
+from simulator.simulate import SimConfig, simulate
+from simulator.workload import bursty_arrivals, trace_arrivals
 
 NICE_MIX = parse_clients("a:nice=-5,share=0.34;b:nice=0,share=0.33;c:nice=5,share=0.33")
 

@@ -21,8 +21,8 @@ from rich.table import Table
 
 from api.config import GatewayConfig
 from api.embedded import SIMNET
+from benchmarks.live import PolicyRun, compare_live, plot, write_csv
 from dvfs.__main__ import PIPE_WIDTH
-from loadgen.live import PolicyRun, compare_live, plot, write_csv
 
 
 def table(runs: list[PolicyRun]) -> Table:
@@ -63,7 +63,7 @@ def table(runs: list[PolicyRun]) -> Table:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m loadgen.demo", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.demo", description=__doc__)
     parser.add_argument("--gpu", default="v100", help="simulated GPU profile")
     parser.add_argument("--rate", type=float, default=40.0, help="requests per second (Poisson)")
     parser.add_argument("--duration-s", type=float, default=20.0, help="per policy")

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dvfs.profiles import GpuProfile
-from scheduler.workload import FloatArray
+from simulator.workload import FloatArray
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,354 @@
+"""The simulator's commands: ``simulate | compare | tune | bench``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from dvfs.__main__ import PIPE_WIDTH
+from scheduler.clients import ClientSpec, parse_clients
+from scheduler.registry import DEFAULT_POLICY, POLICIES
+from simulator.bestfixed import BEST_FIXED, best_fixed
+from simulator.compare import (
+    DEFAULT_MIX,
+    Matrix,
+    against_best_fixed,
+    plot,
+    run_all,
+    tabulate,
+    tune,
+    write_csv,
+)
+from simulator.simulate import SimConfig, parse_models, simulate
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated numbers, got {text!r}"
+        ) from None
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated whole numbers, got {text!r}"
+        ) from None
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def _progress(console: Console) -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=console,
+    )
+
+
+def _cmd_simulate(args: argparse.Namespace, console: Console) -> int:
+    clients = tuple(parse_clients(args.clients)) if args.clients else (ClientSpec("default"),)
+    cfg = SimConfig(
+        gpu=args.gpu, policy=args.policy, slo_ms=args.slo_ms, duration_s=args.duration_s,
+        seed=args.seed, load=args.load, rate_rps=args.rate, arrival=args.arrival,
+        trace=args.trace, clients=clients, models=parse_models(args.models),
+        instances=args.instances, max_inflight=args.max_inflight, max_queue=args.max_queue,
+    )  # fmt: skip
+    if args.slo_ms <= 0 or args.duration_s <= 0:
+        raise ValueError("--slo-ms and --duration-s must be > 0")
+    # best-fixed: the best single clock in hindsight on these arrivals (several runs).
+    out = best_fixed(cfg) if args.policy == BEST_FIXED else simulate(cfg).to_json()
+    if not args.json or sys.stdout.isatty():
+        view = Table(
+            title=f"{out['policy']} on {out['gpu']}, {out['rate_rps']:.0f} req/s, "
+            f"SLO {out['slo_ms']:g} ms, {out['duration_s']:g} s, seed {out['seed']}"
+        )
+        for col in (
+            "requests",
+            "completed",
+            "rejected",
+            "J/inference",
+            "oracle J/inf",
+            "p50 ms",
+            "p99 ms",
+            "SLO met",
+            "mean batch",
+            "mean MHz",
+            "clock changes",
+        ):
+            view.add_column(col, justify="right")
+        oracle = (out["oracle_energy_j"] or math.nan) / max(1, out["completed"])
+        view.add_row(
+            str(out["requests"]),
+            str(out["completed"]),
+            str(out["rejected"]),
+            f"{out['energy_per_inference_j']:.3f}",
+            f"{oracle:.3f}",
+            f"{out['p50_ms']:.1f}",
+            f"{out['p99_ms']:.1f}",
+            f"{out['slo_attainment']:.2%}",
+            f"{out['mean_batch']:.1f}",
+            f"{out['mean_clock_mhz']:.0f}",
+            str(out["clock_changes"]),
+        )
+        console.print(view)
+        if len(out["models"]) > 1:
+            per_model = Table(title="per model")
+            for col in ("model", "completed", "SLO ms", "p99 ms", "SLO met"):
+                per_model.add_column(col, justify="right")
+            for name, m in out["models"].items():
+                per_model.add_row(
+                    name,
+                    str(m["completed"]),
+                    f"{m['slo_ms']:g}",
+                    f"{m['p99_ms']:.1f}",
+                    f"{m['slo_attainment']:.2%}",
+                )
+            console.print(per_model)
+        if len(out["clients"]) > 1:
+            per = Table(title="per client")
+            for col in ("client", "completed", "rejected", "p99 ms", "SLO met", "GPU time s"):
+                per.add_column(col, justify="right")
+            for name, c in out["clients"].items():
+                per.add_row(
+                    name,
+                    str(c["completed"]),
+                    str(c["rejected"]),
+                    f"{c['p99_ms']:.1f}",
+                    f"{c['slo_attainment']:.2%}",
+                    f"{c['service_ms'] / 1000:.2f}",
+                )
+            console.print(per)
+    if args.json:
+        print(json.dumps(out))
+    return 0
+
+
+def _matrix(args: argparse.Namespace, **extra: object) -> Matrix:
+    """The matrix the shared ``compare``/``tune`` options describe."""
+    return Matrix(
+        gpus=args.gpus,
+        mixes=args.mixes,
+        loads=args.loads,
+        slo_multipliers=args.slo_multipliers,
+        duration_s=args.duration_s,
+        **extra,  # type: ignore[arg-type]
+    )
+
+
+def _cmd_compare(args: argparse.Namespace, console: Console) -> int:
+    matrix = _matrix(args, policies=args.policies, seeds=args.seeds)
+    configs = matrix.configs()
+    with _progress(console) as bar:
+        task = bar.add_task("simulating", total=len(configs))
+        rows = tabulate(run_all(configs, jobs=args.jobs, progress=lambda n: bar.advance(task, n)))
+    view = Table(
+        title=f"policy comparison ({args.duration_s:g} s per run, seeds "
+        f"{','.join(map(str, args.seeds))}); ratios are energy per inference"
+    )
+    for col in (
+        "GPU",
+        "mix",
+        "load",
+        "SLO ×",
+        "seed",
+        "policy",
+        "J/inf",
+        "vs max",
+        "vs best-fixed",
+        "vs oracle",
+        "vs clairv.",
+        "p99 ms",
+        "p99/SLO",
+        "SLO met",
+        "MHz",
+    ):
+        view.add_column(col, justify="right")
+    for r in rows:
+        miss = r["p99_over_slo"] > 1
+        view.add_row(
+            r["gpu"],
+            r["mix"],
+            f"{r['load']:g}",
+            f"{r['slo_mult']:g}",
+            str(r["seed"]),
+            r["policy"],
+            f"{r['energy_per_inference_j']:.3f}",
+            f"{r['vs_max']:.2f}",
+            f"{r['vs_best_fixed']:.2f}",
+            f"{r['vs_oracle']:.2f}",
+            f"{r['vs_clairvoyant']:.2f}",
+            f"{r['p99_ms']:.1f}",
+            f"[red]{r['p99_over_slo']:.2f}[/red]" if miss else f"{r['p99_over_slo']:.2f}",
+            f"{r['slo_attainment']:.1%}",
+            f"{r['mean_clock_mhz']:.0f}",
+        )
+    console.print(view)
+    if BEST_FIXED in args.policies:
+        summary = Table(title="against the best single clock, where it meets the p99 SLO")
+        for col in ("policy", "cells", "meets p99", "≤ best-fixed J", "both", "mean vs best-fixed"):
+            summary.add_column(col, justify="right")
+        for s in against_best_fixed(rows):
+            summary.add_row(
+                s["policy"],
+                str(s["cells"]),
+                str(s["meets"]),
+                str(s["cheaper"]),
+                str(s["both"]),
+                f"{s['mean_vs_best_fixed']:.3f}",
+            )
+        console.print(summary)
+    out = Path(args.out_dir)
+    write_csv(rows, out / "compare.csv")
+    plot(rows, out / "compare.png")
+    console.print(f"wrote {out / 'compare.csv'} and {out / 'compare.png'}")
+    return 0
+
+
+def _cmd_tune(args: argparse.Namespace, console: Console) -> int:
+    matrix = _matrix(args)
+    total = len(args.seeds) * len(matrix.configs()) // len(matrix.policies) * (1 + len(args.values))
+    with _progress(console) as bar:
+        task = bar.add_task(f"tuning {args.param}", total=total)
+        rows = tune(
+            matrix,
+            args.param,
+            args.values,
+            args.seeds,
+            jobs=args.jobs,
+            progress=lambda n: bar.advance(task, n),
+        )
+    view = Table(title=f"slack {args.param}: cells (× seeds) where max meets its p99 SLO")
+    for col in ("value", "cells", "slack misses", "energy vs max"):
+        view.add_column(col, justify="right")
+    for r in rows:
+        view.add_row(
+            f"{r['value']:g}", str(r["eligible"]), str(r["misses"]), f"{r['energy_vs_max']:.3f}"
+        )
+    console.print(view)
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace, console: Console) -> int:
+    from simulator.bench import run
+
+    for line in run():
+        print(line)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m scheduler", description=__doc__)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+
+    p = sub.add_parser("simulate", help="one simulated run")
+    p.add_argument("--gpu", default="v100")
+    p.add_argument(
+        "--policy",
+        default=DEFAULT_POLICY,
+        help=", ".join(POLICIES) + f", fixed:MHZ, {BEST_FIXED} (best single clock in hindsight)",
+    )
+    p.add_argument(
+        "--models",
+        default="resnet50",
+        help="model mix, name:share[:slo_ms],... (resnet50, bert-large); default resnet50",
+    )
+    p.add_argument("--instances", type=int, default=2, help="Triton instances per model (2)")
+    rate = p.add_mutually_exclusive_group()
+    rate.add_argument(
+        "--load",
+        type=float,
+        default=None,
+        help="fraction of the mix's capacity at the top clock in full batches (default 0.5)",
+    )
+    rate.add_argument("--rate", type=float, default=None, help="requests per second")
+    p.add_argument("--arrival", choices=("poisson", "bursty", "trace"), default="poisson")
+    p.add_argument("--trace", type=Path, default=None, help="arrival times, seconds, one per line")
+    p.add_argument("--slo-ms", type=float, default=100.0, help="SLO of models that name none")
+    p.add_argument("--duration-s", type=float, default=30.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--clients",
+        default=None,
+        help='e.g. "a:nice=-5,share=0.33;b:nice=0,share=0.33;c:priority=1,slo_ms=80"',
+    )
+    p.add_argument("--max-inflight", type=int, default=256, help="a cap on requests at Triton")
+    p.add_argument("--max-queue", type=int, default=1000)
+    p.add_argument("--json", action="store_true", help="print the result as one JSON line last")
+    p.set_defaults(run=_cmd_simulate)
+
+    for name, helptext in (
+        ("compare", "the policy matrix: table, CSV and plot"),
+        ("tune", "sweep one slack parameter over the matrix and seeds"),
+    ):
+        p = sub.add_parser(name, help=helptext)
+        p.add_argument("--gpus", type=_names, default=("v100", "rtx3090", "titanrtx"))
+        p.add_argument(
+            "--mixes",
+            type=lambda t: tuple(x.strip() for x in t.split(";") if x.strip()),
+            default=(DEFAULT_MIX,),
+            help=f"model mixes separated by ';' (default {DEFAULT_MIX})",
+        )
+        p.add_argument("--loads", type=_floats, default=(0.3, 0.6, 0.9))
+        p.add_argument(
+            "--slo-multipliers",
+            type=_floats,
+            default=(2.0, 3.0, 5.0),
+            help="each model's SLO as a multiple of its full batch's time at the top clock",
+        )
+        p.add_argument("--duration-s", type=float, default=30.0)
+        p.add_argument("--jobs", type=int, default=None, help="processes (default: all cores)")
+        if name == "compare":
+            p.add_argument(
+                "--policies",
+                type=_names,
+                default=Matrix.policies,
+                help=f"any of {', '.join(POLICIES)}, fixed:MHZ, {BEST_FIXED}",
+            )
+            p.add_argument("--seeds", type=_ints, default=(0,), help="e.g. 0,1,2,3,4")
+            p.add_argument("-o", "--out-dir", default="out/compare")
+            p.set_defaults(run=_cmd_compare)
+        else:
+            p.add_argument(
+                "--param", required=True, help="a SlackParams field, e.g. arrival_quantile"
+            )
+            p.add_argument("--values", type=_floats, required=True)
+            p.add_argument("--seeds", type=_ints, default=(0, 1, 2))
+            p.set_defaults(run=_cmd_tune)
+
+    p = sub.add_parser("bench", help="the core's cost per decision and the simulator's speed")
+    p.set_defaults(run=_cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.cmd == "simulate" and args.load is None and args.rate is None:
+        args.load = 0.5
+    to_stderr = bool(getattr(args, "json", False))
+    stream = sys.stderr if to_stderr else sys.stdout
+    console = Console(stderr=to_stderr, width=None if stream.isatty() else PIPE_WIDTH)
+    try:
+        return int(args.run(args, console))
+    except (ValueError, KeyError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
