@@ -33,6 +33,19 @@ points for free, idle power at the lowest clock, and the mean service time (with
 times the bound holds in expectation). Where even the fastest point cannot meet the deadlines,
 that stretch is charged at the fastest point's energy per request and marked infeasible.
 
+The batch-window bound. The string lets any instant run a full batch, even when one request is
+waiting: at low load it prices every request at a full batch's energy, which no schedule can
+form. A second bound counts what batches can be formed. At any instant the requests of a model
+running on the GPU (its batches on every instance together, which run as one batch of their
+combined size would) have all arrived and, in a schedule that meets every deadline, are not yet
+due: there are at most ``L(τ)``, the model's requests live at ``τ`` (arrived, deadline not
+passed). Request ``i`` runs inside ``[a_i, d_i]``, so always in an execution of at most
+``L_i = max L(τ)`` over that window, and each unit of its work costs at least
+``c(L_i) = min over f and b ≤ L_i of (P(f, b) − P_idle_min)·t(f, b)/b`` above the idle floor
+(time-shared models draw their own power in turn, as above). Hence the busy energy is at least
+``Σ work_i · c(L_i)``. Both bounds hold for every model; each model's busy bound is the larger of
+the two, and the oracle is ``P_idle_min · duration`` plus their sum.
+
 The clairvoyant bound. Given ``work`` (each request's actual work: the service time it drew
 over the mean, as the simulator records it), the arrival and deadline curves count work, not
 requests: a request that drew twice the mean time counts twice. That bound knows each request's
@@ -59,6 +72,8 @@ class OracleResult:
     busy_energy_j: float
     infeasible_requests: float
     segments: int
+    string_busy_j: float = 0.0  # the taut string's busy bound, every model together
+    window_busy_j: float = 0.0  # the batch-window bound's
 
 
 def energy_hull(profile: GpuProfile, model: str | None = None) -> tuple[FloatArray, FloatArray]:
@@ -148,6 +163,72 @@ def taut_string(
     return segments
 
 
+def live_batch_limits(arrivals_s: FloatArray, deadlines_s: FloatArray) -> FloatArray:
+    """``L_i`` for each request: the most requests live at once (arrived, not yet due) at any
+    moment between its arrival and its deadline, itself included."""
+    n = len(arrivals_s)
+    if n == 0:
+        return np.zeros(0)
+    times = np.concatenate((deadlines_s, arrivals_s))
+    steps = np.concatenate((-np.ones(n), np.ones(n)))
+    order = np.lexsort((steps, times))  # at equal times, deadlines first: due is not live
+    live = np.cumsum(steps[order])  # requests live just after each event
+    when = times[order]
+    lo = np.searchsorted(when, arrivals_s, side="left")
+    hi = np.searchsorted(when, deadlines_s, side="left")  # events in [a_i, d_i)
+    # Range maxima over [lo, hi) from a sparse table: table[k][j] = max of live[j : j + 2^k].
+    table = [live]
+    while (1 << len(table)) <= len(live):
+        prev, half = table[-1], 1 << (len(table) - 1)
+        table.append(np.maximum(prev[:-half], prev[half:]))
+    span = np.maximum(hi - lo, 1)
+    k = np.floor(np.log2(span)).astype(int)
+    out = np.empty(n)
+    for level in np.unique(k):
+        sel = k == level
+        row = table[level]
+        left = lo[sel]
+        right = np.minimum(hi[sel] - (1 << level), len(row) - 1)
+        out[sel] = np.maximum(row[np.minimum(left, len(row) - 1)], row[np.maximum(right, 0)])
+    return np.maximum(out, 1.0)
+
+
+def batch_costs_j(profile: GpuProfile, model: str | None = None) -> FloatArray:
+    """``c(L)`` for ``L = 0..max_batch``: the least busy energy above the idle floor per
+    request of any execution of at most ``L`` requests, at any clock (``c(0)`` unused)."""
+    idle = profile.idle_power_w(profile.min_clock_mhz)
+    m = profile.model(model)
+    per_batch = np.array(
+        [
+            min(
+                (m.busy_power_w(f, b) - idle) * m.mean_latency_ms(f, b) / 1000.0 / b
+                for f in profile.clocks_mhz
+            )
+            for b in range(1, m.max_batch + 1)
+        ]
+    )
+    cumulative: FloatArray = np.concatenate(([np.inf], np.minimum.accumulate(per_batch)))
+    return cumulative
+
+
+def window_bound_j(
+    profile: GpuProfile,
+    arrivals_s: FloatArray,
+    deadlines_s: FloatArray,
+    model: str | None = None,
+    work: FloatArray | None = None,
+) -> float:
+    """The batch-window bound on one model's busy energy above the idle floor (see the module
+    docstring)."""
+    if len(arrivals_s) == 0:
+        return 0.0
+    costs = batch_costs_j(profile, model)
+    limits = live_batch_limits(arrivals_s, deadlines_s)
+    capped = np.minimum(limits, len(costs) - 1).astype(int)
+    weights = np.ones(len(arrivals_s)) if work is None else np.asarray(work, dtype=float)
+    return float(np.sum(weights * costs[capped]))
+
+
 def oracle_energy(
     profile: GpuProfile,
     arrivals_s: FloatArray,
@@ -163,27 +244,33 @@ def oracle_energy(
     """
     names = np.asarray(models if models is not None else [None] * len(arrivals_s), dtype=object)
     idle_j = profile.idle_power_w(profile.min_clock_mhz) * duration_s
-    busy_j, infeasible, count = 0.0, 0.0, 0
+    busy_j, string_j, window_j, infeasible, count = 0.0, 0.0, 0.0, 0.0, 0
     for model in dict.fromkeys(names.tolist()):
         mine = names == model
         xs, ys = energy_hull(profile, model)
         sigma_max = float(xs[-1])
-        segments = taut_string(
-            arrivals_s[mine], deadlines_s[mine], None if work is None else work[mine]
-        )
+        weights = None if work is None else work[mine]
+        segments = taut_string(arrivals_s[mine], deadlines_s[mine], weights)
         count += len(segments)
+        string = 0.0
         for t0, t1, done in segments:
             dt = t1 - t0
             speed = done / dt if dt > 0 else np.inf
             if speed <= sigma_max:
-                busy_j += float(np.interp(speed, xs, ys)) * dt
+                string += float(np.interp(speed, xs, ys)) * dt
             else:
-                busy_j += float(ys[-1]) / sigma_max * done
+                string += float(ys[-1]) / sigma_max * done
                 infeasible += done
+        window = window_bound_j(profile, arrivals_s[mine], deadlines_s[mine], model, weights)
+        string_j += string
+        window_j += window
+        busy_j += max(string, window)
     return OracleResult(
         energy_j=idle_j + busy_j,
         idle_energy_j=idle_j,
         busy_energy_j=busy_j,
         infeasible_requests=infeasible,
         segments=count,
+        string_busy_j=string_j,
+        window_busy_j=window_j,
     )

@@ -11,7 +11,7 @@ import heapq
 import math
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -30,9 +30,11 @@ from scheduler.request import Request
 from scheduler.view import ModelServing
 from simulator.oracle import oracle_energy
 from simulator.workload import (
+    DayCycle,
     FloatArray,
     assign_clients,
     bursty_arrivals,
+    day_arrivals,
     poisson_arrivals,
     trace_arrivals,
 )
@@ -81,8 +83,10 @@ def parse_models(spec: str) -> tuple[ModelMix, ...]:
 class SimConfig:
     """One simulation run.
 
-    ``load`` is a fraction of the GPU's capacity at its top clock with full batches, for the
-    model mix given (see :func:`mix_capacity_rps`). Triton runs each model with ``instances``
+    ``load`` is a fraction of what the top clock holds for this mix, its SLOs and its Triton
+    setup (:func:`top_clock_capacity_rps`, unless ``capacity_rps`` gives it); ``rate_rps``
+    sets the rate instead. For ``arrival="day"`` either is the highest rate the day reaches
+    (:class:`simulator.workload.DayCycle`). Triton runs each model with ``instances``
     instances and its dynamic batcher (largest batch: the model's, ``batcher_delay_ms`` of
     waiting for a fuller one); ``max_inflight`` caps what the sidecar keeps at Triton.
     """
@@ -94,7 +98,9 @@ class SimConfig:
     seed: int = 0
     load: float | None = 0.5
     rate_rps: float | None = None
-    arrival: str = "poisson"  # poisson | bursty | trace
+    capacity_rps: float | None = None  # what ``load`` is a fraction of (None: measured)
+    arrival: str = "poisson"  # poisson | bursty | day | trace
+    day: DayCycle = field(default_factory=DayCycle)
     trace: Path | None = None
     clients: tuple[ClientSpec, ...] = (ClientSpec("default"),)
     models: tuple[ModelMix, ...] = (ModelMix(CNN),)
@@ -110,19 +116,81 @@ class SimConfig:
     feedback: FeedbackParams = field(default_factory=FeedbackParams)
     learn: bool = False  # refit the tables online from what the run measures
 
-    def rate(self, profile: GpuProfile) -> float:
+    def rate(self) -> float:
+        """Requests per second: the Poisson rate, or the highest rate of a day."""
         if self.rate_rps is not None:
             return self.rate_rps
         assert self.load is not None
-        return self.load * mix_capacity_rps(profile, self.models)
+        capacity = self.capacity_rps or top_clock_capacity_rps(self)
+        return self.load * capacity
 
     def model_slo_ms(self, mix: ModelMix) -> float:
         return mix.slo_ms if mix.slo_ms is not None else self.slo_ms
 
 
 def mix_capacity_rps(profile: GpuProfile, models: Sequence[ModelMix]) -> float:
-    """Requests per second the GPU sustains at its top clock in full batches, for this mix."""
+    """Requests per second the GPU would sustain at its top clock if every execution were a
+    full batch, for this mix: an upper bound that Triton's batcher reaches only when queues
+    are long (a bound, not what ``load`` counts; see :func:`top_clock_capacity_rps`)."""
     return 1.0 / sum(m.share / profile.model(m.name).capacity_rps() for m in models)
+
+
+CAPACITY_DURATION_S = 20.0
+CAPACITY_STEPS = 8
+
+
+def top_clock_capacity_rps(cfg: SimConfig) -> float:
+    """The highest Poisson rate at which the top clock (``max``) keeps every model's p99 within
+    its SLO: what ``load`` 1 means.
+
+    Measured as perf_analyzer measures a server's throughput under a latency limit: the same
+    mix, SLOs, clients and Triton setup, Poisson arrivals for ``CAPACITY_DURATION_S`` (seed
+    0), bisected over the rate (``CAPACITY_STEPS`` runs, to 1/256 of the full-batch bound
+    :func:`mix_capacity_rps`). Counting capacity in full batches instead overstates it: at
+    moderate load Triton's batcher forms batches of a few requests and the models time-share
+    the GPU in small executions, so "0.9 of full-batch capacity" overloads the GPU at any
+    clock. Cached per process.
+    """
+    key = replace(
+        cfg,
+        policy="max",
+        load=None,
+        rate_rps=None,
+        capacity_rps=None,
+        arrival="poisson",
+        trace=None,
+        day=DayCycle(),
+        seed=0,
+        duration_s=CAPACITY_DURATION_S,
+        with_oracle=False,
+        learn=False,
+        slack=SlackParams(),
+        feedback=FeedbackParams(),
+        slo_multiplier=None,
+    )
+    return _capacity(key)
+
+
+@lru_cache(maxsize=256)
+def _capacity(key: SimConfig) -> float:
+    bound = mix_capacity_rps(get_profile(key.gpu), key.models)
+
+    def meets(rate: float) -> bool:
+        return bool(simulate(replace(key, rate_rps=rate)).p99_over_slo() <= 1.0)
+
+    lo, hi = 0.0, bound  # lo meets the SLO (trivially at 0), hi is at or past the knee
+    for _ in range(CAPACITY_STEPS):
+        mid = (lo + hi) / 2
+        if meets(mid):
+            lo = mid
+        else:
+            hi = mid
+    if lo == 0.0:
+        raise ValueError(
+            f"the top clock of {key.gpu} misses these SLOs even at {hi:.2f} req/s: "
+            "give the rate (--rate) instead of a load"
+        )
+    return lo
 
 
 PROFILE_BATCHES = (1, 2, 4, 8, 16, 32)
@@ -214,7 +282,8 @@ class SimResult:
             "slo_ms": c.slo_ms,
             "slo_mult": c.slo_multiplier,
             "load": c.load if c.rate_rps is None else None,
-            "rate_rps": c.rate(get_profile(c.gpu)),
+            "rate_rps": c.rate(),
+            "arrival": c.arrival if c.arrival != "day" else f"day:{c.day.shape}",
             "seed": c.seed,
             "duration_s": c.duration_s,
             "requests": self.requests,
@@ -361,17 +430,22 @@ class _Triton:
         return run
 
 
-def _arrivals(cfg: SimConfig, profile: GpuProfile, rng: np.random.Generator) -> FloatArray:
+ARRIVALS = ("poisson", "bursty", "day", "trace")
+
+
+def _arrivals(cfg: SimConfig, rng: np.random.Generator) -> FloatArray:
     if cfg.arrival == "trace":
         if cfg.trace is None:
             raise ValueError("arrival 'trace' needs a trace file")
         return trace_arrivals(cfg.trace)
-    rate = cfg.rate(profile)
+    if cfg.arrival not in ARRIVALS:
+        raise ValueError(f"unknown arrival process {cfg.arrival!r}; known: {', '.join(ARRIVALS)}")
+    rate = cfg.rate()
     if cfg.arrival == "bursty":
         return bursty_arrivals(rate, cfg.duration_s, rng)
-    if cfg.arrival == "poisson":
-        return poisson_arrivals(rate, cfg.duration_s, rng)
-    raise ValueError(f"unknown arrival process {cfg.arrival!r}; known: poisson, bursty, trace")
+    if cfg.arrival == "day":
+        return day_arrivals(rate, cfg.duration_s, cfg.day, rng)
+    return poisson_arrivals(rate, cfg.duration_s, rng)
 
 
 def simulate(
@@ -385,7 +459,7 @@ def simulate(
         np.random.default_rng(s) for s in rng.integers(0, 2**63, 3)
     )
     model_rng = np.random.default_rng(int(rng.integers(0, 2**63)))
-    arrivals = _arrivals(cfg, profile, arrival_rng)
+    arrivals = _arrivals(cfg, arrival_rng)
     who = assign_clients(len(arrivals), list(cfg.clients), client_rng)
     which = model_rng.choice(len(cfg.models), size=len(arrivals), p=[m.share for m in cfg.models])
     client_slos = [c.slo_ms for c in cfg.clients]

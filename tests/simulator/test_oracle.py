@@ -5,7 +5,14 @@ import pytest
 
 from dvfs.profiles import get_profile
 from simulator.compare import DEFAULT_MIX, slo_models
-from simulator.oracle import energy_hull, oracle_energy, taut_string
+from simulator.oracle import (
+    batch_costs_j,
+    energy_hull,
+    live_batch_limits,
+    oracle_energy,
+    taut_string,
+    window_bound_j,
+)
 from simulator.simulate import SimConfig, simulate
 
 
@@ -50,8 +57,46 @@ def test_oracle_energy_of_one_request_by_hand() -> None:
     res = oracle_energy(p, np.array([0.0]), np.array([0.5]), duration_s=1.0)
     xs, ys = energy_hull(p)
     idle = p.idle_power_w(p.min_clock_mhz)
-    assert res.energy_j == pytest.approx(idle * 1.0 + np.interp(2.0, xs, ys) * 0.5)
+    string = np.interp(2.0, xs, ys) * 0.5  # 2 requests/s for half a second, as fluid work
+    m = p.model()
+    alone = min(  # but alone, it runs in a batch of one: at its best clock
+        (m.busy_power_w(f, 1) - idle) * m.mean_latency_ms(f, 1) / 1000.0 for f in p.clocks_mhz
+    )
+    assert alone > string
+    assert res.string_busy_j == pytest.approx(string)
+    assert res.window_busy_j == pytest.approx(alone)
+    assert res.energy_j == pytest.approx(idle * 1.0 + alone)
     assert res.infeasible_requests == 0
+
+
+def test_live_batch_limits_by_hand() -> None:
+    # 0: [0, 1); 1: [0.5, 1.5); 2: [1, 2) (the first is due when the third arrives: not both).
+    arrivals, deadlines = np.array([0.0, 0.5, 1.0]), np.array([1.0, 1.5, 2.0])
+    assert list(live_batch_limits(arrivals, deadlines)) == [2.0, 2.0, 2.0]
+    # Ten at once, then one alone much later.
+    arrivals = np.concatenate((np.zeros(10), [5.0]))
+    assert list(live_batch_limits(arrivals, arrivals + 0.1)) == [10.0] * 10 + [1.0]
+
+
+def test_batch_window_bound_prices_each_request_at_the_batch_it_could_join() -> None:
+    p = get_profile("v100")
+    costs = batch_costs_j(p)
+    assert np.all(np.diff(costs[1:]) <= 0)  # a bigger batch never costs more per request
+    assert costs[32] < 0.5 * costs[1]
+    arrivals = np.concatenate((np.zeros(32), [5.0]))
+    bound = window_bound_j(p, arrivals, arrivals + 0.5)
+    assert bound == pytest.approx(32 * costs[32] + costs[1])
+    # Steady low load, tight deadlines: the bound stays below what a run spends.
+    r = simulate(
+        SimConfig(
+            gpu="v100",
+            policy="max",
+            rate_rps=20.0,
+            models=slo_models("v100", "resnet50", 0.5),
+            duration_s=10.0,
+        )
+    )
+    assert r.oracle_energy_j is not None and r.oracle_energy_j < r.energy_j
 
 
 def test_oracle_marks_impossible_deadlines() -> None:
