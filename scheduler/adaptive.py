@@ -1,24 +1,52 @@
-"""``adaptive``: ``slack``'s plan, with the tail measured and the margins moved to hold it.
+"""``adaptive``: ``slack``'s plan over a base clock learned from the measured tail, an energy floor
+for the batches the load forms, and a deep clock while the GPU is idle.
 
-Everything ``slack`` does stays (every request's deadline in dispatch order, batches, phantom
-arrivals, the tail margin, hysteresis, batch holds); what changes is the deadline it aims at.
-Each SLO class (model, SLO) has a :class:`scheduler.feedback.TailController` that measures the
-class's ``latency / SLO`` over a sliding window and scales the class's deadlines to hold its
-attainment at the target (99% by default: a request that names an SLO expects its p99 under
-it). The scale is shared by the class's queued, in-flight and phantom requests.
+Three clocks, one for each thing the GPU does:
+
+* **Busy: a base clock learned from the tail.** Each SLO class (model, SLO) has a
+  :class:`scheduler.feedback.TailController` that holds the class's p99 of ``latency / SLO``
+  at 0.95 by moving the class's base speed: a near miss speeds it up at once, completions with
+  room slow it down a little each. The base clock of a model is the fastest its classes ask
+  for. It is what an operator who locks the best single clock in hindsight does, found online
+  and followed as the load moves.
+* **Queues: the plan.** Above the base, ``slack``'s plan raises the clock at once when the
+  requests queued and at Triton need it (every request's deadline, in dispatch order, batches
+  and the time already done), on the mean times of the table (the controller measures the
+  tail; a margin on top would count it twice) and with no phantom arrivals (the base carries
+  the load to come).
+* **Never below the energy floor**: the clock with the least energy per request **above the
+  idle power** for the batch the load forms there (``max(1, λ·t(f, b))`` requests per
+  execution at the measured arrival rate ``λ``, solved at every clock). A slower clock that
+  forms bigger batches costs less per request; one that only stretches a lone request costs
+  more. The controller's level never sinks below the floor (no wind-up).
+* **Idle: deep.** When nothing is queued or at Triton the clock drops at once to the lowest
+  clock from which the next request, arriving now, loses at most ``idle_depth`` (a fifth) of
+  the tightest SLO to the clock change (it runs at the idle clock until the raise lands). An
+  idle GPU locked high draws more than one locked low; the base clock is back at the next
+  arrival.
+
+The knobs are :class:`scheduler.feedback.FeedbackParams`; ``docs/policy.md`` shows what each
+part is worth on the simulator's matrices.
 """
 
 from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from dataclasses import replace
+
+import numpy as np
+import numpy.typing as npt
 
 from scheduler.feedback import FeedbackParams, TailController
 from scheduler.policies import ModelPlan, SlackParams, SlackPolicy
 from scheduler.view import QueuedRequest, SchedulerView
+from time2clock.table import ModelTable
 
 MAX_CLASSES = 64  # SLO classes tracked at once (clients choose SLOs: the oldest is forgotten)
-TIGHTER = 0.9  # a new table whose plan needs less than this share of the old one's: re-earn room
+TIGHTER = 0.9  # a new table whose plan needs less than this share of the old one's: re-judge
+RATE_STEP = 0.1  # the energy floor is found again when the arrival rate moved by this share
+FloatArray = npt.NDArray[np.float64]
 
 
 def slo_class(model: str, slo_ms: float) -> tuple[str, float]:
@@ -36,8 +64,63 @@ def _finite(x: float) -> float | None:
     return round(x, 4) if math.isfinite(x) else None
 
 
+class EnergyModel:
+    """One model's measured energy per request at every (batch, clock), from its table, and the
+    floor it gives for an arrival rate."""
+
+    def __init__(self, table: ModelTable, plan: ModelPlan, clocks_mhz: list[int]) -> None:
+        self.times_ms = plan.times_ms  # row b: one execution of b requests, ms per clock
+        self.max_batch = plan.max_batch
+        tabulated = [b for b in table.batches if b <= plan.max_batch] or [1]
+        rows = []
+        for b in tabulated:
+            energies = [table.energy_per_inference_j(c, b) for c in clocks_mhz]
+            if any(e is None for e in energies):
+                self.known = False
+                return
+            rows.append([b * float(e) for e in energies if e is not None])  # per execution
+        self.known = True
+        per_execution = np.array(rows)
+        # Energy of one execution of b requests, interpolated between the batches profiled.
+        columns = range(len(clocks_mhz))
+        self.execution_j: FloatArray = np.vstack(
+            [np.zeros(len(clocks_mhz))]
+            + [
+                np.array([np.interp(b, tabulated, per_execution[:, i]) for i in columns])
+                for b in range(1, plan.max_batch + 1)
+            ]
+        )
+
+    def batch_at(self, rate_rps: float) -> FloatArray:
+        """The batch a Poisson load of ``rate_rps`` forms at each clock: ``b = max(1, λ·t(f, b))``
+        (what arrives during one execution runs in the next), at most the largest batch."""
+        batch = np.ones(self.times_ms.shape[1])
+        for _ in range(8):
+            lo = np.clip(np.floor(batch).astype(int), 1, self.max_batch)
+            hi = np.minimum(lo + 1, self.max_batch)
+            cols = np.arange(len(batch))
+            frac = batch - lo
+            t = (1 - frac) * self.times_ms[lo, cols] + frac * self.times_ms[hi, cols]
+            batch = np.clip(rate_rps * t / 1000.0, 1.0, float(self.max_batch))
+        return batch
+
+    def floor_index(self, rate_rps: float, idle_power_w: float) -> int:
+        """The clock (index) with the least energy per request above ``idle_power_w``, at the
+        batch ``rate_rps`` forms there."""
+        batch = self.batch_at(rate_rps)
+        cols = np.arange(len(batch))
+        lo = np.floor(batch).astype(int)
+        hi = np.minimum(lo + 1, self.max_batch)
+        frac = batch - lo
+        energy = (1 - frac) * self.execution_j[lo, cols] + frac * self.execution_j[hi, cols]
+        time_s = ((1 - frac) * self.times_ms[lo, cols] + frac * self.times_ms[hi, cols]) / 1000.0
+        above = (energy - idle_power_w * time_s) / batch
+        return int(np.argmin(above))
+
+
 class AdaptivePolicy(SlackPolicy):
-    """``slack`` with a closed loop on each SLO class's tail (see the module docstring)."""
+    """A base clock from the measured tail, ``slack``'s plan above it, an energy floor below it
+    and a deep clock when idle (see the module docstring)."""
 
     name = "adaptive"
 
@@ -47,14 +130,154 @@ class AdaptivePolicy(SlackPolicy):
         params: SlackParams | None = None,
         feedback: FeedbackParams | None = None,
     ) -> None:
-        super().__init__(clocks_mhz, params)
-        self.feedback = feedback or FeedbackParams()
+        fb = feedback or FeedbackParams()
+        plan = replace(params or SlackParams(), phantoms=fb.phantoms, quantile=fb.plan_quantile)
+        super().__init__(clocks_mhz, plan)
+        self.feedback = fb
         self.controllers: OrderedDict[tuple[str, float], TailController] = OrderedDict()
         self._need_before: dict[str, float] = {}  # model -> its plan's need, before new tables
+        self._energy: dict[str, EnergyModel | None] = {}
+        self._floors: dict[str, tuple[float, int]] = {}  # model -> (rate, floor clock index)
+        self._now_s = 0.0
 
-    def _slo_scale(self, model: str, slo_ms: float) -> float:
-        controller = self.controllers.get(slo_class(model, slo_ms))
-        return self.feedback.start_scale if controller is None else controller.scale
+    # -- levels, clocks and floors, per model -----------------------------------------------
+
+    def _levels(self, s: SchedulerView, model: str) -> FloatArray | None:
+        """Each clock's speed relative to the top clock's, as a log (<= 0), for ``model``."""
+        plan = self._plan(s, model)
+        if plan is None:
+            return None
+        times = plan.times_ms[1]
+        out: FloatArray = np.log(times[-1] / times)
+        return out
+
+    def _clock_at(self, levels: FloatArray, level: float) -> int:
+        """The lowest clock (index) at least as fast as ``level``."""
+        return min(int(np.searchsorted(levels, level - 1e-12)), len(levels) - 1)
+
+    def energy_floor_mhz(self, s: SchedulerView, model: str) -> int | None:
+        """The energy floor of ``model`` at its arrival rate now (see the module docstring);
+        None without a table."""
+        plan = self._plan(s, model)
+        if plan is None:
+            return None
+        if model not in self._energy:
+            table = s.table_for(model)
+            energy = EnergyModel(table, plan, self.clocks_mhz) if table is not None else None
+            self._energy[model] = energy if energy is not None and energy.known else None
+        energy = self._energy[model]
+        if energy is None:
+            return plan.floor_mhz
+        # Attaching, the scheduler has measured no rate yet.
+        rate = 0.0 if self._attaching else s.arrival_rates_rps(self._now_s).get(model, 0.0)
+        known = self._floors.get(model)
+        if known is None or abs(rate - known[0]) > RATE_STEP * max(known[0], 1.0):
+            known = self._floors[model] = (
+                rate,
+                energy.floor_index(rate, self.feedback.idle_power_w or 0.0),
+            )
+        return self.clocks_mhz[known[1]]
+
+    def base_mhz(self, s: SchedulerView, model: str) -> int | None:
+        """The clock ``model``'s classes ask for: the fastest of their base speeds (None: no
+        class of it has completed yet)."""
+        levels = self._levels(s, model)
+        mine = [c.level for (m, _), c in self.controllers.items() if m == model]
+        if levels is None or not mine:
+            return None
+        return self.clocks_mhz[self._clock_at(levels, max(mine))]
+
+    def _model_floor(self, s: SchedulerView, model: str) -> int | None:
+        floors = [f for f in (self.energy_floor_mhz(s, model), self.base_mhz(s, model)) if f]
+        return max(floors) if floors else None
+
+    def _floor(self, s: SchedulerView, models: list[str]) -> int:
+        floors = [f for m in models if (f := self._model_floor(s, m)) is not None]
+        return self._snap_up(max(floors)) if floors else self.clocks_mhz[0]
+
+    def _floor_of(self, plan: ModelPlan) -> int | None:
+        """The clock a batch held back will run at (``release_limit``): its model's floor."""
+        model = next((m for m, p in self._plans.items() if p is plan), None)
+        return None if model is None or self._view is None else self._model_floor(self._view, model)
+
+    _view: SchedulerView | None = None
+    _attaching = False
+
+    def attach(self, s: SchedulerView) -> None:
+        self._view = s
+        self._energy.clear()
+        self._floors.clear()
+        self._attaching = True
+        try:
+            super().attach(s)
+        finally:
+            self._attaching = False
+        self._floors.clear()
+
+    def tables_changed(self) -> None:
+        """Remember what each model's plan needed, to compare with its new table's."""
+        for model, plan in self._plans.items():
+            if plan is not None:
+                self._need_before[model] = _need_ms(plan)
+        self._energy.clear()
+        self._floors.clear()
+        super().tables_changed()
+
+    def _plan(self, s: SchedulerView, model: str) -> ModelPlan | None:
+        """The model's plan; when a new table makes it markedly faster (a refit that found the
+        model faster), its classes are judged afresh (what they measured was under the old
+        one)."""
+        fresh = model not in self._plans
+        plan = super()._plan(s, model)
+        before = self._need_before.pop(model, None)
+        if fresh and plan is not None and before is not None and _need_ms(plan) < TIGHTER * before:
+            for (m, _), controller in self.controllers.items():
+                if m == model:
+                    controller.rebase()
+        return plan
+
+    # -- idle ---------------------------------------------------------------------------------
+
+    def idle_clock_mhz(self, s: SchedulerView) -> int:
+        """The lowest clock from which the next request, arriving now, loses at most
+        ``idle_depth`` of the tightest SLO to the raise (``change_delay_ms`` at the idle
+        clock instead of the busy one), never above the busy floor."""
+        models = [m for m in s.tables.models if self._plan(s, m) is not None]
+        busy = self._floor(s, models)
+        if not models:
+            return busy
+        budget_ms = self.feedback.idle_depth * min(s.last_slo_ms(m) for m in models)
+        delay_ms = self.params.change_delay_ms
+        b = self.clocks_mhz.index(busy)
+        times = [p.times_ms[1] for m in models if (p := self._plan(s, m)) is not None]
+        for i, clock in enumerate(self.clocks_mhz[: b + 1]):
+            if all(delay_ms * (1.0 - t[b] / t[i]) <= budget_ms for t in times):
+                return clock
+        return busy
+
+    def _idle(self, s: SchedulerView) -> bool:
+        return not s.queue_len and not s.inflight_by_model()
+
+    def target_mhz(self, s: SchedulerView, now_s: float) -> int:
+        self._now_s = now_s
+        if self._idle(s):
+            return self.idle_clock_mhz(s)
+        return super().target_mhz(s, now_s)
+
+    def _decide(self, s: SchedulerView, now_s: float) -> int | None:
+        """As ``slack``'s, except that the drop to the idle clock is at once (no hysteresis: an
+        idle GPU has no request to slow down)."""
+        self._now_s = now_s
+        if not self._idle(s):
+            return super()._decide(s, now_s)
+        self._lower_since_s = None
+        idle = self.idle_clock_mhz(s)
+        if idle == self.current_mhz:
+            return None
+        self.current_mhz = idle
+        return idle
+
+    # -- the tail -----------------------------------------------------------------------------
 
     def controller(self, model: str, slo_ms: float) -> TailController:
         """The class's controller (created at its first completion)."""
@@ -68,59 +291,67 @@ class AdaptivePolicy(SlackPolicy):
             self.controllers.move_to_end(key)
         return controller
 
-    def tables_changed(self) -> None:
-        """Remember what each model's plan needed, to compare with its new table's."""
-        for model, plan in self._plans.items():
-            if plan is not None:
-                self._need_before[model] = _need_ms(plan)
-        super().tables_changed()
-
-    def _plan(self, s: SchedulerView, model: str) -> ModelPlan | None:
-        """The model's plan; when a new table makes it markedly more aggressive (a refit that
-        found the model faster or its spread narrower), the room its classes had earned under
-        the old table is taken back (scale at most the start): it was earned with the old
-        margins, and keeping it on top of the new ones is what made live tails spike after a
-        refit (README, "The adaptive policy")."""
-        fresh = model not in self._plans
-        plan = super()._plan(s, model)
-        before = self._need_before.pop(model, None)
-        if fresh and plan is not None and before is not None and _need_ms(plan) < TIGHTER * before:
-            for (m, _), controller in self.controllers.items():
-                if m == model:
-                    controller.rebase(self.feedback.start_scale)
-        return plan
+    def _start_level(self, s: SchedulerView, model: str, slo_ms: float) -> float:
+        """Where a new class starts: the clock at which one request alone meets the setpoint
+        with the table's p99 margin (what the plan alone would have run it at)."""
+        plan = self._plan(s, model)
+        levels = self._levels(s, model)
+        table = s.table_for(model)
+        if plan is None or levels is None or table is None:
+            return 0.0
+        margin_ms = table.tail_margin_ms("p99") if "p99" in table.curve(1).tail_fits else 0.0
+        fits = plan.times_ms[1] + margin_ms <= self.feedback.setpoint * slo_ms
+        return float(levels[int(np.argmax(fits))]) if fits.any() else 0.0
 
     def on_complete(self, s: SchedulerView, request: QueuedRequest, now_s: float) -> int | None:
-        latency_ms = (now_s - request.arrival_s) * 1000.0
-        moved = self.controller(request.model, request.slo_ms).observe(
-            now_s, latency_ms, request.slo_ms
+        self._now_s = now_s
+        key = slo_class(request.model, request.slo_ms)
+        fresh = key not in self.controllers
+        controller = self.controller(request.model, request.slo_ms)
+        if fresh:
+            controller.level = self._start_level(s, request.model, request.slo_ms)
+        levels = self._levels(s, request.model)
+        floor = self.energy_floor_mhz(s, request.model)
+        floor_level = (
+            float(levels[self.clocks_mhz.index(self._snap_up(floor))])
+            if levels is not None and floor is not None
+            else -math.inf
         )
-        if moved:  # the deadlines the plan aims at moved: plan again now
+        latency_ms = (now_s - request.arrival_s) * 1000.0
+        rose = controller.observe(now_s, latency_ms, request.slo_ms, floor_level)
+        if rose or self._idle(s):  # the base rose, or the GPU went idle: plan again now
             return self._decide(s, now_s)
-        return super().on_complete(s, request, now_s)
+        return None
+
+    def on_enqueue(self, s: SchedulerView, request: QueuedRequest, now_s: float) -> int | None:
+        self._now_s = now_s
+        return super().on_enqueue(s, request, now_s)
 
     def model_scale(self, model: str) -> float | None:
-        """The lowest scale of ``model``'s SLO classes (None: none has completed yet)."""
+        """The base speed ``model``'s classes ask for, over the top clock's (the fastest of
+        them; None: none has completed yet)."""
         scales = [c.scale for (m, _), c in self.controllers.items() if m == model]
-        return min(scales, default=None)
+        return max(scales, default=None)
 
     def state(self) -> list[dict[str, object]]:
-        """Each class's scale and what its window measured, for the admin state."""
-        return [
-            {
-                "model": model,
-                "slo_ms": slo_ms,
-                "scale": round(c.scale, 4),
-                "attainment": _finite(c.attainment()),
-                "tail_over_slo": _finite(c.tail_ratio()),
-                "backoffs": c.backoffs,
-                "raises": c.raises,
-                "rebases": c.rebases,
-            }
-            for (model, slo_ms), c in self.controllers.items()
-        ]
-
-    def _floor_of(self, plan: ModelPlan) -> int | None:
-        """The energy-optimal clock of a full batch, lower than batch 1's: running slower
-        than batch 1's optimum is what lets batches fill (README, "The adaptive policy")."""
-        return plan.full_batch_floor_mhz
+        """Each class's base speed and clock and what its window measured, for the admin
+        state."""
+        out: list[dict[str, object]] = []
+        for (model, slo_ms), c in self.controllers.items():
+            levels = self._levels(self._view, model) if self._view is not None else None
+            out.append(
+                {
+                    "model": model,
+                    "slo_ms": slo_ms,
+                    "scale": round(c.scale, 4),
+                    "base_mhz": None
+                    if levels is None
+                    else self.clocks_mhz[self._clock_at(levels, c.level)],
+                    "attainment": _finite(c.attainment()),
+                    "tail_over_slo": _finite(c.tail_ratio()),
+                    "completions": c.completions,
+                    "near_misses": c.near_misses,
+                    "rebases": c.rebases,
+                }
+            )
+        return out

@@ -1,37 +1,40 @@
-"""Closing the loop on the tail: a controller that holds one SLO class's attainment at its
-target by moving the deadline the clock plan aims at.
+"""Closing the loop on the tail: a controller that holds one SLO class's tail at a setpoint by
+moving the speed the class asks of the GPU.
 
-The analytical plan (:class:`scheduler.policies.SlackPolicy`) carries fixed margins: a p99
-residual per execution, phantom arrivals at the 5% quantile of a burst, 5% of every deadline.
-They are right for the worst GPU and load, and leave 15-35% of the SLO unused elsewhere. The
-controller measures what the plan actually achieves and scales the deadline the plan aims at,
-``arrival + scale · SLO``: above 1 the plan may use the room its margins leave, below 1 it
-plans tighter than the SLO (a table that is too optimistic, a model that is slower than its
-profile).
+The analytical plan (:class:`scheduler.policies.SlackPolicy`) knows the mean time of every
+execution at every clock, but not the tail a GPU, a load and its own clock changes produce
+together: its fixed margins are right for the worst case and leave much of the SLO unused
+elsewhere. This controller measures what the GPU actually achieves and moves the **base
+speed** of the class: the clock below which it never runs the class's requests, as a speed
+relative to the top clock's (``exp(level)``, 1 = the top clock). The plan still raises the
+clock above the base at once when a queue needs it.
 
-What it measures: ``latency / SLO`` of each completion, over a sliding window (``window_s``, at
-most ``max_samples``). What it does:
+What it holds: the ``target`` quantile (0.99) of ``latency / SLO`` at ``setpoint`` (0.95). It is
+a stochastic-approximation quantile tracker (Robbins-Monro): every completion over the setpoint
+(a *near miss*) raises the level by ``gain · target``, every other completion lowers it by
+``gain · (1 − target)``. The level stands still exactly where near misses are ``1 − target``
+of the completions, whatever the load, the GPU's spread or the table's errors; no window to
+estimate a p99 from a handful of samples.
 
-* **Back off fast.** When more than the budget of misses (``1 − target`` of the window, at
-  least one) has piled up in the window since the last cut, the scale is cut at once by
-  ``backoff`` (× 0.7): a run of misses is answered within that run, not a window later.
-* **A burst moves it a bounded amount.** Two back-offs are at least ``backoff_gap_s`` apart,
-  so one burst of misses costs one cut, not one per miss; after a cut, the scale does not rise
-  for ``settle_s``.
-* **Creep up slowly.** Every ``period_s``, with at least ``min_samples`` in the window, the
-  window's ``target`` quantile of ``latency / SLO`` since the last cut (its p99 for the
-  default 99%) is compared with ``setpoint``: below it, the scale rises by
-  ``(setpoint / q) ** gain``, at most ``max_step`` per period; above 1 (the tail over the
-  SLO), it falls the same way, at most to ``backoff``.
-* **Bounded.** The scale stays within ``[min_scale, max_scale]``: it cannot swing the clock
-  between its extremes, and a class that falls silent keeps its last scale.
+* **Up fast, down slowly.** With the defaults a near miss speeds the class up by 5%, and 99
+  completions inside the setpoint slow it by as much: a run of near misses is answered within
+  that run, while a class with room walks its clock down a few percent a second at a hundred
+  requests a second.
+* **No wind-up.** The policy passes the lowest level worth running at (its energy floor): the
+  level never sinks below it, so a class that sat at the floor with room to spare has no
+  credit to lose when the load comes back, and the level never rises past the top clock.
+* **Judged on enough.** The first ``min_samples`` completions of a class (and of a class
+  rebased after a new table) move nothing.
+* **A quiet class keeps its level**: nothing moves without completions.
 
-The defaults, and the measurements behind them, are in the README ("The adaptive policy").
-Time is always passed in (``now_s``), so tests drive it with injected time.
+For reports, the controller also keeps a sliding window (``window_s``, at most
+``max_samples``) of ``latency / SLO``: its attainment and its ``target`` quantile. Time is
+always passed in (``now_s``), so tests drive it with injected time.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 
@@ -40,78 +43,89 @@ import numpy as np
 
 @dataclass(frozen=True)
 class FeedbackParams:
-    """Knobs of :class:`TailController`; see the module docstring for each."""
+    """Knobs of ``adaptive``: its tail controller (:class:`TailController`), its idle clock and
+    its energy floor (:mod:`scheduler.adaptive`).
+
+    ``idle_depth``: how deep the clock drops while the GPU is idle, as the most its next
+    request may lose to the clock change (a share of the tightest SLO). ``idle_power_w``: the
+    GPU's power when idle, if known; the energy floor then counts only the energy a request
+    adds above it (a slower clock shortens the idle time it replaces). ``phantoms`` and
+    ``plan_quantile``: the plan's arrivals to come and the quantile of its execution times (the
+    controller measures the tail, so the plan plans the mean).
+    """
 
     target: float = 0.99
-    setpoint: float = 0.8
+    setpoint: float = 0.95
+    gain: float = 0.05
+    min_samples: int = 20
     window_s: float = 10.0
     max_samples: int = 2000
-    min_samples: int = 50
-    period_s: float = 1.0
-    gain: float = 0.5
-    max_step: float = 0.1
-    backoff: float = 0.7
-    backoff_gap_s: float = 0.5
-    settle_s: float = 3.0
-    min_scale: float = 0.5
-    max_scale: float = 3.0
-    start_scale: float = 1.0
+    idle_depth: float = 0.2
+    idle_power_w: float | None = None
+    phantoms: int = 0
+    plan_quantile: str = "mean"
 
     def __post_init__(self) -> None:
         if not 0.5 <= self.target < 1.0:
             raise ValueError(f"target attainment must be in [0.5, 1), got {self.target}")
         if not 0.0 < self.setpoint <= 1.0:
             raise ValueError(f"setpoint must be in (0, 1], got {self.setpoint}")
-        if not 0.0 < self.min_scale <= self.start_scale <= self.max_scale:
-            raise ValueError("need 0 < min_scale <= start_scale <= max_scale")
-        if not 0.0 < self.backoff < 1.0:
-            raise ValueError(f"backoff must be in (0, 1), got {self.backoff}")
+        if not 0.0 < self.gain < 1.0:
+            raise ValueError(f"gain must be in (0, 1), got {self.gain}")
+        if not 0.0 <= self.idle_depth <= 1.0:
+            raise ValueError(f"idle_depth must be in [0, 1], got {self.idle_depth}")
+        if self.min_samples < 0 or self.phantoms < 0:
+            raise ValueError("min_samples and phantoms must be >= 0")
 
 
 class TailController:
-    """One SLO class's scale on its deadline; fed every completion of the class."""
+    """One SLO class's base speed (``level``, log of a speed relative to the top clock's);
+    fed every completion of the class."""
 
-    def __init__(self, params: FeedbackParams | None = None) -> None:
+    def __init__(self, params: FeedbackParams | None = None, level: float = 0.0) -> None:
         self.params = params or FeedbackParams()
-        self.scale = self.params.start_scale
+        self.level = min(0.0, level)
         self._window: deque[tuple[float, float]] = deque()
-        self._misses: deque[float] = deque()  # when the window's misses since the last cut came
-        self._last_cut_s = -np.inf
-        self._last_step_s: float | None = None
-        self.backoffs = 0
-        self.raises = 0
+        self._seen = 0
+        self.near_misses = 0
+        self.completions = 0
         self.rebases = 0
 
-    def observe(self, now_s: float, latency_ms: float, slo_ms: float) -> bool:
-        """Record one completion; True if the scale changed."""
+    @property
+    def scale(self) -> float:
+        """The base speed over the top clock's (1: the class asks for the top clock)."""
+        return math.exp(self.level)
+
+    def observe(
+        self, now_s: float, latency_ms: float, slo_ms: float, floor_level: float = -math.inf
+    ) -> bool:
+        """Record one completion; True if the level rose (the class needs a faster clock now).
+        ``floor_level``: the lowest level worth running at (the policy's energy floor)."""
         p = self.params
         ratio = latency_ms / slo_ms
         self._window.append((now_s, ratio))
         while len(self._window) > p.max_samples or self._window[0][0] < now_s - p.window_s:
             self._window.popleft()
-        if ratio > 1.0:
-            self._misses.append(now_s)
-            while self._misses[0] < now_s - p.window_s:
-                self._misses.popleft()
-            budget = max(1.0, (1.0 - p.target) * len(self._window))
-            if len(self._misses) > budget and now_s >= self._last_cut_s + p.backoff_gap_s:
-                self._cut(now_s, p.backoff)
-                return True
-        if self._last_step_s is None:
-            self._last_step_s = now_s
-        if now_s < self._last_step_s + p.period_s:
+        self.completions += 1
+        self._seen += 1
+        near = ratio > p.setpoint
+        self.near_misses += near
+        if self._seen <= p.min_samples:
             return False
-        self._last_step_s = now_s
-        return self._step(now_s)
+        before = self.level
+        if near:
+            self.level += p.gain * p.target
+        else:
+            self.level -= p.gain * (1.0 - p.target)
+        self.level = min(0.0, max(self.level, min(floor_level, 0.0)))
+        return self.level > before
 
-    def rebase(self, at_most: float) -> None:
-        """The plan under the scale changed (a new table): keep the scale no higher than
-        ``at_most`` and judge only what completes from now on."""
-        if self.scale > at_most:
-            self.scale = at_most
-            self.rebases += 1
+    def rebase(self) -> None:
+        """The plan under the level changed (a new table): judge only what completes from now
+        on, after a new warm-up; the level stays."""
+        self._seen = 0
         self._window.clear()
-        self._misses.clear()
+        self.rebases += 1
 
     def attainment(self) -> float:
         """The share of the window's completions within their SLO (nan: none)."""
@@ -120,35 +134,8 @@ class TailController:
         return float(np.mean([r <= 1.0 for _, r in self._window]))
 
     def tail_ratio(self) -> float:
-        """The ``target`` quantile of latency / SLO over the window's completions since the
-        last cut (those before it led to the cut); nan with fewer than ``min_samples``."""
-        recent = [r for t, r in self._window if t >= self._last_cut_s]
-        if len(recent) < self.params.min_samples:
+        """The ``target`` quantile of latency / SLO over the window (nan with fewer than
+        ``min_samples``)."""
+        if len(self._window) < max(1, self.params.min_samples):
             return float("nan")
-        return float(np.quantile(recent, self.params.target))
-
-    def _step(self, now_s: float) -> bool:
-        p = self.params
-        if now_s < self._last_cut_s + p.settle_s:
-            return False
-        q = self.tail_ratio()
-        if np.isnan(q) or q <= 0:
-            return False
-        if q > 1.0:
-            self._cut(now_s, max(p.backoff, (p.setpoint / q) ** p.gain))
-            return True
-        if q >= p.setpoint:
-            return False
-        factor = min(1.0 + p.max_step, (p.setpoint / q) ** p.gain)
-        new = min(p.max_scale, self.scale * factor)
-        if new == self.scale:
-            return False
-        self.scale = new
-        self.raises += 1
-        return True
-
-    def _cut(self, now_s: float, factor: float) -> None:
-        self.scale = max(self.params.min_scale, self.scale * factor)
-        self._last_cut_s = now_s
-        self._misses.clear()
-        self.backoffs += 1
+        return float(np.quantile([r for _, r in self._window], self.params.target))

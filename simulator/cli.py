@@ -6,6 +6,7 @@ import argparse
 import json
 import math
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
@@ -18,15 +19,20 @@ from scheduler.registry import DEFAULT_POLICY, POLICIES
 from simulator.bestfixed import BEST_FIXED, best_fixed
 from simulator.compare import (
     DEFAULT_MIX,
+    MATRICES,
     Matrix,
     against_best_fixed,
     plot,
+    resolve_capacities,
     run_all,
     tabulate,
     tune,
     write_csv,
 )
-from simulator.simulate import SimConfig, parse_models, simulate
+from simulator.results import provenance, write_results
+from simulator.shapes import SHAPES
+from simulator.simulate import ARRIVALS, SimConfig, parse_models, simulate
+from simulator.workload import DayCycle
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -68,6 +74,7 @@ def _cmd_simulate(args: argparse.Namespace, console: Console) -> int:
         seed=args.seed, load=args.load, rate_rps=args.rate, arrival=args.arrival,
         trace=args.trace, clients=clients, models=parse_models(args.models),
         instances=args.instances, max_inflight=args.max_inflight, max_queue=args.max_queue,
+        day=_day(args),
     )  # fmt: skip
     if args.slo_ms <= 0 or args.duration_s <= 0:
         raise ValueError("--slo-ms and --duration-s must be > 0")
@@ -139,27 +146,48 @@ def _cmd_simulate(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def _matrix(args: argparse.Namespace, **extra: object) -> Matrix:
-    """The matrix the shared ``compare``/``tune`` options describe."""
-    return Matrix(
-        gpus=args.gpus,
-        mixes=args.mixes,
-        loads=args.loads,
-        slo_multipliers=args.slo_multipliers,
-        duration_s=args.duration_s,
-        **extra,  # type: ignore[arg-type]
+def _day(args: argparse.Namespace) -> DayCycle:
+    return DayCycle(
+        shape=args.shape,
+        days=args.days,
+        trough=args.trough,
+        burst_factor=args.burst_factor,
+        burst_s=args.burst_s,
+        burst_gap_s=args.burst_gap_s,
     )
+
+
+def _matrix(args: argparse.Namespace, **extra: object) -> Matrix:
+    """The matrix the shared ``compare``/``tune`` options describe: ``--matrix``'s, with every
+    option given on the command line in place of its own."""
+    base = MATRICES[args.matrix]
+    given = {
+        "gpus": args.gpus,
+        "mixes": args.mixes,
+        "loads": args.loads,
+        "slo_multipliers": args.slo_multipliers,
+        "duration_s": args.duration_s,
+        **extra,
+    }
+    if args.full:
+        given.setdefault("seeds", FULL_SEEDS)
+    if args.shape is not None:
+        given["day"] = replace(base.day, shape=args.shape)
+    return replace(base, **{k: v for k, v in given.items() if v is not None})
+
+
+FULL_SEEDS = (0, 1, 2, 3, 4)
 
 
 def _cmd_compare(args: argparse.Namespace, console: Console) -> int:
     matrix = _matrix(args, policies=args.policies, seeds=args.seeds)
-    configs = matrix.configs()
+    configs = resolve_capacities(matrix.configs(), jobs=args.jobs)
     with _progress(console) as bar:
         task = bar.add_task("simulating", total=len(configs))
         rows = tabulate(run_all(configs, jobs=args.jobs, progress=lambda n: bar.advance(task, n)))
     view = Table(
-        title=f"policy comparison ({args.duration_s:g} s per run, seeds "
-        f"{','.join(map(str, args.seeds))}); ratios are energy per inference"
+        title=f"{matrix.name} matrix ({matrix.duration_s:g} s per run, seeds "
+        f"{','.join(map(str, matrix.seeds))}); ratios are energy per inference"
     )
     for col in (
         "GPU",
@@ -171,9 +199,8 @@ def _cmd_compare(args: argparse.Namespace, console: Console) -> int:
         "J/inf",
         "vs max",
         "vs best-fixed",
-        "vs oracle",
-        "vs clairv.",
-        "p99 ms",
+        "vs bound",
+        "closed",
         "p99/SLO",
         "SLO met",
         "MHz",
@@ -190,18 +217,29 @@ def _cmd_compare(args: argparse.Namespace, console: Console) -> int:
             r["policy"],
             f"{r['energy_per_inference_j']:.3f}",
             f"{r['vs_max']:.2f}",
-            f"{r['vs_best_fixed']:.2f}",
+            f"{r['vs_best_fixed']:.3f}",
             f"{r['vs_oracle']:.2f}",
-            f"{r['vs_clairvoyant']:.2f}",
-            f"{r['p99_ms']:.1f}",
+            f"{r['closed']:.2f}",
             f"[red]{r['p99_over_slo']:.2f}[/red]" if miss else f"{r['p99_over_slo']:.2f}",
             f"{r['slo_attainment']:.1%}",
             f"{r['mean_clock_mhz']:.0f}",
         )
     console.print(view)
-    if BEST_FIXED in args.policies:
-        summary = Table(title="against the best single clock, where it meets the p99 SLO")
-        for col in ("policy", "cells", "meets p99", "≤ best-fixed J", "both", "mean vs best-fixed"):
+    if BEST_FIXED in matrix.policies:
+        summary = Table(title="over the (cell, seed) pairs where the best single clock meets p99")
+        for col in (
+            "policy",
+            "pairs",
+            "meets p99",
+            "≤ best-fixed J",
+            "both",
+            "vs best-fixed mean",
+            "worst",
+            "vs max",
+            "vs bound",
+            "closed mean",
+            "least",
+        ):
             summary.add_column(col, justify="right")
         for s in against_best_fixed(rows):
             summary.add_row(
@@ -211,13 +249,51 @@ def _cmd_compare(args: argparse.Namespace, console: Console) -> int:
                 str(s["cheaper"]),
                 str(s["both"]),
                 f"{s['mean_vs_best_fixed']:.3f}",
+                f"{s['worst_vs_best_fixed']:.3f}",
+                f"{s['mean_vs_max']:.2f}",
+                f"{s['mean_vs_oracle']:.2f}",
+                f"{s['mean_closed']:.2f}",
+                f"{s['least_closed']:.2f}",
             )
         console.print(summary)
     out = Path(args.out_dir)
     write_csv(rows, out / "compare.csv")
     plot(rows, out / "compare.png")
-    console.print(f"wrote {out / 'compare.csv'} and {out / 'compare.png'}")
+    written = write_results(
+        rows,
+        out,
+        title=f"compare: the {matrix.name} matrix",
+        describe=_describe(matrix),
+        meta=provenance(["python", "-m", "scheduler", *(args.argv or [])]),
+    )
+    console.print(
+        f"wrote {out / 'compare.csv'}, {out / 'compare.png'}, " + ", ".join(str(p) for p in written)
+    )
     return 0
+
+
+def _describe(m: Matrix) -> str:
+    slo = "a full batch" if m.slo_basis == "full" else "one request"
+    load = (
+        "what the top clock holds for that mix and SLO"
+        if m.load_basis == "capacity"
+        else "the rate the top clock serves one request at a time"
+    )
+    arrivals = (
+        "Poisson arrivals"
+        if m.arrival != "day"
+        else f"{m.day.days:g} compressed days of the `{m.day.shape}` shape (trough "
+        f"{m.day.day_shape().trough:.2f} of the peak), bursts of {m.day.burst_factor:g}× for "
+        f"{m.day.burst_s:g} s every {m.day.burst_gap_s:g} s on average; the load is the "
+        "highest rate of the run (a burst at the peak)"
+    )
+    return (
+        f"GPUs {', '.join(m.gpus)}; mix {'; '.join(m.mixes)}; loads "
+        f"{', '.join(f'{x:g}' for x in m.loads)} of {load}; SLOs "
+        f"{', '.join(f'{x:g}' for x in m.slo_multipliers)}× {slo} at the top clock; {arrivals}; "
+        f"{m.duration_s:g} s per run; seeds {', '.join(map(str, m.seeds))}; policies "
+        f"{', '.join(m.policies)}."
+    )
 
 
 def _cmd_tune(args: argparse.Namespace, console: Console) -> int:
@@ -274,11 +350,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--load",
         type=float,
         default=None,
-        help="fraction of the mix's capacity at the top clock in full batches (default 0.5)",
+        help="fraction of what the top clock holds for this mix and SLO: the highest rate at "
+        "which max keeps every model's p99 within its SLO (default 0.5); with --arrival day, "
+        "the day's highest rate",
     )
-    rate.add_argument("--rate", type=float, default=None, help="requests per second")
-    p.add_argument("--arrival", choices=("poisson", "bursty", "trace"), default="poisson")
+    rate.add_argument(
+        "--rate", type=float, default=None, help="requests per second (day: the highest)"
+    )
+    p.add_argument("--arrival", choices=ARRIVALS, default="poisson")
     p.add_argument("--trace", type=Path, default=None, help="arrival times, seconds, one per line")
+    _day_options(p, DayCycle())
     p.add_argument("--slo-ms", type=float, default=100.0, help="SLO of models that name none")
     p.add_argument("--duration-s", type=float, default=30.0)
     p.add_argument("--seed", type=int, default=0)
@@ -293,34 +374,49 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=_cmd_simulate)
 
     for name, helptext in (
-        ("compare", "the policy matrix: table, CSV and plot"),
+        ("compare", "a policy matrix: table, CSV, plot and a results page"),
         ("tune", "sweep one slack parameter over the matrix and seeds"),
     ):
         p = sub.add_parser(name, help=helptext)
-        p.add_argument("--gpus", type=_names, default=("v100", "rtx3090", "titanrtx"))
+        p.add_argument(
+            "--matrix",
+            choices=tuple(MATRICES),
+            default="default",
+            help="default: the mix at loads 0.3-0.9; steady: one model, tight SLOs, Poisson; "
+            "varying: compressed days with bursts (docs/policy.md); the options below "
+            "replace the matrix's own",
+        )
+        p.add_argument("--gpus", type=_names, default=None, help="default v100,rtx3090,titanrtx")
         p.add_argument(
             "--mixes",
             type=lambda t: tuple(x.strip() for x in t.split(";") if x.strip()),
-            default=(DEFAULT_MIX,),
-            help=f"model mixes separated by ';' (default {DEFAULT_MIX})",
+            default=None,
+            help=f"model mixes separated by ';' (default matrix: {DEFAULT_MIX})",
         )
-        p.add_argument("--loads", type=_floats, default=(0.3, 0.6, 0.9))
+        p.add_argument("--loads", type=_floats, default=None)
         p.add_argument(
             "--slo-multipliers",
             type=_floats,
-            default=(2.0, 3.0, 5.0),
-            help="each model's SLO as a multiple of its full batch's time at the top clock",
+            default=None,
+            help="each model's SLO as a multiple of its full batch's (steady: one request's) "
+            "time at the top clock",
         )
-        p.add_argument("--duration-s", type=float, default=30.0)
+        p.add_argument("--duration-s", type=float, default=None)
+        p.add_argument(
+            "--shape",
+            default=None,
+            help=f"varying matrix: the day's shape (diurnal, {', '.join(SHAPES)} or a file)",
+        )
         p.add_argument("--jobs", type=int, default=None, help="processes (default: all cores)")
+        p.add_argument("--full", action="store_true", help=f"seeds {FULL_SEEDS} (5 of each)")
         if name == "compare":
             p.add_argument(
                 "--policies",
                 type=_names,
-                default=Matrix.policies,
+                default=None,
                 help=f"any of {', '.join(POLICIES)}, fixed:MHZ, {BEST_FIXED}",
             )
-            p.add_argument("--seeds", type=_ints, default=(0,), help="e.g. 0,1,2,3,4")
+            p.add_argument("--seeds", type=_ints, default=None, help="e.g. 0,1,2,3,4")
             p.add_argument("-o", "--out-dir", default="out/compare")
             p.set_defaults(run=_cmd_compare)
         else:
@@ -331,13 +427,36 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--seeds", type=_ints, default=(0, 1, 2))
             p.set_defaults(run=_cmd_tune)
 
+    for p in sub.choices.values():
+        p.set_defaults(argv=None)
+
     p = sub.add_parser("bench", help="the core's cost per decision and the simulator's speed")
     p.set_defaults(run=_cmd_bench)
     return parser
 
 
+def _day_options(p: argparse.ArgumentParser, d: DayCycle) -> None:
+    g = p.add_argument_group("--arrival day: compressed days with bursts")
+    g.add_argument(
+        "--shape",
+        default=d.shape,
+        help=f"the day's shape: diurnal (synthetic), {', '.join(SHAPES)} (production shapes, "
+        "sources in simulator/shapes.py) or a file of relative rates, one per equal slice",
+    )
+    g.add_argument("--days", type=float, default=d.days, help=f"days in the run ({d.days:g})")
+    g.add_argument(
+        "--trough", type=float, default=d.trough, help=f"diurnal's low over its peak ({d.trough})"
+    )
+    g.add_argument("--burst-factor", type=float, default=d.burst_factor)
+    g.add_argument("--burst-s", type=float, default=d.burst_s, help="how long a burst lasts")
+    g.add_argument(
+        "--burst-gap-s", type=float, default=d.burst_gap_s, help="mean time between bursts"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(argv) if argv is not None else sys.argv[1:]
     if args.cmd == "simulate" and args.load is None and args.rate is None:
         args.load = 0.5
     to_stderr = bool(getattr(args, "json", False))

@@ -1,4 +1,6 @@
-"""Run a matrix of simulations (GPUs × loads × SLOs × policies) and report it side by side."""
+"""Run a matrix of simulations (GPUs × loads × SLOs × policies) and report it side by side:
+each policy against ``max``, against the best single clock in hindsight and against the lower
+bound, on the same arrivals."""
 
 from __future__ import annotations
 
@@ -16,13 +18,15 @@ import numpy as np
 from dvfs.profiles import CNN, TRANSFORMER, get_profile
 from scheduler.policies import SlackParams
 from simulator.bestfixed import BEST_FIXED, best_fixed
-from simulator.simulate import ModelMix, SimConfig, parse_models, simulate
+from simulator.simulate import ModelMix, SimConfig, parse_models, simulate, top_clock_capacity_rps
+from simulator.workload import DayCycle
 
 Row = dict[str, Any]
 
 COLUMNS = (
     "gpu",
     "mix",
+    "arrival",
     "load",
     "slo_mult",
     "seed",
@@ -36,6 +40,7 @@ COLUMNS = (
     "vs_best_fixed",
     "vs_oracle",
     "vs_clairvoyant",
+    "closed",
     "oracle_energy_per_inference_j",
     "clairvoyant_energy_per_inference_j",
     "p50_ms",
@@ -55,11 +60,17 @@ class Matrix:
     """GPUs × model mixes × loads × SLOs × seeds × policies, each cell on the same arrivals.
 
     ``best-fixed`` is a policy here: the best single clock in hindsight
-    (:mod:`simulator.bestfixed`). A model's SLO is a multiple of its full batch's time at the
-    top clock (what a request may take at full load with no queue); ``load`` is a fraction of
-    the mix's capacity at the top clock in full batches.
+    (:mod:`simulator.bestfixed`). ``slo_basis`` says what a model's SLO multiplies: ``full``,
+    its full batch's time at the top clock (what a request may take at full load with no
+    queue); ``batch1``, one request's time at the top clock (tight SLOs, where a GPU's spread
+    matters). ``load_basis`` says what a load is a fraction of: ``capacity``, what the top
+    clock holds for that mix and SLO (:func:`simulator.simulate.top_clock_capacity_rps`), so
+    every load up to 1 is feasible at the top clock; ``batch1``, the rate the top clock serves
+    one request at a time (:func:`batch1_capacity_rps`). With ``arrival="day"`` the load sets
+    the highest rate of the day (:class:`simulator.workload.DayCycle`).
     """
 
+    name: str = "default"
     gpus: tuple[str, ...] = ("v100", "rtx3090", "titanrtx")
     mixes: tuple[str, ...] = (DEFAULT_MIX,)
     loads: tuple[float, ...] = (0.3, 0.6, 0.9)
@@ -68,37 +79,118 @@ class Matrix:
     duration_s: float = 30.0
     seeds: tuple[int, ...] = (0,)
     slack: SlackParams = field(default_factory=SlackParams)
+    slo_basis: str = "full"
+    load_basis: str = "capacity"
+    arrival: str = "poisson"
+    day: DayCycle = field(default_factory=DayCycle)
+
+    def __post_init__(self) -> None:
+        if self.slo_basis not in ("full", "batch1") or self.load_basis not in (
+            "capacity",
+            "batch1",
+        ):
+            raise ValueError("slo_basis is full or batch1; load_basis is capacity or batch1")
 
     def configs(self) -> list[SimConfig]:
-        return [
-            SimConfig(
-                gpu=gpu,
-                policy=policy,
-                load=load,
-                models=slo_models(gpu, mix, mult),
-                slo_multiplier=mult,
-                duration_s=self.duration_s,
-                seed=seed,
-                slack=self.slack,
-            )
-            for gpu in self.gpus
-            for mix in self.mixes
-            for load in self.loads
-            for mult in self.slo_multipliers
-            for seed in self.seeds
-            for policy in self.policies
-        ]
+        out = []
+        for gpu in self.gpus:
+            for mix in self.mixes:
+                for mult in self.slo_multipliers:
+                    models = slo_models(gpu, mix, mult, self.slo_basis)
+                    for load in self.loads:
+                        rate = (
+                            load * batch1_capacity_rps(gpu, models)
+                            if self.load_basis == "batch1"
+                            else None
+                        )
+                        for seed in self.seeds:
+                            for policy in self.policies:
+                                out.append(
+                                    SimConfig(
+                                        gpu=gpu,
+                                        policy=policy,
+                                        load=load,
+                                        rate_rps=rate,
+                                        models=models,
+                                        slo_multiplier=mult,
+                                        duration_s=self.duration_s,
+                                        seed=seed,
+                                        slack=self.slack,
+                                        arrival=self.arrival,
+                                        day=self.day,
+                                    )
+                                )
+        return out
 
 
-def slo_models(gpu: str, mix: str, multiplier: float) -> tuple[ModelMix, ...]:
-    """The mix's models, each with an SLO of ``multiplier`` × its full batch at the top clock."""
+#: The matrices ``compare --matrix`` knows. ``steady``: one model, tight SLOs (2-6× one
+#: request's time at the top clock), Poisson at a fraction of the rate the top clock serves one
+#: request at a time, 120 s. ``varying``: two compressed days (from 0.15 to 1 of the peak)
+#: with bursts of 1.5× for 2 s every 20 s on average, peaks at 0.5 and 0.9 of what the top clock
+#: holds, 120 s. ``default``: the mix at loads 0.3-0.9 of what the top clock holds, 30 s.
+MATRICES: dict[str, Matrix] = {
+    "default": Matrix(),
+    "steady": Matrix(
+        name="steady",
+        mixes=(CNN,),
+        loads=(0.1, 0.3, 0.5),
+        slo_multipliers=(2.0, 3.0, 4.0, 6.0),
+        policies=("max", "slack", "adaptive", BEST_FIXED),
+        duration_s=120.0,
+        slo_basis="batch1",
+        load_basis="batch1",
+    ),
+    "varying": Matrix(
+        name="varying",
+        loads=(0.5, 0.9),
+        slo_multipliers=(3.0, 5.0),
+        policies=("max", "default", "slack", "adaptive", BEST_FIXED),
+        duration_s=120.0,
+        arrival="day",
+    ),
+}
+
+
+def slo_models(gpu: str, mix: str, multiplier: float, basis: str = "full") -> tuple[ModelMix, ...]:
+    """The mix's models, each with an SLO of ``multiplier`` × its full batch (``basis`` full)
+    or one request (``batch1``) at the top clock."""
     profile = get_profile(gpu)
     out = []
     for m in parse_models(mix):
         law = profile.model(m.name)
-        full_ms = law.mean_latency_ms(profile.max_clock_mhz, law.max_batch)
-        out.append(ModelMix(m.name, m.share, round(multiplier * full_ms, 3)))
+        batch = law.max_batch if basis == "full" else 1
+        unit_ms = law.mean_latency_ms(profile.max_clock_mhz, batch)
+        out.append(ModelMix(m.name, m.share, round(multiplier * unit_ms, 3)))
     return tuple(out)
+
+
+def batch1_capacity_rps(gpu: str, models: Sequence[ModelMix]) -> float:
+    """Requests per second the top clock serves one request at a time, for this mix."""
+    profile = get_profile(gpu)
+    per_model = [
+        1000.0 / profile.model(m.name).mean_latency_ms(profile.max_clock_mhz) for m in models
+    ]
+    return 1.0 / sum(m.share / cap for m, cap in zip(models, per_model, strict=True))
+
+
+def resolve_capacities(configs: Sequence[SimConfig], *, jobs: int | None = None) -> list[SimConfig]:
+    """Each config with the capacity its load counts against measured once (in parallel) and
+    filled in, so that worker processes do not each measure it again."""
+    todo = [c for c in configs if c.rate_rps is None and c.capacity_rps is None]
+    keys = list(dict.fromkeys(replace(c, policy="max", seed=0) for c in todo))
+    workers = min(jobs or os.cpu_count() or 1, max(1, len(keys)))
+    if workers == 1:
+        capacities = [top_clock_capacity_rps(k) for k in keys]
+    else:
+        with ProcessPoolExecutor(workers) as pool:
+            capacities = list(pool.map(top_clock_capacity_rps, keys))
+    found = dict(zip(keys, capacities, strict=True))
+    return [
+        c
+        if c.rate_rps is not None or c.capacity_rps is not None
+        else replace(c, capacity_rps=found[replace(c, policy="max", seed=0)])
+        for c in configs
+    ]
 
 
 def _run(cfg: SimConfig) -> Row:
@@ -134,12 +226,14 @@ def run_all(
 
 def cell(row: Row) -> tuple[Any, ...]:
     """What identifies a row's cell: the same arrivals and deadlines, whatever the policy."""
-    return row["gpu"], row["mix"], row["load"], row["slo_mult"], row["seed"]
+    return row["gpu"], row["mix"], row["arrival"], row["load"], row["slo_mult"], row["seed"]
 
 
 def tabulate(results: Sequence[Row]) -> list[Row]:
-    """Rows with ratios to ``max`` and ``best-fixed`` (same cell: GPU, mix, load, SLO, seed),
-    to the oracle and to the clairvoyant oracle (that run's own service times)."""
+    """Rows with ratios to ``max`` and ``best-fixed`` (same cell: GPU, mix, arrivals, load,
+    SLO, seed), to the oracle (the lower bound) and to the clairvoyant oracle (that run's own
+    service times); ``closed``: the share of the distance from ``best-fixed`` to the lower
+    bound that the policy covers (1: at the bound, 0: no better than the best single clock)."""
 
     def by_policy(name: str) -> dict[tuple[Any, ...], float]:
         return {cell(r): r["energy_per_inference_j"] for r in results if r["policy"] == name}
@@ -153,11 +247,13 @@ def tabulate(results: Sequence[Row]) -> list[Row]:
         e = r["energy_per_inference_j"]
         oracle = per_inference(r, "oracle_energy_j")
         clairvoyant = per_inference(r, "clairvoyant_energy_j")
+        fixed = fixed_e.get(cell(r), math.nan)
         derived = {
             "vs_max": e / max_e.get(cell(r), math.nan),
-            "vs_best_fixed": e / fixed_e.get(cell(r), math.nan),
+            "vs_best_fixed": e / fixed,
             "vs_oracle": e / oracle,
             "vs_clairvoyant": e / clairvoyant,
+            "closed": (fixed - e) / (fixed - oracle) if fixed > oracle else math.nan,
             "oracle_energy_per_inference_j": oracle,
             "clairvoyant_energy_per_inference_j": clairvoyant,
         }
@@ -167,7 +263,9 @@ def tabulate(results: Sequence[Row]) -> list[Row]:
 
 def against_best_fixed(rows: Sequence[Row]) -> list[Row]:
     """Per policy, over the (cell, seed) pairs where ``best-fixed`` meets the p99 SLO: in how
-    many it meets it too, spends no more energy than ``best-fixed``, and both."""
+    many it meets it too, spends no more energy than ``best-fixed``, and both; its energy
+    against ``best-fixed`` (mean and worst), ``max`` and the lower bound (means), and the least
+    share of the distance from ``best-fixed`` to the bound it closed."""
     fixed_ok = {cell(r) for r in rows if r["policy"] == BEST_FIXED and r["p99_over_slo"] <= 1}
     out = []
     for policy in dict.fromkeys(r["policy"] for r in rows):
@@ -176,6 +274,13 @@ def against_best_fixed(rows: Sequence[Row]) -> list[Row]:
         mine = [r for r in rows if r["policy"] == policy and cell(r) in fixed_ok]
         meets = [r["p99_over_slo"] <= 1 for r in mine]
         cheaper = [r["vs_best_fixed"] <= 1 for r in mine]
+
+        def stat(
+            key: str, how: Callable[[Sequence[float]], Any] = np.mean, mine: list[Row] = mine
+        ) -> float:
+            values = [r[key] for r in mine if not math.isnan(r[key])]
+            return float(how(values)) if values else math.nan
+
         out.append(
             {
                 "policy": policy,
@@ -183,9 +288,12 @@ def against_best_fixed(rows: Sequence[Row]) -> list[Row]:
                 "meets": sum(meets),
                 "cheaper": sum(cheaper),
                 "both": sum(m and c for m, c in zip(meets, cheaper, strict=True)),
-                "mean_vs_best_fixed": float(np.mean([r["vs_best_fixed"] for r in mine]))
-                if mine
-                else math.nan,
+                "mean_vs_best_fixed": stat("vs_best_fixed"),
+                "worst_vs_best_fixed": stat("vs_best_fixed", np.max),
+                "mean_vs_max": stat("vs_max"),
+                "mean_vs_oracle": stat("vs_oracle"),
+                "mean_closed": stat("closed"),
+                "least_closed": stat("closed", np.min),
             }
         )
     return out

@@ -472,7 +472,14 @@ def simulate(
     tables = tables or profiled_tables(cfg.gpu, names, 0, cfg.profile_requests_per_clock)
     vt = VirtualTime()
     device = SimulatedDevice(profile, time_source=vt, rng=device_rng)
-    policy = make_policy(cfg.policy, device.supported_clocks_mhz(), cfg.slack, cfg.feedback)
+    # The GPU's idle power, read from the device before any work (as a live sidecar can at
+    # start): what adaptive's energy floor counts energy above.
+    feedback = (
+        cfg.feedback
+        if cfg.feedback.idle_power_w is not None
+        else replace(cfg.feedback, idle_power_w=device.power_w())
+    )
+    policy = make_policy(cfg.policy, device.supported_clocks_mhz(), cfg.slack, feedback)
     sched: Scheduler[None] = Scheduler(
         tables,
         policy,
