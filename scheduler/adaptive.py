@@ -31,6 +31,7 @@ part is worth on the simulator's matrices.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections import OrderedDict
 from dataclasses import replace
@@ -65,23 +66,37 @@ def _finite(x: float) -> float | None:
 
 
 class EnergyModel:
-    """One model's measured energy per request at every (batch, clock), from its table, and the
-    floor it gives for an arrival rate."""
+    """One model's energy per execution at every (batch, clock), from its table's measured
+    energy per request, and the floor it gives for an arrival rate.
+
+    The measured points are noisy (a few requests per clock), and the floor is an argmin over
+    them: each profiled batch's power ``energy · batch / time`` is fitted with CMOS's law
+    ``P(f) = p₀ + p₁·(f / f_max)³`` (static power plus ``f·V²`` with the voltage following
+    the clock) by least squares, and energy per execution is that power times the table's
+    time; between profiled batches it is interpolated.
+    """
 
     def __init__(self, table: ModelTable, plan: ModelPlan, clocks_mhz: list[int]) -> None:
         self.times_ms = plan.times_ms  # row b: one execution of b requests, ms per clock
         self.max_batch = plan.max_batch
+        self.static_w = 0.0
         tabulated = [b for b in table.batches if b <= plan.max_batch] or [1]
+        x3 = (np.asarray(clocks_mhz, dtype=float) / clocks_mhz[-1]) ** 3
         rows = []
         for b in tabulated:
             energies = [table.energy_per_inference_j(c, b) for c in clocks_mhz]
             if any(e is None for e in energies):
                 self.known = False
                 return
-            rows.append([b * float(e) for e in energies if e is not None])  # per execution
+            time_s = np.array([table.predict_ms(c, b) for c in clocks_mhz]) / 1000.0
+            power_w = np.array([b * float(e) for e in energies if e is not None]) / time_s
+            design = np.vstack([np.ones_like(x3), x3]).T
+            (p0, p1), *_ = np.linalg.lstsq(design, power_w, rcond=None)
+            rows.append((p0 + p1 * x3) * time_s)  # J per execution
+            if b == tabulated[0]:
+                self.static_w = float(p0)  # busy, whatever the clock
         self.known = True
         per_execution = np.array(rows)
-        # Energy of one execution of b requests, interpolated between the batches profiled.
         columns = range(len(clocks_mhz))
         self.execution_j: FloatArray = np.vstack(
             [np.zeros(len(clocks_mhz))]
@@ -91,31 +106,36 @@ class EnergyModel:
             ]
         )
 
-    def batch_at(self, rate_rps: float) -> FloatArray:
-        """The batch a Poisson load of ``rate_rps`` forms at each clock: ``b = max(1, λ·t(f, b))``
-        (what arrives during one execution runs in the next), at most the largest batch."""
-        batch = np.ones(self.times_ms.shape[1])
-        for _ in range(8):
-            lo = np.clip(np.floor(batch).astype(int), 1, self.max_batch)
-            hi = np.minimum(lo + 1, self.max_batch)
-            cols = np.arange(len(batch))
-            frac = batch - lo
-            t = (1 - frac) * self.times_ms[lo, cols] + frac * self.times_ms[hi, cols]
-            batch = np.clip(rate_rps * t / 1000.0, 1.0, float(self.max_batch))
-        return batch
-
-    def floor_index(self, rate_rps: float, idle_power_w: float) -> int:
-        """The clock (index) with the least energy per request above ``idle_power_w``, at the
-        batch ``rate_rps`` forms there."""
-        batch = self.batch_at(rate_rps)
+    def _at(self, matrix: FloatArray, batch: FloatArray) -> FloatArray:
+        """``matrix[b, clock]`` at a fractional batch per clock (linear between rows)."""
         cols = np.arange(len(batch))
-        lo = np.floor(batch).astype(int)
+        lo = np.clip(np.floor(batch).astype(int), 1, self.max_batch)
         hi = np.minimum(lo + 1, self.max_batch)
         frac = batch - lo
-        energy = (1 - frac) * self.execution_j[lo, cols] + frac * self.execution_j[hi, cols]
-        time_s = ((1 - frac) * self.times_ms[lo, cols] + frac * self.times_ms[hi, cols]) / 1000.0
+        out: FloatArray = (1 - frac) * matrix[lo, cols] + frac * matrix[hi, cols]
+        return out
+
+    def batch_at(self, rate_rps: float, hold_s: float = 0.0) -> FloatArray:
+        """The batch a Poisson load of ``rate_rps`` forms at each clock: the request that
+        starts it and those that arrive while it is held (``hold_s``) or while the one before
+        runs (``b = 1 + λ·(hold + t(f, b))``), at most the largest batch."""
+        batch = np.ones(self.times_ms.shape[1])
+        for _ in range(8):
+            t_s = self._at(self.times_ms, batch) / 1000.0
+            batch = np.clip(1.0 + rate_rps * (hold_s + t_s), 1.0, float(self.max_batch))
+        return batch
+
+    def floor_index(
+        self, rate_rps: float, idle_power_w: float, tolerance: float = 0.0, hold_s: float = 0.0
+    ) -> int:
+        """The lowest clock (index) whose energy per request above ``idle_power_w``, at the
+        batch the load forms there, is within ``tolerance`` of the least."""
+        batch = self.batch_at(rate_rps, hold_s)
+        energy = self._at(self.execution_j, batch)
+        time_s = self._at(self.times_ms, batch) / 1000.0
         above = (energy - idle_power_w * time_s) / batch
-        return int(np.argmin(above))
+        best = float(above.min())
+        return int(np.argmax(above <= best + tolerance * abs(best)))
 
 
 class AdaptivePolicy(SlackPolicy):
@@ -131,14 +151,17 @@ class AdaptivePolicy(SlackPolicy):
         feedback: FeedbackParams | None = None,
     ) -> None:
         fb = feedback or FeedbackParams()
-        plan = replace(params or SlackParams(), phantoms=fb.phantoms, quantile=fb.plan_quantile)
+        plan = replace(params or SlackParams(), phantoms=fb.phantoms, batch_hold=fb.batch_hold)
         super().__init__(clocks_mhz, plan)
+        self._raise_plans: dict[str, ModelPlan] = {}  # model -> its plan with the raise margin
         self.feedback = fb
         self.controllers: OrderedDict[tuple[str, float], TailController] = OrderedDict()
         self._need_before: dict[str, float] = {}  # model -> its plan's need, before new tables
         self._energy: dict[str, EnergyModel | None] = {}
         self._floors: dict[str, tuple[float, int]] = {}  # model -> (rate, floor clock index)
         self._now_s = 0.0
+        self._idle_since_s: float | None = None
+        self._idle_gap_s: float | None = None  # mean idle period, decayed
 
     # -- levels, clocks and floors, per model -----------------------------------------------
 
@@ -174,7 +197,12 @@ class AdaptivePolicy(SlackPolicy):
         if known is None or abs(rate - known[0]) > RATE_STEP * max(known[0], 1.0):
             known = self._floors[model] = (
                 rate,
-                energy.floor_index(rate, self.feedback.idle_power_w or 0.0),
+                energy.floor_index(
+                    rate,
+                    self.feedback.idle_power_w or 0.0,
+                    self.feedback.floor_tolerance,
+                    0.0 if self._attaching else self.params.batch_hold * s.last_slo_ms(model) / 1e3,
+                ),
             )
         return self.clocks_mhz[known[1]]
 
@@ -238,31 +266,85 @@ class AdaptivePolicy(SlackPolicy):
 
     # -- idle ---------------------------------------------------------------------------------
 
+    def _idle_power_w(self, clock_mhz: float) -> float | None:
+        """Idle power at ``clock_mhz`` from the two readings (lowest and top clock), on the
+        same cubic law as busy power; None when they are not known."""
+        lo, hi = self.feedback.idle_power_w, self.feedback.idle_power_top_w
+        if lo is None or hi is None:
+            return None
+        return lo + (hi - lo) * (clock_mhz / self.clocks_mhz[-1]) ** 3
+
     def idle_clock_mhz(self, s: SchedulerView) -> int:
-        """The lowest clock from which the next request, arriving now, loses at most
-        ``idle_depth`` of the tightest SLO to the raise (``change_delay_ms`` at the idle
-        clock instead of the busy one), never above the busy floor."""
+        """The clock to idle at, never above the busy floor.
+
+        Candidates: every clock from which the next request, arriving now, loses at most
+        ``idle_depth`` of the tightest SLO to the raise (``change_delay_ms`` at the idle clock
+        instead of the busy one), scaled by how far its classes' base speed is below the top
+        clock's (a class at the top clock has no room for a wake-up). Among them, when the
+        GPU's idle power is known: the one with the least expected energy over an idle period
+        (its mean, measured) and the wake-up after it (the extra busy time at the static busy power, as the first request runs at
+        the idle clock until the raise lands); else the lowest.
+        """
         models = [m for m in s.tables.models if self._plan(s, m) is not None]
         busy = self._floor(s, models)
         if not models:
             return busy
-        budget_ms = self.feedback.idle_depth * min(s.last_slo_ms(m) for m in models)
+        # The room a wake-up may take: a share of the SLO, none while a class asks for the
+        # top clock (its tail has no room) and more as its base speed falls.
+        budget_ms = self.feedback.idle_depth * min(
+            s.last_slo_ms(m) * (1.0 - (self.model_scale(m) or 1.0)) for m in models
+        )
         delay_ms = self.params.change_delay_ms
         b = self.clocks_mhz.index(busy)
         times = [p.times_ms[1] for m in models if (p := self._plan(s, m)) is not None]
+        static_w = max(
+            (e.static_w for m in models if (e := self._energy.get(m)) is not None), default=None
+        )
+        best, best_j = busy, math.inf
         for i, clock in enumerate(self.clocks_mhz[: b + 1]):
-            if all(delay_ms * (1.0 - t[b] / t[i]) <= budget_ms for t in times):
+            lost_ms = max(delay_ms * (1.0 - t[b] / t[i]) for t in times)
+            if lost_ms > budget_ms:
+                continue
+            idle_w = self._idle_power_w(clock)
+            if idle_w is None or static_w is None or self._idle_gap_s is None:
                 return clock
-        return busy
+            joules = idle_w * self._idle_gap_s + max(0.0, static_w - idle_w) * lost_ms / 1e3
+            if joules < best_j:
+                best, best_j = clock, joules
+        return best
 
     def _idle(self, s: SchedulerView) -> bool:
         return not s.queue_len and not s.inflight_by_model()
 
     def target_mhz(self, s: SchedulerView, now_s: float) -> int:
+        """The plan's clock for the requests at Triton and queued, never below the floor of
+        the models among them (a model with no request now does not hold the clock up)."""
         self._now_s = now_s
         if self._idle(s):
             return self.idle_clock_mhz(s)
-        return super().target_mhz(s, now_s)
+        inflight = s.inflight_by_model()
+        queued = list(s.iter_queue(self.params.lookahead))
+        models = list(dict.fromkeys([*inflight, *(r.model for r in queued)]))
+        plans = {m: self._plan(s, m) for m in models}
+        if any(p is None for p in plans.values()):
+            return self.clocks_mhz[-1]
+        rates = {m: r for m, r in s.arrival_rates_rps(now_s).items() if m in plans}
+        raising = {m: self._raise_plan(m, p) for m, p in plans.items() if p is not None}
+        feasible = self._feasible(s, now_s, models, dict(raising), inflight, queued, rates)
+        return max(self._first(feasible), self._floor(s, models))
+
+    def _raise_plan(self, model: str, plan: ModelPlan) -> ModelPlan:
+        """``plan`` with the margin the raises plan for (``raise_quantile``: the mean by
+        default, the controller measuring the tail); holds keep the table's p99 margin, as a
+        batch held to its last moment has no room left for the tail."""
+        known = self._raise_plans.get(model)
+        if known is None or known.times_ms is not plan.times_ms:
+            known = copy.copy(plan)
+            table = self._view.table_for(model) if self._view is not None else None
+            q = self.feedback.raise_quantile
+            known.margin_ms = 0.0 if q == "mean" or table is None else table.tail_margin_ms(q)
+            self._raise_plans[model] = known
+        return known
 
     def _decide(self, s: SchedulerView, now_s: float) -> int | None:
         """As ``slack``'s, except that the drop to the idle clock is at once (no hysteresis: an
@@ -271,6 +353,8 @@ class AdaptivePolicy(SlackPolicy):
         if not self._idle(s):
             return super()._decide(s, now_s)
         self._lower_since_s = None
+        if self._idle_since_s is None:
+            self._idle_since_s = now_s
         idle = self.idle_clock_mhz(s)
         if idle == self.current_mhz:
             return None
@@ -325,6 +409,12 @@ class AdaptivePolicy(SlackPolicy):
 
     def on_enqueue(self, s: SchedulerView, request: QueuedRequest, now_s: float) -> int | None:
         self._now_s = now_s
+        if self._idle_since_s is not None:  # an idle period ends: its length, decayed mean
+            gap = now_s - self._idle_since_s
+            self._idle_gap_s = (
+                gap if self._idle_gap_s is None else 0.9 * self._idle_gap_s + 0.1 * gap
+            )
+            self._idle_since_s = None
         return super().on_enqueue(s, request, now_s)
 
     def model_scale(self, model: str) -> float | None:

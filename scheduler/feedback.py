@@ -46,12 +46,18 @@ class FeedbackParams:
     """Knobs of ``adaptive``: its tail controller (:class:`TailController`), its idle clock and
     its energy floor (:mod:`scheduler.adaptive`).
 
-    ``idle_depth``: how deep the clock drops while the GPU is idle, as the most its next
-    request may lose to the clock change (a share of the tightest SLO). ``idle_power_w``: the
-    GPU's power when idle, if known; the energy floor then counts only the energy a request
-    adds above it (a slower clock shortens the idle time it replaces). ``phantoms`` and
-    ``plan_quantile``: the plan's arrivals to come and the quantile of its execution times (the
-    controller measures the tail, so the plan plans the mean).
+    ``idle_depth``: how deep the clock may drop while the GPU is idle, as the most its next
+    request may lose to the clock change (a share of the tightest SLO). ``idle_power_w`` and
+    ``idle_power_top_w``: the GPU's power when idle at its lowest and at its top clock, if
+    known; the energy floor then counts only the energy a request adds above idle (a slower
+    clock shortens the idle time it replaces), and the idle clock weighs what idling lower
+    saves against what the wake-up costs. ``floor_tolerance``: the floor is the lowest clock
+    whose estimated energy is within this share of the least (lower clocks form bigger batches
+    than the estimate counts). ``phantoms``: the plan's
+    arrivals to come. ``raise_quantile``: the quantile of execution times the plan raises the
+    clock for (the controller measures the tail, so the plan raises for the mean);
+    ``batch_hold``: how long a model's requests may be held for a fuller batch, as a share of
+    their SLO (``slack``'s, with the table's p99 margin).
     """
 
     target: float = 0.99
@@ -62,8 +68,11 @@ class FeedbackParams:
     max_samples: int = 2000
     idle_depth: float = 0.2
     idle_power_w: float | None = None
+    idle_power_top_w: float | None = None
+    floor_tolerance: float = 0.05
     phantoms: int = 0
-    plan_quantile: str = "mean"
+    raise_quantile: str = "mean"
+    batch_hold: float = 0.4
 
     def __post_init__(self) -> None:
         if not 0.5 <= self.target < 1.0:

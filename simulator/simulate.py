@@ -472,13 +472,16 @@ def simulate(
     tables = tables or profiled_tables(cfg.gpu, names, 0, cfg.profile_requests_per_clock)
     vt = VirtualTime()
     device = SimulatedDevice(profile, time_source=vt, rng=device_rng)
-    # The GPU's idle power, read from the device before any work (as a live sidecar can at
-    # start): what adaptive's energy floor counts energy above.
-    feedback = (
-        cfg.feedback
-        if cfg.feedback.idle_power_w is not None
-        else replace(cfg.feedback, idle_power_w=device.power_w())
-    )
+    # The GPU's idle power at its lowest and top clock, what a live sidecar reads from the
+    # device at start (idle, locked low then high): adaptive's energy floor counts energy
+    # above idle, and its idle clock weighs idling lower against waking up.
+    feedback = cfg.feedback
+    if feedback.idle_power_w is None:
+        feedback = replace(
+            feedback,
+            idle_power_w=profile.idle_power_w(profile.min_clock_mhz),
+            idle_power_top_w=profile.idle_power_w(profile.max_clock_mhz),
+        )
     policy = make_policy(cfg.policy, device.supported_clocks_mhz(), cfg.slack, feedback)
     sched: Scheduler[None] = Scheduler(
         tables,

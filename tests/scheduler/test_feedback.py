@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -17,89 +18,119 @@ def drive(
     start_s: float,
     end_s: float,
     rate_hz: float,
-    ratio_of_scale: float,
+    at_top: float,
     rng: np.random.Generator,
     spread: float = 0.05,
-) -> list[tuple[float, float]]:
-    """Feed completions whose latency / SLO is ``ratio_of_scale · scale`` (a plant whose tail
-    grows with the deadline the plan aims at), with a little seeded noise; (time, scale) after
-    each."""
+    floor_level: float = -math.inf,
+) -> list[tuple[float, float, float]]:
+    """Feed completions from a plant whose latency / SLO is ``at_top`` at the top clock and
+    grows as the class's speed falls (``at_top / scale``), with a little seeded noise;
+    (time, level, latency / SLO) after each."""
     trace = []
     t = start_s
     while t < end_s:
-        ratio = ratio_of_scale * c.scale * (1.0 + spread * rng.standard_normal())
-        c.observe(t, ratio * SLO_MS, SLO_MS)
-        trace.append((t, c.scale))
+        ratio = at_top / c.scale * (1.0 + spread * rng.standard_normal())
+        c.observe(t, ratio * SLO_MS, SLO_MS, floor_level)
+        trace.append((t, c.level, ratio))
         t += 1.0 / rate_hz
     return trace
 
 
-def test_settles_at_the_setpoint_without_oscillating() -> None:
-    """A plant with room: the scale creeps up, at most ``max_step`` a period, and stays."""
+def test_settles_where_the_target_quantile_meets_the_setpoint() -> None:
+    """A plant with room: the class walks down from the top clock and stays where 1% of
+    completions are past the setpoint, without oscillating."""
     p = FeedbackParams()
     c = TailController(p)
-    trace = drive(c, 0.0, 60.0, 200.0, 0.4, np.random.default_rng(1))
-    scales = np.array([s for _, s in trace])
-    times = np.array([t for t, _ in trace])
-    # Each period raises by at most max_step: after 5 s no more than 1.1**5.
-    assert scales[times < 5.0].max() <= (1 + p.max_step) ** 5 + 1e-9
-    # The plant's p99 is 0.4·scale·(1 + 2.33·0.05): it settles near setpoint / that.
-    settled = scales[times > 40.0]
-    expected = p.setpoint / (0.4 * (1 + 2.33 * 0.05))
-    assert settled.min() > 0.85 * expected and settled.max() <= expected * 1.05
-    assert c.backoffs == 0  # never over the SLO: never cut
-    # No oscillation: once settled it moves less than 5%.
-    assert settled.max() / settled.min() < 1.05
+    trace = drive(c, 0.0, 200.0, 200.0, 0.4, np.random.default_rng(1))
+    levels = np.array([lv for _, lv, _ in trace])
+    ratios = np.array([r for _, _, r in trace])
+    # Slowing down is gradual: at most gain·(1 − target) per completion.
+    assert np.diff(levels).min() >= -p.gain * (1 - p.target) - 1e-12
+    # Where the plant's p99 (0.4/scale·(1 + 2.33·0.05)) meets the setpoint.
+    expected = -math.log(p.setpoint / (0.4 * (1 + 2.33 * 0.05)))
+    settled = levels[-10_000:]
+    assert abs(float(np.median(settled)) - expected) < 0.05
+    # No oscillation: once settled the speed stays within a few of its 5% steps.
+    assert math.exp(settled.max() - settled.min()) < 1.2
+    # And the tail it holds: about 1% past the setpoint, the SLO itself kept.
+    late = ratios[-10_000:]
+    assert 0.003 < float(np.mean(late > p.setpoint)) < 0.02
+    assert float(np.quantile(late, 0.99)) <= 1.0
 
 
-def test_a_burst_costs_one_cut() -> None:
+def test_the_first_completions_move_nothing() -> None:
+    p = FeedbackParams(min_samples=20)
+    c = TailController(p)
+    for i in range(20):
+        assert not c.observe(i * 0.01, 2.0 * SLO_MS, SLO_MS)
+    assert c.level == 0.0 and c.near_misses == 20
+    c.level = -1.0
+    assert c.observe(1.0, 2.0 * SLO_MS, SLO_MS)  # the 21st counts: faster at once
+    assert c.level == pytest.approx(-1.0 + p.gain * p.target)
+
+
+def test_a_run_of_near_misses_speeds_up_within_the_run() -> None:
     p = FeedbackParams()
     c = TailController(p)
-    drive(c, 0.0, 10.0, 100.0, 0.5, np.random.default_rng(2))
-    before = c.scale
-    for i in range(50):  # 50 misses within 0.2 s: one burst
-        c.observe(10.0 + i * 0.004, 2.0 * SLO_MS, SLO_MS)
-    assert c.backoffs == 1
-    assert c.scale == pytest.approx(before * p.backoff)
-
-
-def test_a_run_of_misses_backs_off_fast_and_stays_bounded() -> None:
-    p = FeedbackParams()
-    c = TailController(p)
-    drive(c, 0.0, 20.0, 100.0, 0.4, np.random.default_rng(3))
-    high = c.scale
-    assert high > 1.5
-    # The load steps up: the same scale now gives a tail 2× over the SLO.
-    trace = drive(c, 20.0, 40.0, 100.0, 2.0 / high, np.random.default_rng(4))
-    first_cut = next(t for t, s in trace if s < high)
-    # As soon as the misses pass the window's budget (1% of its 1000 samples: the 11th miss at
-    # 100 per second), not a window later.
-    assert first_cut <= 20.0 + 11 / 100.0 + 1e-9
-    cut_times = [t for (_, prev), (t, s) in itertools.pairwise(trace) if s < prev]
-    assert all(b - a >= p.backoff_gap_s for a, b in itertools.pairwise(cut_times))
-    assert min(s for _, s in trace) >= p.min_scale
-    # It ends where the tail is back under the SLO: scale·2/high ≤ 1.
-    assert c.scale * 2.0 / high <= 1.0
+    drive(c, 0.0, 60.0, 100.0, 0.3, np.random.default_rng(3))
+    low = c.level
+    assert low < -0.5
+    # The load steps up: at the same speed the tail is now 1.5× over the SLO.
+    trace = drive(c, 60.0, 90.0, 100.0, 0.3 * 1.5 / 0.95, np.random.default_rng(4))
+    first_up = next(t for t, lv, _ in trace if lv > low)
+    assert first_up < 60.0 + 0.02  # the first near miss is answered
+    ups = [b - a for (_, a, _), (_, b, _) in itertools.pairwise(trace) if b > a]
+    assert max(ups) <= p.gain * p.target + 1e-12  # each at most one step
+    # It ends where the tail is back at the setpoint, never past the top clock.
+    assert max(lv for _, lv, _ in trace) <= 0.0
+    tail = [r for t, _, r in trace if t > 80.0]
+    assert float(np.quantile(tail, 0.99)) <= 1.0
 
 
 def test_recovers_after_the_load_steps_back_down() -> None:
     p = FeedbackParams()
     c = TailController(p)
-    drive(c, 0.0, 10.0, 100.0, 1.5, np.random.default_rng(5))  # overloaded: scale cut
-    low = c.scale
-    assert low < 1.0
-    drive(c, 10.0, 60.0, 100.0, 0.4, np.random.default_rng(6))  # the load falls back
-    assert c.scale > 1.5 * low
-    assert c.scale <= p.max_scale
+    drive(c, 0.0, 20.0, 100.0, 0.9, np.random.default_rng(5))  # no room: near the top
+    high = c.level
+    assert high > -0.1
+    drive(c, 20.0, 120.0, 100.0, 0.3, np.random.default_rng(6))  # the load falls back
+    assert c.level < high - 0.5  # ten thousand completions with room: much slower
+    assert c.level >= math.log(0.3 / p.setpoint) - 0.2  # but not past where the tail holds
 
 
-def test_quiet_class_keeps_its_scale() -> None:
+def test_never_winds_up_below_the_floor() -> None:
+    """At its energy floor with room to spare, the level stays at the floor: the first near
+    miss when the load returns moves it up from there, not from a credit built below."""
+    p = FeedbackParams()
+    c = TailController(p)
+    floor = -0.4
+    drive(c, 0.0, 60.0, 100.0, 0.1, np.random.default_rng(7), floor_level=floor)
+    assert c.level == pytest.approx(floor)
+    c.observe(60.0, 2.0 * SLO_MS, SLO_MS, floor)
+    assert c.level == pytest.approx(floor + p.gain * p.target)
+
+
+def test_quiet_class_keeps_its_level() -> None:
     c = TailController()
-    drive(c, 0.0, 20.0, 100.0, 0.4, np.random.default_rng(7))
-    kept = c.scale
-    c.observe(500.0, 0.4 * kept * SLO_MS, SLO_MS)  # one completion after a long silence
-    assert c.scale == kept
-    assert np.isnan(c.tail_ratio())  # the window emptied: too few to judge
+    drive(c, 0.0, 20.0, 100.0, 0.4, np.random.default_rng(8))
+    kept = c.level
+    assert math.isfinite(c.tail_ratio())
+    # Nothing for a long time: nothing moves, and the window forgets the old completions.
+    c.observe(500.0, 0.4 * SLO_MS, SLO_MS)
+    assert c.level == pytest.approx(kept - c.params.gain * (1 - c.params.target))
+    assert math.isnan(c.tail_ratio())  # one completion: too few to judge
+
+
+def test_a_rebase_keeps_the_level_and_judges_afresh() -> None:
+    c = TailController()
+    drive(c, 0.0, 30.0, 100.0, 0.4, np.random.default_rng(9))
+    kept = c.level
+    c.rebase()
+    assert c.level == kept and c.rebases == 1
+    assert math.isnan(c.attainment())  # what completed under the old plan no longer counts
+    for i in range(c.params.min_samples):  # a new warm-up
+        assert not c.observe(31.0 + i * 0.01, 2.0 * SLO_MS, SLO_MS)
+    assert c.level == kept
 
 
 @pytest.mark.parametrize(
@@ -107,21 +138,11 @@ def test_quiet_class_keeps_its_scale() -> None:
     [
         {"target": 1.0},
         {"setpoint": 0.0},
-        {"backoff": 1.0},
-        {"min_scale": 2.0},
+        {"gain": 0.0},
+        {"idle_depth": 1.5},
+        {"min_samples": -1},
     ],
 )
 def test_params_are_checked(bad: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         FeedbackParams(**bad)  # type: ignore[arg-type]
-
-
-def test_a_rebase_takes_back_earned_room_and_forgets_the_old_window() -> None:
-    c = TailController()
-    drive(c, 0.0, 30.0, 100.0, 0.4, np.random.default_rng(8))
-    assert c.scale > 1.5
-    c.rebase(1.0)
-    assert c.scale == 1.0 and c.rebases == 1
-    assert np.isnan(c.attainment())  # what completed under the old plan no longer counts
-    c.rebase(1.0)
-    assert c.rebases == 1  # nothing to take back: not counted
