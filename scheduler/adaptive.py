@@ -282,8 +282,9 @@ class AdaptivePolicy(SlackPolicy):
         instead of the busy one), scaled by how far its classes' base speed is below the top
         clock's (a class at the top clock has no room for a wake-up). Among them, when the
         GPU's idle power is known: the one with the least expected energy over an idle period
-        (its mean, measured) and the wake-up after it (the extra busy time at the static busy power, as the first request runs at
-        the idle clock until the raise lands); else the lowest.
+        (its mean, measured) and the wake-up after it (the extra busy time at the static busy
+        power, as the first request runs at the idle clock until the raise lands); else the
+        lowest.
         """
         models = [m for m in s.tables.models if self._plan(s, m) is not None]
         busy = self._floor(s, models)
