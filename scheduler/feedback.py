@@ -19,7 +19,9 @@ estimate a p99 from a handful of samples.
 * **Up fast, down slowly.** With the defaults a near miss speeds the class up by 5%, and 99
   completions inside the setpoint slow it by as much: a run of near misses is answered within
   that run, while a class with room walks its clock down a few percent a second at a hundred
-  requests a second.
+  requests a second. While a hundred completions in a row stay under ``far_below`` (0.8) of
+  the setpoint, the class walks down ``fast_descent`` (10) times faster: far from the
+  setpoint a step costs nothing.
 * **No wind-up.** The policy passes the lowest level worth running at (its energy floor): the
   level never sinks below it, so a class that sat at the floor with room to spare has no
   credit to lose when the load comes back, and the level never rises past the top clock.
@@ -63,6 +65,8 @@ class FeedbackParams:
     target: float = 0.99
     setpoint: float = 0.95
     gain: float = 0.05
+    far_below: float = 0.8
+    fast_descent: float = 10.0
     min_samples: int = 20
     window_s: float = 10.0
     max_samples: int = 2000
@@ -96,6 +100,7 @@ class TailController:
         self.level = min(0.0, level)
         self._window: deque[tuple[float, float]] = deque()
         self._seen = 0
+        self._since_high = 0
         self.near_misses = 0
         self.completions = 0
         self.rebases = 0
@@ -119,13 +124,17 @@ class TailController:
         self._seen += 1
         near = ratio > p.setpoint
         self.near_misses += near
+        self._since_high = 0 if ratio > p.far_below * p.setpoint else self._since_high + 1
         if self._seen <= p.min_samples:
             return False
         before = self.level
         if near:
             self.level += p.gain * p.target
         else:
-            self.level -= p.gain * (1.0 - p.target)
+            # Far below the setpoint for as many completions as the target quantile needs
+            # to see one past it: the tail has room to spare, walk down faster.
+            far = self._since_high >= 1.0 / (1.0 - p.target)
+            self.level -= p.gain * (1.0 - p.target) * (p.fast_descent if far else 1.0)
         self.level = min(0.0, max(self.level, min(floor_level, 0.0)))
         return self.level > before
 
