@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 OUT    := out
 
-.PHONY: setup lint typecheck test fuzz demo compare bench monitor gpu-check clean
+.PHONY: setup lint typecheck test fuzz demo compare compare-steady compare-varying bench monitor gpu-check clean
 
 # Debian's Prometheus (promtool too): the monitoring tests and `make monitor` need it.
 PROMETHEUS := /usr/bin/prometheus
@@ -43,6 +43,13 @@ demo: setup
 
 compare: setup
 	$(BIN)/python -m scheduler compare -o $(OUT)/compare
+
+# The matrices of docs/policy.md, five seeds each (about 50 and 30 minutes on 2 cores).
+compare-steady: setup
+	$(BIN)/python -m scheduler compare --matrix steady --full -o $(OUT)/compare-steady
+
+compare-varying: setup
+	$(BIN)/python -m scheduler compare --matrix varying --full -o $(OUT)/compare-varying
 
 bench: setup
 	$(BIN)/python -m benchmarks.bench

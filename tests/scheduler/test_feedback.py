@@ -44,8 +44,15 @@ def test_settles_where_the_target_quantile_meets_the_setpoint() -> None:
     trace = drive(c, 0.0, 200.0, 200.0, 0.4, np.random.default_rng(1))
     levels = np.array([lv for _, lv, _ in trace])
     ratios = np.array([r for _, _, r in trace])
-    # Slowing down is gradual: at most gain·(1 − target) per completion.
-    assert np.diff(levels).min() >= -p.gain * (1 - p.target) - 1e-12
+    # Slowing down is gradual: one step of gain·(1 − target) per completion, ten while the
+    # tail stays far below the setpoint (from the top clock, at first), one near it.
+    step = p.gain * (1 - p.target)
+    downs = -np.diff(levels)[np.diff(levels) < 0]
+    assert downs.max() <= p.fast_descent * step + 1e-12
+    assert np.allclose(downs[:50], step)  # a hundred completions before it is sure
+    fast = np.isclose(downs, p.fast_descent * step)
+    assert fast.sum() >= 20 and not fast[-5000:].any()  # far from the setpoint only
+    assert np.median(downs[-5000:]) == pytest.approx(step)
     # Where the plant's p99 (0.4/scale·(1 + 2.33·0.05)) meets the setpoint.
     expected = -math.log(p.setpoint / (0.4 * (1 + 2.33 * 0.05)))
     settled = levels[-10_000:]

@@ -211,8 +211,38 @@ def test_cli_compare_writes_table_csv_and_plot(
         == 0
     )
     lines = (tmp_path / "compare.csv").read_text().splitlines()
-    assert lines[0].startswith("gpu,mix,load,slo_mult,seed,policy,")
+    assert lines[0].startswith("gpu,mix,arrival,load,slo_mult,seed,policy,")
     assert len(lines) == 1 + 2 * 4  # 2 seeds × 4 policies
     assert (tmp_path / "compare.png").read_bytes()[:4] == b"\x89PNG"
     out = capsys.readouterr().out
-    assert "adaptive" in out and "against the best single clock" in out
+    assert "adaptive" in out and "where the best single clock meets p99" in out
+    # The results file: every run, the summary, where and from what code they came.
+    results = json.loads((tmp_path / "compare.json").read_text())
+    assert len(results["rows"]) == 8 and results["meta"]["commit"]
+    assert {s["policy"] for s in results["summary"]} == {"max", "slack", "adaptive"}
+    page = (tmp_path / "compare.md").read_text()
+    assert "## Summary over cells" in page and "## adaptive, per cell" in page
+    assert "vs best-fixed" in page and "closed" in page
+
+
+def test_cli_compare_varying_matrix_reports_the_distance_to_the_bound(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [
+        "compare", "--matrix", "varying", "--gpus", "v100", "--loads", "0.9",
+        "--slo-multipliers", "3", "--policies", "max,adaptive,best-fixed",
+        "--duration-s", "20", "--jobs", "1", "-o", str(tmp_path),
+    ]  # fmt: skip
+    assert main(argv) == 0
+    rows = json.loads((tmp_path / "compare.json").read_text())["rows"]
+    assert {r["arrival"] for r in rows} == {"day:diurnal"}
+    fixed = next(r for r in rows if r["policy"] == "best-fixed")
+    mine = next(r for r in rows if r["policy"] == "adaptive")
+    # The bound is the cell's: below every run, and closed is measured against it.
+    bound = fixed["oracle_energy_per_inference_j"]
+    assert bound < mine["energy_per_inference_j"] and bound < fixed["energy_per_inference_j"]
+    expected = (fixed["energy_per_inference_j"] - mine["energy_per_inference_j"]) / (
+        fixed["energy_per_inference_j"] - mine["oracle_energy_per_inference_j"]
+    )
+    assert mine["closed"] == pytest.approx(expected)
+    assert "varying matrix" in capsys.readouterr().out
