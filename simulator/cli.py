@@ -177,6 +177,7 @@ def _matrix(args: argparse.Namespace, **extra: object) -> Matrix:
 
 
 FULL_SEEDS = (0, 1, 2, 3, 4)
+MAX_ROWS_SHOWN = 300  # more runs than this: the per-cell page only
 
 
 def _cmd_compare(args: argparse.Namespace, console: Console) -> int:
@@ -185,46 +186,58 @@ def _cmd_compare(args: argparse.Namespace, console: Console) -> int:
     with _progress(console) as bar:
         task = bar.add_task("simulating", total=len(configs))
         rows = tabulate(run_all(configs, jobs=args.jobs, progress=lambda n: bar.advance(task, n)))
-    view = Table(
-        title=f"{matrix.name} matrix ({matrix.duration_s:g} s per run, seeds "
-        f"{','.join(map(str, matrix.seeds))}); ratios are energy per inference"
+    out = Path(args.out_dir)
+    write_csv(rows, out / "compare.csv")
+    written = write_results(
+        rows,
+        out,
+        title=f"compare: the {matrix.name} matrix",
+        describe=_describe(matrix),
+        meta=provenance(["python", "-m", "scheduler", *(args.argv or [])]),
     )
-    for col in (
-        "GPU",
-        "mix",
-        "load",
-        "SLO ×",
-        "seed",
-        "policy",
-        "J/inf",
-        "vs max",
-        "vs best-fixed",
-        "vs bound",
-        "closed",
-        "p99/SLO",
-        "SLO met",
-        "MHz",
-    ):
-        view.add_column(col, justify="right")
-    for r in rows:
-        miss = r["p99_over_slo"] > 1
-        view.add_row(
-            r["gpu"],
-            r["mix"],
-            f"{r['load']:g}",
-            f"{r['slo_mult']:g}",
-            str(r["seed"]),
-            r["policy"],
-            f"{r['energy_per_inference_j']:.3f}",
-            f"{r['vs_max']:.2f}",
-            f"{r['vs_best_fixed']:.3f}",
-            f"{r['vs_oracle']:.2f}",
-            f"{r['closed']:.2f}",
-            f"[red]{r['p99_over_slo']:.2f}[/red]" if miss else f"{r['p99_over_slo']:.2f}",
-            f"{r['slo_attainment']:.1%}",
-            f"{r['mean_clock_mhz']:.0f}",
+    if len(rows) <= MAX_ROWS_SHOWN:
+        view = Table(
+            title=f"{matrix.name} matrix ({matrix.duration_s:g} s per run, seeds "
+            f"{','.join(map(str, matrix.seeds))}); ratios are energy per inference"
         )
-    console.print(view)
+        for col in (
+            "GPU",
+            "mix",
+            "load",
+            "SLO ×",
+            "seed",
+            "policy",
+            "J/inf",
+            "vs max",
+            "vs best-fixed",
+            "vs bound",
+            "closed",
+            "p99/SLO",
+            "SLO met",
+            "MHz",
+        ):
+            view.add_column(col, justify="right")
+        for r in rows:
+            miss = r["p99_over_slo"] > 1
+            view.add_row(
+                r["gpu"],
+                r["mix"],
+                f"{r['load']:g}",
+                f"{r['slo_mult']:g}",
+                str(r["seed"]),
+                r["policy"],
+                f"{r['energy_per_inference_j']:.3f}",
+                f"{r['vs_max']:.2f}",
+                f"{r['vs_best_fixed']:.3f}",
+                f"{r['vs_oracle']:.2f}",
+                f"{r['closed']:.2f}",
+                f"[red]{r['p99_over_slo']:.2f}[/red]" if miss else f"{r['p99_over_slo']:.2f}",
+                f"{r['slo_attainment']:.1%}",
+                f"{r['mean_clock_mhz']:.0f}",
+            )
+        console.print(view)
+    else:
+        console.print(f"{len(rows)} runs: per cell in {out / 'compare.md'}")
     if BEST_FIXED in matrix.policies:
         summary = Table(title="over the (cell, seed) pairs where the best single clock meets p99")
         for col in (
@@ -256,16 +269,7 @@ def _cmd_compare(args: argparse.Namespace, console: Console) -> int:
                 f"{s['least_closed']:.2f}",
             )
         console.print(summary)
-    out = Path(args.out_dir)
-    write_csv(rows, out / "compare.csv")
     plot(rows, out / "compare.png")
-    written = write_results(
-        rows,
-        out,
-        title=f"compare: the {matrix.name} matrix",
-        describe=_describe(matrix),
-        meta=provenance(["python", "-m", "scheduler", *(args.argv or [])]),
-    )
     console.print(
         f"wrote {out / 'compare.csv'}, {out / 'compare.png'}, " + ", ".join(str(p) for p in written)
     )

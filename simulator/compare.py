@@ -203,9 +203,13 @@ def resolve_capacities(configs: Sequence[SimConfig], *, jobs: int | None = None)
 
 
 def _run(cfg: SimConfig) -> Row:
-    if cfg.policy == BEST_FIXED:
-        return best_fixed(cfg)
-    return {**simulate(cfg).to_json(), "fixed_mhz": None}
+    row = (
+        best_fixed(cfg)
+        if cfg.policy == BEST_FIXED
+        else {**simulate(cfg).to_json(), "fixed_mhz": None}
+    )
+    # The matrix's load, whatever it is a fraction of (a rate given is the load's rate).
+    return {**row, "load": cfg.load}
 
 
 def run_all(
