@@ -115,22 +115,35 @@ class EnergyModel:
         out: FloatArray = (1 - frac) * matrix[lo, cols] + frac * matrix[hi, cols]
         return out
 
-    def batch_at(self, rate_rps: float, hold_s: float = 0.0) -> FloatArray:
+    def batch_at(
+        self, rate_rps: float, hold_s: float = 0.0, room_s: float | None = None, share: float = 1.0
+    ) -> FloatArray:
         """The batch a Poisson load of ``rate_rps`` forms at each clock: the request that
-        starts it and those that arrive while it is held (``hold_s``) or while the one before
-        runs (``b = 1 + λ·(hold + t(f, b))``), at most the largest batch."""
+        starts it and those that arrive while it is held or while the one before runs
+        (``b = 1 + λ·(hold + t(f, b))``), at most the largest batch.
+
+        The hold is ``hold_s``; with ``room_s`` (the time a request may take in all) it is at
+        most what is left of the room once the batch has run (``t(f, b) / share``): a faster
+        clock can hold longer and forms bigger batches."""
         batch = np.ones(self.times_ms.shape[1])
-        for _ in range(8):
+        for _ in range(12):
             t_s = self._at(self.times_ms, batch) / 1000.0
-            batch = np.clip(1.0 + rate_rps * (hold_s + t_s), 1.0, float(self.max_batch))
+            hold = hold_s if room_s is None else np.clip(room_s - t_s / share, 0.0, hold_s)
+            batch = np.clip(1.0 + rate_rps * (hold + t_s), 1.0, float(self.max_batch))
         return batch
 
     def floor_index(
-        self, rate_rps: float, idle_power_w: float, tolerance: float = 0.0, hold_s: float = 0.0
+        self,
+        rate_rps: float,
+        idle_power_w: float,
+        tolerance: float = 0.0,
+        hold_s: float = 0.0,
+        room_s: float | None = None,
+        share: float = 1.0,
     ) -> int:
         """The lowest clock (index) whose energy per request above ``idle_power_w``, at the
-        batch the load forms there, is within ``tolerance`` of the least."""
-        batch = self.batch_at(rate_rps, hold_s)
+        batch the load forms there (:meth:`batch_at`), is within ``tolerance`` of the least."""
+        batch = self.batch_at(rate_rps, hold_s, room_s, share)
         energy = self._at(self.execution_j, batch)
         time_s = self._at(self.times_ms, batch) / 1000.0
         above = (energy - idle_power_w * time_s) / batch
@@ -151,7 +164,12 @@ class AdaptivePolicy(SlackPolicy):
         feedback: FeedbackParams | None = None,
     ) -> None:
         fb = feedback or FeedbackParams()
-        plan = replace(params or SlackParams(), phantoms=fb.phantoms, batch_hold=fb.batch_hold)
+        plan = replace(
+            params or SlackParams(),
+            phantoms=fb.phantoms,
+            batch_hold=fb.batch_hold,
+            hold_while_busy=fb.hold_while_busy,
+        )
         super().__init__(clocks_mhz, plan)
         self._raise_plans: dict[str, ModelPlan] = {}  # model -> its plan with the raise margin
         self.feedback = fb
@@ -201,10 +219,26 @@ class AdaptivePolicy(SlackPolicy):
                     rate,
                     self.feedback.idle_power_w or 0.0,
                     self.feedback.floor_tolerance,
-                    0.0 if self._attaching else self.params.batch_hold * s.last_slo_ms(model) / 1e3,
+                    *self._hold_room_s(s, model, plan),
+                    self.params.safety,
                 ),
             )
         return self.clocks_mhz[known[1]]
+
+    def _hold_room_s(
+        self, s: SchedulerView, model: str, plan: ModelPlan
+    ) -> tuple[float, float | None]:
+        """The longest hold of ``model``'s requests and the time a held batch may take in all
+        (its SLO at the setpoint, less the clock change and the tail margin): what the energy
+        floor's batch counts on (:meth:`EnergyModel.batch_at`). Attaching, none."""
+        if self._attaching or not self.params.batch_hold:
+            return 0.0, None
+        slo_s = s.last_slo_ms(model) / 1e3
+        room_s = (
+            self.feedback.setpoint * slo_s
+            - (self.params.change_delay_ms + plan.margin_ms) / 1e3
+        )
+        return self.params.batch_hold * slo_s, room_s
 
     def base_mhz(self, s: SchedulerView, model: str) -> int | None:
         """The clock ``model``'s classes ask for: the fastest of their base speeds (None: no
@@ -224,9 +258,19 @@ class AdaptivePolicy(SlackPolicy):
         return self._snap_up(max(floors)) if floors else self.clocks_mhz[0]
 
     def _floor_of(self, plan: ModelPlan) -> int | None:
-        """The clock a batch held back will run at (``release_limit``): its model's floor."""
+        """The clock a batch held back is planned to run at (``release_limit``): its model's
+        energy floor, not the base clock. The base rises when the tail nears the SLO; a hold
+        planned at the base would stretch to absorb the faster clock and the tail would stay
+        where it was (a loop that ends at the top clock)."""
         model = next((m for m, p in self._plans.items() if p is plan), None)
-        return None if model is None or self._view is None else self._model_floor(self._view, model)
+        if model is None or self._view is None:
+            return None
+        return self.energy_floor_mhz(self._view, model)
+
+    def _hold_deadline_s(self, r: QueuedRequest) -> float:
+        """Holds end in time for the controller's setpoint, not the SLO: a batch held to its
+        last moment lands its tail where the controller aims."""
+        return r.arrival_s + self.feedback.setpoint * r.slo_ms / 1000.0
 
     _view: SchedulerView | None = None
     _attaching = False

@@ -77,6 +77,7 @@ class FeedbackParams:
     phantoms: int = 0
     raise_quantile: str = "mean"
     batch_hold: float = 0.4
+    hold_while_busy: bool = False
 
     def __post_init__(self) -> None:
         if not 0.5 <= self.target < 1.0:

@@ -167,6 +167,7 @@ class SlackParams:
     change_delay_ms: float = 5.0
     arrival_quantile: float = 0.05
     phantom_margin: float = 1.0
+    hold_while_busy: bool = False
 
 
 class ModelPlan:
@@ -255,6 +256,10 @@ class SlackPolicy(ClockPolicy):
         scale = self._slo_scale(r.model, r.slo_ms)
         return r.deadline_s if scale == 1.0 else r.arrival_s + scale * r.slo_ms / 1000.0
 
+    def _hold_deadline_s(self, r: QueuedRequest) -> float:
+        """The deadline a batch held back for ``r`` is released in time for."""
+        return self._deadline_s(r)
+
     def release_limit(self, s: SchedulerView, model: str, now_s: float) -> int:
         """Hold ``model``'s waiting requests back for a fuller batch while that is safe; else
         let go all its batcher can use.
@@ -274,7 +279,9 @@ class SlackPolicy(ClockPolicy):
         plan = self._plan(s, model)
         waiting = s.queued_of(model)
         n = len(waiting)
-        if not self.params.batch_hold or plan is None or n == 0 or s.inflight_count(model):
+        if not self.params.batch_hold or plan is None or n == 0:
+            return depth
+        if s.inflight_count(model) and not self.params.hold_while_busy:
             return depth
         if waiting[0].seq <= self._released_upto.get(model, -1):
             return depth  # the rest of a batch let go: it goes together
@@ -293,7 +300,9 @@ class SlackPolicy(ClockPolicy):
             + plan.times_ms[part, clock]
             + plan.margin_ms * math.sqrt(full + (part > 0))
         )
-        deadline_s = min(self._deadline_s(r) for r in waiting)
+        if p.hold_while_busy:
+            need_ms += self._shared_ms(s, model, clock, need_ms)
+        deadline_s = min(self._hold_deadline_s(r) for r in waiting)
         by_deadline = deadline_s - (need_ms / p.safety + p.change_delay_ms) / 1000.0
         until_s = min(by_slo, by_deadline)
         if until_s <= now_s + MIN_HOLD_S:
@@ -301,6 +310,24 @@ class SlackPolicy(ClockPolicy):
             return depth
         self._holds[model] = until_s
         return s.inflight_count(model)
+
+    def _shared_ms(self, s: SchedulerView, model: str, clock: int, own_ms: float) -> float:
+        """How much the other models' work known now (at Triton and queued) delays ``own_ms``
+        of ``model``'s at clock index ``clock``: models time-share the GPU, so each delays it
+        by its own work or by ``own_ms``, whichever is less (as in :meth:`_feasible`)."""
+        counts = {m: len(reqs) for m, reqs in s.inflight_by_model().items() if m != model}
+        for m, n in s.queued_by_model().items():
+            if m != model:
+                counts[m] = counts.get(m, 0) + n
+        delay_ms = 0.0
+        for m, n in counts.items():
+            plan = self._plan(s, m)
+            if plan is None or not n:
+                continue
+            full, part = divmod(n, plan.max_batch)
+            work_ms = full * plan.times_ms[plan.max_batch, clock] + plan.times_ms[part, clock]
+            delay_ms += min(own_ms, float(work_ms))
+        return delay_ms
 
     def initial_clock_mhz(self) -> int | None:
         return self.current_mhz
