@@ -361,11 +361,38 @@ class AdaptivePolicy(SlackPolicy):
     def _idle(self, s: SchedulerView) -> bool:
         return not s.queue_len and not s.inflight_by_model()
 
+    def _resting(self, s: SchedulerView, now_s: float) -> bool:
+        """Whether the GPU has nothing to run until a hold ends: nothing at Triton and every
+        model queued held back for a fuller batch, none of the holds due within a clock
+        change (the raise for a held batch is set that long before it goes)."""
+        if self._idle(s):
+            return True
+        if s.inflight_by_model() or not self.feedback.rest_while_holding:
+            return False
+        lead_s = self.params.change_delay_ms / 1000.0
+        for model in s.queued_by_model():
+            if self.release_limit(s, model, now_s) > 0:
+                return False
+            until = self._holds.get(model)
+            if until is None or until - lead_s <= now_s:
+                return False
+        return True
+
+    def wake_at_s(self) -> float | None:
+        """As ``slack``'s, and a clock change before each hold ends (the raise for the batch
+        held lands as it goes)."""
+        lead_s = self.params.change_delay_ms / 1000.0
+        times = [t - lead_s for t in self._holds.values()]
+        own = super().wake_at_s()
+        if own is not None:
+            times.append(own)
+        return min(times, default=None)
+
     def target_mhz(self, s: SchedulerView, now_s: float) -> int:
         """The plan's clock for the requests at Triton and queued, never below the floor of
         the models among them (a model with no request now does not hold the clock up)."""
         self._now_s = now_s
-        if self._idle(s):
+        if self._resting(s, now_s):
             return self.idle_clock_mhz(s)
         inflight = s.inflight_by_model()
         queued = list(s.iter_queue(self.params.lookahead))
@@ -395,7 +422,7 @@ class AdaptivePolicy(SlackPolicy):
         """As ``slack``'s, except that the drop to the idle clock is at once (no hysteresis: an
         idle GPU has no request to slow down)."""
         self._now_s = now_s
-        if not self._idle(s):
+        if not self._resting(s, now_s):
             return super()._decide(s, now_s)
         self._lower_since_s = None
         if self._idle_since_s is None:
@@ -448,7 +475,7 @@ class AdaptivePolicy(SlackPolicy):
         )
         latency_ms = (now_s - request.arrival_s) * 1000.0
         rose = controller.observe(now_s, latency_ms, request.slo_ms, floor_level)
-        if rose or self._idle(s):  # the base rose, or the GPU went idle: plan again now
+        if rose or self._resting(s, now_s):  # the base rose, or the GPU rests: plan again
             return self._decide(s, now_s)
         return None
 

@@ -78,6 +78,7 @@ class FeedbackParams:
     raise_quantile: str = "mean"
     batch_hold: float = 0.4
     hold_while_busy: bool = False
+    rest_while_holding: bool = False
 
     def __post_init__(self) -> None:
         if not 0.5 <= self.target < 1.0:
