@@ -11,7 +11,7 @@ from typing import Generic
 
 from scheduler.observe import ExecutionObserver
 from scheduler.policies import ClockPolicy
-from scheduler.queue import PriorityCfsQueue
+from scheduler.queue import PriorityCfsQueue, VruntimeLedger
 from scheduler.request import Completion, Dispatch, EnqueueResult, P, Request
 from scheduler.view import ModelServing, QueuedRequest
 from scheduler.weights import NICE_MAX, NICE_MIN, weight_for_nice
@@ -86,15 +86,18 @@ class Scheduler(Generic[P]):
         config: SchedulerConfig | None = None,
         serving: Mapping[str, ModelServing] | None = None,
         learner: OnlineTables | None = None,
+        ledger: VruntimeLedger | None = None,
     ) -> None:
         """``learner``: when given, every isolated execution (:mod:`scheduler.observe`) is a
-        measurement, and the tables are refitted from them as it says (tables that learn)."""
+        measurement, and the tables are refitted from them as it says (tables that learn).
+        ``ledger``: the virtual runtimes shared with the other GPUs of the node (default: this
+        GPU's own)."""
         self._tables = tables
         self.learner = learner
         self._observer = ExecutionObserver()
         self.policy = policy
         self.config = config or SchedulerConfig()
-        self.queue: PriorityCfsQueue[P] = PriorityCfsQueue()
+        self.queue: PriorityCfsQueue[P] = PriorityCfsQueue(ledger)
         self.inflight: dict[int, Request[P]] = {}
         self._inflight_by_model: dict[str, list[QueuedRequest]] = {}
         self._queued_of: dict[str, list[QueuedRequest]] = {}

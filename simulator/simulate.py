@@ -24,6 +24,7 @@ from dvfs.timesource import VirtualTime
 from scheduler.clients import ClientSpec
 from scheduler.core import Scheduler, SchedulerConfig
 from scheduler.feedback import FeedbackParams
+from scheduler.placement import PlacementParams
 from scheduler.policies import SlackParams
 from scheduler.registry import make_policy
 from scheduler.request import Request
@@ -85,6 +86,9 @@ class SimConfig:
     model mix given (see :func:`mix_capacity_rps`). Triton runs each model with ``instances``
     instances and its dynamic batcher (largest batch: the model's, ``batcher_delay_ms`` of
     waiting for a fuller one); ``max_inflight`` caps what the sidecar keeps at Triton.
+
+    ``gpus`` > 1: a node of that many GPUs (:mod:`simulator.node`), ``load`` a fraction of the
+    node's capacity, ``placement`` choosing each request's GPU.
     """
 
     gpu: str = "v100"
@@ -109,12 +113,14 @@ class SimConfig:
     slack: SlackParams = field(default_factory=SlackParams)
     feedback: FeedbackParams = field(default_factory=FeedbackParams)
     learn: bool = False  # refit the tables online from what the run measures
+    gpus: int = 1
+    placement: PlacementParams = field(default_factory=PlacementParams)
 
     def rate(self, profile: GpuProfile) -> float:
         if self.rate_rps is not None:
             return self.rate_rps
         assert self.load is not None
-        return self.load * mix_capacity_rps(profile, self.models)
+        return self.load * self.gpus * mix_capacity_rps(profile, self.models)
 
     def model_slo_ms(self, mix: ModelMix) -> float:
         return mix.slo_ms if mix.slo_ms is not None else self.slo_ms
