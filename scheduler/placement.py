@@ -9,17 +9,19 @@ moves. Three modes:
     run before it there: everything already at Triton, everything waiting at a higher priority
     level, the requests of its own flow ahead of it, and of each other flow at its level as much
     as CFS would serve before it (a flow whose virtual runtime is behind runs until it catches
-    up with the new request's, in proportion to its weight); then its own batch. Times come
-    from the GPU's tables at the clock its policy targets now. Ties go to the GPU with the least
-    work, then to the one that took a request longest ago, so that an idle node spreads.
+    up with the new request's, in proportion to its weight); then its own batch, in batches as
+    full as the model allows. Times come from the GPU's tables, ranked at each GPU's top clock
+    (what it can do), then at the clock its policy targets now: ranking by the current clock
+    first pulls work towards GPUs whose clock is already high, which keeps them high and costs
+    energy. Ties go to the GPU with the least work, then to the one that took a request longest
+    ago, so that an idle node spreads.
 ``energy``
-    The GPU where the request adds the least energy, among those where it is expected to finish
-    within ``pack_slo_share`` of the time left to its deadline at the GPU's top clock (its
-    policy can raise the clock that far); ``spread`` when no GPU can. A request's energy is the
-    table's energy per inference at the GPU's clock and the batch it would share the GPU with,
-    less what the GPU would draw idle meanwhile (``idle_w``): a GPU that already works, at a low
-    clock, in bigger batches, is cheaper than waking one, until its clock has risen high enough
-    that an idle one at a low clock is cheaper. So low load packs onto few GPUs and the rest
+    Among the GPUs where the request is expected to finish within ``pack_slo_share`` of the time
+    left to its deadline at the clock their policy targets now (packing must not force a clock
+    up), the one where it adds the least energy; ``spread`` when no GPU can. A request's energy
+    is the table's energy per inference at that clock and the batch it would share the GPU with,
+    less what the GPU would draw idle meanwhile (``idle_w``): a GPU that already works, in
+    bigger batches, is cheaper than waking one. So low load packs onto few GPUs and the rest
     idle; high load (or a tight SLO) spreads.
 ``round-robin``
     Each GPU in turn, whatever it holds (the baseline a plain load balancer gives).

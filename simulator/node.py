@@ -47,6 +47,7 @@ from time2clock.table import TableSet
 # At equal times: clock changes land, then completions, timers, arrivals (as simulate's).
 _CLOCK, _COMPLETE, _TIMER, _ARRIVAL = 0, 1, 2, 3
 WARMUP_SHARE = 0.1  # fair shares are measured after this share of the run (queues filled)
+BUSY_SHARE = 0.05  # a GPU busy at least this share of the run counts as used
 
 
 @dataclass
@@ -111,6 +112,7 @@ class NodeResult(SimResult):
         c = self.config
         out["gpus"] = c.gpus
         out["placement"] = c.placement.mode
+        out["gpus_used"] = sum(g.busy_s >= BUSY_SHARE * self.span_s for g in self.per_gpu)
         out["per_gpu"] = [
             {
                 "placed": g.placed,
