@@ -158,8 +158,13 @@ class Scheduler(Generic[P]):
         return len(self.queue)
 
     def charge_ms(self, model: str) -> float:
-        """What CFS charges a request of ``model`` when it is sent: one execution's predicted
-        time at the clock now targeted (completion corrects it with the time measured)."""
+        """What CFS charges a request of ``model`` when it is sent (completion corrects it with
+        the time measured): what requests of the model have been charged lately in all, else
+        one execution's predicted time at the clock now targeted. Charging much less than the
+        final charge would let a flow take many free slots before its completions catch up."""
+        served = self.queue.service_ms(model)
+        if served is not None:
+            return served
         table = self._tables.get(model)
         if table is None:
             return self.config.default_slo_ms / 4

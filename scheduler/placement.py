@@ -86,6 +86,8 @@ class RunQueueView(Protocol):
 
     def start_vruntime(self, level: int, client_id: str) -> float: ...
 
+    def service_ms(self, model: str) -> float | None: ...
+
 
 class GpuView(Protocol):
     """What placement reads of one GPU's scheduler (:class:`scheduler.core.Scheduler`)."""
@@ -329,14 +331,24 @@ def _ahead(gpu: GpuView, request: Request[Any], times: _Times) -> tuple[dict[str
     start = queue.start_vruntime(level, request.client_id)
     others: list[tuple[float, int, Mapping[str, int], float]] = []
     own_ms = 0.0
+    charges: dict[str, float] = {}
+
+    def charge_ms(model: str) -> float:
+        """Virtual runtime (at weight 1024) a request of ``model`` costs: what requests of it
+        have been charged lately, else one execution's predicted time."""
+        value = charges.get(model)
+        if value is None:
+            value = charges[model] = queue.service_ms(model) or times.batch_ms(model, 1)
+        return value
+
     for client, vruntime, weight, by_model in queue.waiting_flows(level):
-        work_ms = sum(n * times.batch_ms(m, 1) for m, n in by_model.items())
+        work_ms = sum(n * charge_ms(m) for m, n in by_model.items())
         if client == request.client_id:
             add(by_model)
             own_ms = work_ms
         else:
             others.append((vruntime, weight, by_model, work_ms))
-    own_ms += times.batch_ms(request.model, 1)
+    own_ms += charge_ms(request.model)
     finish_vruntime = start + own_ms * NICE_0_WEIGHT / own_w
     for vruntime, weight, by_model, work_ms in others:
         if work_ms <= 0:

@@ -137,6 +137,7 @@ class _Level(Generic[P]):
             self.min_vruntime = flow.vruntime
 
 
+SERVICE_EWMA = 0.05  # weight of the latest request in the mean service time per model
 _CHARGE_PER_MS = tuple(NICE_0_WEIGHT / w for w in SCHED_PRIO_TO_WEIGHT)
 
 
@@ -167,6 +168,7 @@ class PriorityCfsQueue(Generic[P]):
         self._deadlines: list[tuple[float, int]] = []
         self._queued: set[int] = set()
         self._backlogged_weight = 0  # sum of the weights of flows with requests queued
+        self._service_ms: dict[str, float] = {}  # per model: what a request is charged, EWMA
 
     def __len__(self) -> int:
         return self._size
@@ -265,6 +267,10 @@ class PriorityCfsQueue(Generic[P]):
             return
         flow.inflight -= 1
         flow.vruntime += vruntime_charge(service_ms - request.charged_ms, request.nice)
+        mean = self._service_ms.get(request.model)
+        self._service_ms[request.model] = (
+            service_ms if mean is None else mean + SERVICE_EWMA * (service_ms - mean)
+        )
         if flow.requests:
             level.push_key(flow)
             level.advance_min()
@@ -345,6 +351,12 @@ class PriorityCfsQueue(Generic[P]):
         for flow in lvl.flows.values():
             if flow.requests:
                 yield flow.client_id, flow.vruntime, flow.weight, flow.by_model
+
+    def service_ms(self, model: str) -> float | None:
+        """What a request of ``model`` has been charged lately (its time from dispatch to
+        completion, a moving mean; None before the first): the unit in which virtual runtime
+        grows, per request."""
+        return self._service_ms.get(model)
 
     def start_vruntime(self, level: int, client_id: str) -> float:
         """The virtual runtime a new request of this flow would queue at here: the flow's own
