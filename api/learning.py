@@ -122,13 +122,16 @@ class LearnedTableSaver:
 
 
 class LearningCollector(Collector):
-    """At scrape time, per model: the table's error on what was measured since the last refit,
-    the samples measured, the refits."""
+    """At scrape time, per GPU and model: the table's error on what was measured since the last
+    refit, the samples measured, the refits (one family of each over every GPU's learner)."""
 
     def __init__(self, learner: OnlineTables, gpu: str, model_label: Callable[[str], str]):
-        self.learner = learner
-        self.gpu = gpu
+        self.learners: list[tuple[str, OnlineTables]] = [(gpu, learner)]
         self.model_label = model_label
+
+    def add(self, learner: OnlineTables, gpu: str) -> None:
+        """Export another GPU's learner too."""
+        self.learners.append((gpu, learner))
 
     def collect(self) -> Iterator[Metric]:
         error = GaugeMetricFamily(
@@ -145,18 +148,19 @@ class LearningCollector(Collector):
         refits = CounterMetricFamily(
             "sidecar_table_refits", "Online refits that changed the table.", labels=["gpu", "model"]
         )
-        errors: dict[str, float] = {}
-        counts: dict[str, tuple[int, int]] = {}
-        for model in self.learner.models:
-            label = self.model_label(model)  # bounded: two models may share one
-            value = self.learner.error(model)
-            if value is not None:
-                errors[label] = max(value, errors.get(label, 0.0))
-            n, r = counts.get(label, (0, 0))
-            counts[label] = (n + self.learner.samples_total(model), r + self.learner.refits(model))
-        for label, value in sorted(errors.items()):
-            error.add_metric([self.gpu, label], value)
-        for label, (n, r) in sorted(counts.items()):
-            samples.add_metric([self.gpu, label], n)
-            refits.add_metric([self.gpu, label], r)
+        for gpu, learner in self.learners:
+            errors: dict[str, float] = {}
+            counts: dict[str, tuple[int, int]] = {}
+            for model in learner.models:
+                label = self.model_label(model)  # bounded: two models may share one
+                value = learner.error(model)
+                if value is not None:
+                    errors[label] = max(value, errors.get(label, 0.0))
+                n, r = counts.get(label, (0, 0))
+                counts[label] = (n + learner.samples_total(model), r + learner.refits(model))
+            for label, value in sorted(errors.items()):
+                error.add_metric([gpu, label], value)
+            for label, (n, r) in sorted(counts.items()):
+                samples.add_metric([gpu, label], n)
+                refits.add_metric([gpu, label], r)
         yield from (error, samples, refits)
