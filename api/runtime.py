@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import logging
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -289,14 +288,12 @@ class Runtime:
         ]
         for gpu in self.gpus:
             self._open_gpu(gpu)
-        embedded = [g for g in self.gpus if g.embedded is not None]
-        if embedded:  # Tritons start at once: each takes seconds, mostly waiting
-            with ThreadPoolExecutor(len(embedded)) as pool:
-                for _ in pool.map(
-                    EmbeddedTriton.start, [g.embedded for g in embedded if g.embedded]
-                ):
-                    pass
-            self.models.known.update((*EMULATED, NOOP))
+        # One after the other: started at once on a small machine, PyTriton's handshake with
+        # its model instances timed out (seen on 2 cores).
+        for gpu in self.gpus:
+            if gpu.embedded is not None:
+                gpu.embedded.start()
+                self.models.known.update((*EMULATED, NOOP))
         return [self._tables_of(gpu) for gpu in self.gpus]
 
     def _open_gpu(self, gpu: Gpu) -> None:

@@ -42,17 +42,14 @@ def parse_device_list(spec: str) -> list[str]:
         elif kind:
             arg = item
         else:
-            raise ValueError(
-                f"bad device {item!r}: expected 'sim:<profile>' or 'nvml:<index>'"
-            )
+            raise ValueError(f"bad device {item!r}: expected 'sim:<profile>' or 'nvml:<index>'")
         count = 1
         name, x, times = arg.lower().rpartition("x")
         if kind == "sim" and x and times.isdigit() and name in PROFILES:
             count, arg = int(times), name
             if count < 1:
                 raise ValueError(f"bad device {item!r}: at least one GPU")
-        one = f"{kind}:{arg}"
-        parse_device_spec(one)
+        one = ":".join(parse_device_spec(f"{kind}:{arg}"))
         out.extend([one] * count)
     nvml = [s for s in out if s.startswith("nvml:")]
     if len(set(nvml)) != len(nvml):
