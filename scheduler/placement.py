@@ -10,11 +10,11 @@ moves. Three modes:
     level, the requests of its own flow ahead of it, and of each other flow at its level as much
     as CFS would serve before it (a flow whose virtual runtime is behind runs until it catches
     up with the new request's, in proportion to its weight); then its own batch, in batches as
-    full as the model allows. Times come from the GPU's tables, ranked at each GPU's top clock
-    (what it can do), then at the clock its policy targets now: ranking by the current clock
-    first pulls work towards GPUs whose clock is already high, which keeps them high and costs
-    energy. Ties go to the GPU with the least work, then to the one that took a request longest
-    ago, so that an idle node spreads.
+    full as the model allows. Times come from the GPU's tables at its top clock (what it can
+    do): ranking by the clock a policy targets now pulls work towards GPUs whose clock is
+    already high, which keeps them high and costs energy. Finishes within ``TIE_SHARE`` of the
+    soonest are ties (tables are estimates); ties go to the GPU with the least work, then to the
+    one that took a request longest ago, so that an idle node spreads.
 ``energy``
     Among the GPUs where the request is expected to finish within ``pack_slo_share`` of the time
     left to its deadline at the clock their policy targets now (packing must not force a clock
@@ -56,6 +56,9 @@ class PlacementMode(StrEnum):
 
 
 PLACEMENTS = tuple(m.value for m in PlacementMode)
+# Expected finishes within this share of the soonest are ties: the tables are estimates, and two
+# GPUs of one model learn slightly different ones.
+TIE_SHARE = 0.1
 DEFAULT_PLACEMENT = PlacementMode.SPREAD.value
 
 
@@ -256,8 +259,13 @@ class Placer:
         return choice
 
     def _choose(self, estimates: list[Estimate], request: Request[Any], now_s: float) -> int:
-        def spread_key(e: Estimate) -> tuple[float, float, int, int]:
-            return (e.finish_top_ms, e.finish_ms, e.work, self._last_placed.get(e.gpu, 0))
+        def spread(candidates: list[Estimate]) -> int:
+            soonest = min(e.finish_top_ms for e in candidates)
+            near = [e for e in candidates if e.finish_top_ms <= soonest * (1.0 + TIE_SHARE)]
+            return min(
+                near,
+                key=lambda e: (e.work, self._last_placed.get(e.gpu, 0), e.finish_top_ms),
+            ).gpu
 
         if self.params.mode == PlacementMode.ENERGY:
             left_ms = (request.deadline_s - now_s) * 1000.0
@@ -270,7 +278,7 @@ class Placer:
                     return (energy, e.finish_ms, e.gpu)
 
                 return min(fits, key=energy_key).gpu
-        return min(estimates, key=spread_key).gpu
+        return spread(estimates)
 
     def estimate(self, gpu: GpuView, index: int, request: Request[Any], now_s: float) -> Estimate:
         """``request`` on ``gpu`` (the ``index``-th): see :class:`Estimate`."""

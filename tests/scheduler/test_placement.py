@@ -81,19 +81,22 @@ def test_higher_levels_wait_behind_only_higher_or_equal_work() -> None:
     assert placer.place(gpus, request(priority=2), 0.0) == 1
 
 
-def test_a_heavy_flow_goes_where_it_cuts_ahead_not_where_the_queue_is_short() -> None:
+def test_a_flow_goes_where_it_cuts_ahead_not_where_the_queue_is_short() -> None:
     gpus = node(2)
     fill(gpus[0], 40, client_id="light", nice=10)  # weight 110
     fill(gpus[1], 8, client_id="peer", nice=0)  # weight 1024
     placer = Placer()
-    heavy = request(client_id="heavy", nice=-10)  # weight 9548
-    # CFS would serve it on GPU 0 after a sliver of light's queue, on GPU 1 after more of peer's.
-    assert placer.place(gpus, heavy, 0.0) == 0
-    # A flow of peer's own weight waits for GPU 0's light flow only as CFS lets it: still less
-    # than behind 8 equal requests on GPU 1.
+    # A new flow of weight 1024 would wait for a ninth of a request of light's on GPU 0 (CFS
+    # serves light 110/1024 as much), for one of peer's on GPU 1: GPU 0, though its queue is
+    # five times longer.
     assert placer.place(gpus, request(client_id="other", nice=0), 0.0) == 0
     # light's own next request waits behind its 40 (first in, first out) on GPU 0.
     assert placer.place(gpus, request(client_id="light", nice=10), 0.0) == 1
+    # A much heavier flow cuts ahead of both queues: about one request's time on either GPU.
+    heavy = request(client_id="heavy", nice=-10)  # weight 9548
+    on = [placer.estimate(g, i, heavy, 0.0).finish_ms for i, g in enumerate(gpus)]
+    drain_gpu0 = placer.estimate(gpus[0], 0, request(client_id="light", nice=10), 0.0)
+    assert on[0] == pytest.approx(on[1], rel=0.15) and max(on) < 0.2 * drain_gpu0.finish_ms
 
 
 def test_a_flow_served_elsewhere_waits_its_turn() -> None:
