@@ -119,7 +119,7 @@ async def state(rt: Admin) -> dict[str, Any]:
 
 def _swap(rt: Runtime, build: Callable[[list[int]], ClockPolicy]) -> dict[str, Any]:
     """Every GPU runs the policy ``build`` makes for its clocks; GPU 0's answer (with one GPU,
-    the only one), and each GPU's under ``gpus``."""
+    the only one), and with several each GPU's under ``gpus``."""
     out = []
     for gpu in rt.gpus:
         assert gpu.dispatcher is not None and gpu.device is not None
@@ -132,7 +132,8 @@ def _swap(rt: Runtime, build: Callable[[list[int]], ClockPolicy]) -> dict[str, A
                 "clock_target_mhz": dispatcher.clock_target_mhz,
             }
         )
-    return {"policy": out[0]["policy"], "clock_target_mhz": out[0]["clock_target_mhz"], "gpus": out}
+    first = {"policy": out[0]["policy"], "clock_target_mhz": out[0]["clock_target_mhz"]}
+    return first if len(out) == 1 else {**first, "gpus": out}
 
 
 async def _json(request: Request, model: type[BodyT]) -> BodyT:
