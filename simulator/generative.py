@@ -733,10 +733,14 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def write_results(
-    rows: Sequence[dict[str, Any]], out_dir: Path, meta: dict[str, Any]
+    rows: Sequence[dict[str, Any]],
+    out_dir: Path,
+    meta: dict[str, Any],
+    prov: dict[str, Any] | None = None,
 ) -> list[Path]:
     """``generative.csv``, ``generative.json`` (rows, verdicts, provenance, settings) and
-    ``generative.md`` in ``out_dir``."""
+    ``generative.md`` in ``out_dir``; ``prov``: :func:`provenance` as of the start of the runs
+    (default: now)."""
     import csv
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -746,7 +750,12 @@ def write_results(
         writer.writeheader()
         for r in rows:
             writer.writerow({k: r.get(k) for k in COLUMNS})
-    payload = {"provenance": provenance(), **meta, "rows": list(rows), "verdicts": verdicts(rows)}
+    payload = {
+        "provenance": prov or provenance(),
+        **meta,
+        "rows": list(rows),
+        "verdicts": verdicts(rows),
+    }
     json_path = out_dir / "generative.json"
     json_path.write_text(json.dumps(payload, indent=2, default=str) + "\n")
     md_path = out_dir / "generative.md"
@@ -828,6 +837,7 @@ def _cmd_generative(args: argparse.Namespace, console: Any) -> int:
         for load in args.loads
         for seed in seeds
     ]
+    prov = provenance()  # the code the runs ran, before anything can change it
     rows = compare_cells(cells, policies, jobs=args.jobs)
     view = Table(title=f"generative on {args.gpu}: SLOs p99 TTFT {slo.ttft_ms:g} ms, "
                        f"p99 TPOT {slo.tpot_ms:g} ms, {args.duration_s:g} s per run")  # fmt: skip
@@ -853,6 +863,6 @@ def _cmd_generative(args: argparse.Namespace, console: Any) -> int:
         "duration_s": args.duration_s,
         "clock_change_ms": args.clock_change_ms,
     }
-    for path in write_results(rows, Path(args.out_dir), meta):
+    for path in write_results(rows, Path(args.out_dir), meta, prov):
         console.print(f"wrote {path}")
     return 0
