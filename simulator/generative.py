@@ -45,6 +45,7 @@ from dvfs.llm_engine import ContinuousBatchingEngine, EngineLimits, Iteration
 from dvfs.llm_profiles import LLM_GPUS, IterationWork, LlmProfile, get_llm_profile
 from loadgen.generative import StreamRecord, TokenSloSpec, summarize
 from scheduler.tokens import SEQ_BUCKETS, EnginePrior, TokenPolicy, TokenPolicyParams, TokenSlo
+from simulator.bestfixed import cheapest_meeting
 from simulator.workload import FloatArray, IntArray, poisson_arrivals
 from time2clock.fit import trimmed_mean
 
@@ -569,21 +570,9 @@ def best_fixed_generative(cfg: GenConfig) -> GenResult:
     def joules(r: GenResult) -> float:
         return float(r.row()["j_per_token"])
 
-    top = len(clocks) - 1
-    chosen = top
-    if meets(run(top)):
-        lo, hi = 0, top
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if meets(run(mid)):
-                hi = mid
-            else:
-                lo = mid + 1
-        chosen = hi
-        step = hi + 1
-        while step <= top and meets(run(step)) and joules(run(step)) < joules(run(chosen)):
-            chosen = step
-            step += 1
+    chosen = cheapest_meeting(
+        len(clocks), meets=lambda i: meets(run(i)), cost=lambda i: joules(run(i))
+    )
     best = run(chosen)
     best.fixed_mhz = clocks[chosen]
     return best
