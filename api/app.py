@@ -13,7 +13,7 @@ from api import errors
 from api.config import GatewayConfig
 from api.grpc_frontend.server import GrpcFrontend
 from api.metrics import GatewayMetrics
-from api.routes import admin, health, inference, metrics
+from api.routes import admin, generate, health, inference, metrics
 from api.routes.inference import InferenceFastPath
 from api.runtime import Runtime
 
@@ -51,5 +51,9 @@ def create_app(config: GatewayConfig, *, registry: CollectorRegistry | None = No
 
 
 def create_asgi(app: FastAPI) -> InferenceFastPath:
-    """What uvicorn serves: the inference fast path in front of ``app``."""
-    return InferenceFastPath(app)
+    """What uvicorn serves: the inference fast path (infer, generate, generate_stream) in front
+    of ``app``."""
+    fast = InferenceFastPath(app)
+    fast.add_verb("generate", generate.generate)
+    fast.add_verb("generate_stream", generate.generate_stream)
+    return fast
