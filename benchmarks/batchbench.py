@@ -122,8 +122,8 @@ def _report(
     return "\n\n".join(
         [
             f"Throughput kept: closed loops at concurrency {args.concurrency}, straight to the "
-            f"embedded Triton and through the sidecar (policy max), best of {args.rounds} rounds "
-            f"of {args.duration_s:g} s.",
+            f"embedded Triton and through the sidecar (policy max), the best of "
+            f"{args.rounds} round(s) of {args.duration_s:g} s.",
             markdown_table(
                 ["model", "throughput kept", "infer/s: sidecar vs direct", "p50 ms"], kept_rows
             ),

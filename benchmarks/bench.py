@@ -206,6 +206,15 @@ def independent(url: str, concurrency: int, duration_s: float) -> tuple[float, f
     return len(latencies) / (time.monotonic() - start), float(np.mean(latencies))
 
 
+def _units(medians: dict[str, float]) -> dict[str, float]:
+    """Medians with their units in their names, for the JSON results."""
+    return {
+        "infer_per_s": medians["throughput"],
+        "p50_us": medians["p50_us"],
+        "p99_us": medians["p99_us"],
+    }
+
+
 def _report(
     summary: list[tuple[str, int, dict[str, float], dict[str, float]]],
     checks: list[tuple[int, Run, float, float]],
@@ -231,8 +240,8 @@ def _report(
         [
             f"The sidecar (policy max, its own process) in front of the embedded Triton's `noop`, "
             f"against Triton's own endpoint of the same protocol; closed loops of "
-            f"{args.duration_s:g} s, direct and sidecar alternating, medians of {args.rounds} "
-            "rounds.",
+            f"{args.duration_s:g} s, direct and sidecar alternating; medians over rounds "
+            f"(rounds: {args.rounds}).",
             markdown_table(
                 ["protocol", "concurrency", "throughput kept", "p50 added", "p99 added"], rows
             ),
@@ -329,7 +338,13 @@ def main(argv: list[str] | None = None) -> int:
                 "rounds": args.rounds,
             },
             "cost": [
-                {"protocol": p, "concurrency": c, "direct": d, "sidecar": s}
+                {
+                    "protocol": p,
+                    "concurrency": c,
+                    "direct": _units(d),
+                    "sidecar": _units(s),
+                    "throughput_kept": s["throughput"] / d["throughput"],
+                }
                 for p, c, d, s in summary
             ],
             "loadgen_check": [
