@@ -236,15 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         title="Batching through the sidecar (python -m benchmarks.batchbench)",
         markdown=_report(kept, energy, args),
         data={
-            "settings": {
-                "gpu": GPU,
-                "concurrency": args.concurrency,
-                "duration_s": args.duration_s,
-                "rounds": args.rounds,
-                "load": args.load,
-                "energy_duration_s": args.energy_duration_s,
-                "slo_mult": args.slo_mult,
-            },
+            "settings": {**vars(args), "gpu": GPU},
             "throughput_kept": {
                 model: {"direct": asdict(d), "sidecar": asdict(s)} for model, (d, s) in kept.items()
             },

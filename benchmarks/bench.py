@@ -331,12 +331,7 @@ def main(argv: list[str] | None = None) -> int:
         title="What the sidecar costs (python -m benchmarks.bench)",
         markdown=_report(summary, checks, args),
         data={
-            "settings": {
-                "model": NOOP,
-                "policy": "max",
-                "duration_s": args.duration_s,
-                "rounds": args.rounds,
-            },
+            "settings": {**vars(args), "model": NOOP, "policy": "max"},
             "cost": [
                 {
                     "protocol": p,

@@ -184,11 +184,12 @@ def write_results(
     prov: Provenance | None = None,
 ) -> tuple[Path, Path]:
     """Write ``<directory>/<name>.md`` and ``.json`` (replacing an earlier run's); return both
-    paths. ``data`` must be JSON-serialisable; it goes under ``"results"``."""
+    paths. ``data`` goes under ``"results"``: JSON types, with anything else (a ``Path``) written
+    as its ``str``."""
     prov = prov or provenance()
     directory.mkdir(parents=True, exist_ok=True)
     md, js = directory / f"{name}.md", directory / f"{name}.json"
     md.write_text(header(title, prov) + "\n\n" + markdown.rstrip() + "\n")
     payload = {"title": title, "provenance": asdict(prov), "results": data}
-    js.write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n")
+    js.write_text(json.dumps(payload, indent=2, ensure_ascii=False, default=str) + "\n")
     return md, js

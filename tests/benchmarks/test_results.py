@@ -92,7 +92,7 @@ def test_write_results_md_and_json(tmp_path: Path) -> None:
         "thing",
         title="A thing",
         markdown=table,
-        data={"ratio": 0.73},
+        data={"ratio": 0.73, "state_dir": Path("/var/lib/x")},
         directory=tmp_path / "results",
         prov=prov,
     )
@@ -103,7 +103,7 @@ def test_write_results_md_and_json(tmp_path: Path) -> None:
     assert f"{prov.machine.cpus} CPUs" in text
     assert text.rstrip().endswith("| 2.5 | y |")
     payload = json.loads(js.read_text())
-    assert payload["results"] == {"ratio": 0.73}
+    assert payload["results"] == {"ratio": 0.73, "state_dir": "/var/lib/x"}
     assert payload["provenance"]["date"] == "2026-11-24T09:30:00+00:00"
     assert payload["provenance"]["machine"]["cpu_model"] == prov.machine.cpu_model
     # A second run replaces the first.
