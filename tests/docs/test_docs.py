@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from api.config import add_arguments
+from api.config import OPTIONS, add_arguments, from_args, load_file
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -51,27 +51,38 @@ def shown(path: Path) -> str:
 class DocumentedOption:
     flags: tuple[str, ...]
     variable: str
+    file_key: str | None  # None: documented as having none (—)
     default: str | None  # the first code span of the default cell; None: documented as none
     line: int
 
 
 def documented_options(text: str) -> list[DocumentedOption]:
-    """The rows of every table whose first cell names flags: `| `--x` | `VAR` | default | …`."""
+    """The rows of every table headed ``| flag | variable | file key | default | meaning |`` (in
+    any order; ``file key`` may be left out) whose first cell names flags."""
     found = []
+    columns: dict[str, int] = {}
     for number, line in enumerate(text.splitlines(), 1):
+        if not line.lstrip().startswith("|"):
+            columns = {}
+            continue
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if not line.lstrip().startswith("|") or len(cells) < 4:
+        if cells and cells[0] == "flag":
+            columns = {name: i for i, name in enumerate(cells)}
             continue
         flags = tuple(f for f in CODE_SPAN.findall(cells[0]) if f.startswith("--"))
-        if not flags:
+        if not flags or not {"variable", "default"} <= set(columns):
             continue
-        variables = CODE_SPAN.findall(cells[1])
-        spans = CODE_SPAN.findall(cells[2])
-        none = cells[2].lower().startswith("none")
+
+        cell = {name: cells[i] for name, i in columns.items() if i < len(cells)}
+        variables = CODE_SPAN.findall(cell.get("variable", ""))
+        keys = CODE_SPAN.findall(cell.get("file key", ""))
+        spans = CODE_SPAN.findall(cell.get("default", ""))
+        none = cell.get("default", "").lower().startswith("none")
         found.append(
             DocumentedOption(
                 flags,
-                variables[0] if variables else cells[1],
+                variables[0] if variables else cell.get("variable", ""),
+                keys[0] if keys else None,
                 None if none or not spans else spans[0],
                 number,
             )
@@ -79,30 +90,51 @@ def documented_options(text: str) -> list[DocumentedOption]:
     return found
 
 
-def serve_parser(monkeypatch: pytest.MonkeyPatch) -> argparse.ArgumentParser:
-    """``python -m api serve``'s parser with the built-in defaults (no SIDECAR_* set)."""
+@dataclass(frozen=True)
+class ParserOption:
+    """One flag of ``python -m api serve`` as the parser and the configuration define it."""
+
+    flags: tuple[str, ...]  # the primary first: ``--shadow``, ``--no-shadow``
+    variable: str
+    file_key: str | None  # its key in the --config file; None: it has none
+    default: object  # what the sidecar runs when neither flag, variable nor file gives one
+    help: str
+
+
+def serve_options(monkeypatch: pytest.MonkeyPatch) -> dict[str, ParserOption]:
+    """Every flag of ``python -m api serve`` by its dest, with its variable and its default: the
+    value the configuration takes when nothing sets it (no flag, no SIDECAR_* variable, no file),
+    read from the configuration tree, since the parser leaves unset flags as None to resolve them
+    later; ``--config`` and any flag outside the tree keep the parser's own default."""
     for name in list(os.environ):
         if name.startswith("SIDECAR_"):
             monkeypatch.delenv(name)
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
     parser = argparse.ArgumentParser(prog="python -m api serve")
     add_arguments(parser)
-    return parser
+    config = from_args(parser.parse_args([]), environ={})
+    in_tree = {o.dest: o for o in OPTIONS}
+    found = {}
+    for action in parser._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        default: object = action.default
+        file_key = in_tree[action.dest].file_key if action.dest in in_tree else None
+        if action.dest in in_tree:
+            default = config
+            for key in in_tree[action.dest].path:
+                default = getattr(default, key)
+        named = re.search(r"\b(SIDECAR_[A-Z0-9_]+)", action.help or "")
+        variable = named.group(1) if named else "SIDECAR_" + action.dest.upper()
+        help_text = re.sub(r"\s*\(env SIDECAR_[^)]*\)\s*$", "", action.help or "")
+        found[action.dest] = ParserOption(
+            tuple(action.option_strings), variable, file_key, default, help_text
+        )
+    return found
 
 
-def options(parser: argparse.ArgumentParser) -> list[argparse.Action]:
-    return [a for a in parser._actions if a.option_strings and a.dest != "help"]
-
-
-def variable_of(action: argparse.Action) -> str:
-    """The variable the help names (``env SIDECAR_X``), else the one the naming rule gives."""
-    named = re.search(r"\b(SIDECAR_[A-Z0-9_]+)", action.help or "")
-    return named.group(1) if named else "SIDECAR_" + action.dest.upper()
-
-
-def render(action: argparse.Action) -> str:
-    """The parser's default as the docs write it."""
-    value = action.default
+def render(value: object) -> str:
+    """A default as the docs write it."""
     if value is None or value == ():
         return "none"
     if isinstance(value, bool):
@@ -117,8 +149,8 @@ def render(action: argparse.Action) -> str:
     return str(value)
 
 
-def same_default(action: argparse.Action, documented: str | None) -> bool:
-    value = action.default
+def same_default(value: object, documented: str | None) -> bool:
+    """Whether the docs' default (None: documented as none) is ``value``."""
     if documented is None:
         return value is None or value == ()
     if isinstance(value, bool):
@@ -127,48 +159,53 @@ def same_default(action: argparse.Action, documented: str | None) -> bool:
         return documented == ",".join(map(str, value))
     if isinstance(value, Path):
         return Path(os.path.expanduser(documented)) == value
-    if action.type in (int, float) and not isinstance(value, str):
+    if isinstance(value, int | float):
         try:
-            return bool(action.type(documented) == value)
+            return float(documented) == value
         except ValueError:
             return False
     return documented == str(value)
 
 
-def suggested_row(action: argparse.Action) -> str:
-    default = render(action)
+def suggested_row(option: ParserOption) -> str:
+    default = render(option.default)
     default = default if default == "none" else f"`{default}`"
-    flags = ", ".join(f"`{f}`" for f in action.option_strings)
-    meaning = re.sub(r"\s*\(env SIDECAR_[^)]*\)\s*$", "", action.help or "")
-    return f"| {flags} | `{variable_of(action)}` | {default} | {meaning} |"
+    flags = ", ".join(f"`{f}`" for f in option.flags)
+    key = f"`{option.file_key}`" if option.file_key else "—"
+    return f"| {flags} | `{option.variable}` | {key} | {default} | {option.help} |"
 
 
 def test_every_serve_option_is_documented_with_its_variable_and_default(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    actions = options(serve_parser(monkeypatch))
+    parsed = serve_options(monkeypatch)
     rows = documented_options(CONFIG_DOC.read_text())
     by_flag = {flag: row for row in rows for flag in row.flags}
     where = CONFIG_DOC.relative_to(ROOT)
     problems = []
-    for action in actions:
-        primary = action.option_strings[0]
+    for option in parsed.values():
+        primary = option.flags[0]
         row = by_flag.get(primary)
         if row is None:
-            problems.append(f"{primary} is not in {where}; add a row:\n    {suggested_row(action)}")
+            problems.append(f"{primary} is not in {where}; add a row:\n    {suggested_row(option)}")
             continue
-        if row.variable != variable_of(action):
+        if row.variable != option.variable:
             problems.append(
                 f"{primary} ({where}:{row.line}): documented variable {row.variable}, "
-                f"the parser's is {variable_of(action)}"
+                f"the parser's is {option.variable}"
             )
-        if not same_default(action, row.default):
+        if row.file_key != option.file_key:
+            problems.append(
+                f"{primary} ({where}:{row.line}): documented file key {row.file_key or '—'}, "
+                f"the configuration's is {option.file_key or '— (none)'}"
+            )
+        if not same_default(option.default, row.default):
             problems.append(
                 f"{primary} ({where}:{row.line}): documented default "
                 f"{row.default if row.default is not None else 'none'}, "
-                f"the parser's is {render(action)} ({action.default!r})"
+                f"the configuration's is {render(option.default)} ({option.default!r})"
             )
-    known = {flag for action in actions for flag in action.option_strings}
+    known = {flag for option in parsed.values() for flag in option.flags}
     for row in rows:
         for flag in row.flags:
             if flag not in known:
@@ -185,11 +222,12 @@ def test_every_serve_option_is_documented_with_its_variable_and_default(
 
 def test_the_option_check_sees_a_wrong_default(monkeypatch: pytest.MonkeyPatch) -> None:
     """The comparison itself: the rows it parses and the defaults it rejects."""
-    by_dest = {a.dest: a for a in options(serve_parser(monkeypatch))}
+    parsed = serve_options(monkeypatch)
     rows = documented_options(
-        "| flag | variable | default | meaning |\n| --- | --- | --- | --- |\n"
-        "| `--policy` | `SIDECAR_POLICY` | `slack` | the policy |\n"
-        "| `--shadow`, `--no-shadow` | `SIDECAR_SHADOW` | `off` | x |\n"
+        "| flag | variable | file key | default | meaning |\n| --- | --- | --- | --- | --- |\n"
+        "| `--policy` | `SIDECAR_POLICY` | `policy.name` | `slack` | the policy |\n"
+        "| `--shadow`, `--no-shadow` | `SIDECAR_SHADOW` | `shadow` | `off` | x |\n"
+        "\n| flag | variable | default | meaning |\n| --- | --- | --- | --- |\n"
         "| `--slo-ms` | `SIDECAR_SLO_MS` | `100` (ms) | x |\n"
         "| `--table` | `SIDECAR_TABLE` | none (profiled) | x |\n"
     )
@@ -199,16 +237,33 @@ def test_the_option_check_sees_a_wrong_default(monkeypatch: pytest.MonkeyPatch) 
         ("--slo-ms",),
         ("--table",),
     ]
-    assert not same_default(by_dest["policy"], rows[0].default)
-    assert same_default(by_dest["shadow"], rows[1].default)
-    assert same_default(by_dest["slo_ms"], rows[2].default)
-    assert same_default(by_dest["table"], rows[3].default)
-    assert not same_default(by_dest["slo_ms"], "50")
-    assert not same_default(by_dest["learn"], "off")
-    assert same_default(by_dest["state_dir"], "~/.cache/energy-sidecar")
-    assert suggested_row(by_dest["max_queue"]).startswith(
-        "| `--max-queue` | `SIDECAR_MAX_QUEUE` | `1000` | requests waiting"
+    assert [r.file_key for r in rows] == ["policy.name", "shadow", None, None]
+    assert parsed["policy"].default == "adaptive"
+    assert parsed["policy"].file_key == "policy.name"
+    assert parsed["config"].file_key is None
+    assert not same_default(parsed["policy"].default, rows[0].default)
+    assert same_default(parsed["shadow"].default, rows[1].default)
+    assert same_default(parsed["slo_ms"].default, rows[2].default)
+    assert same_default(parsed["table"].default, rows[3].default)
+    assert not same_default(parsed["slo_ms"].default, "50")
+    assert not same_default(parsed["learn"].default, "off")
+    assert same_default(parsed["state_dir"].default, "~/.cache/energy-sidecar")
+    assert suggested_row(parsed["max_queue"]).startswith(
+        "| `--max-queue` | `SIDECAR_MAX_QUEUE` | `scheduler.max_queue` | `1000` | requests waiting"
     )
+
+
+def test_the_documented_config_file_loads(tmp_path: Path) -> None:
+    """The example under "The configuration file" is a file the sidecar accepts."""
+    text = CONFIG_DOC.read_text()
+    section = text[text.index("## The configuration file") :]
+    example = section[section.index("```toml") + len("```toml") : section.index("```\n\n")]
+    path = tmp_path / "sidecar.toml"
+    path.write_text(example)
+    leaves = load_file(path)
+    assert leaves["scheduler.default_slo_ms"] == 50.0
+    assert leaves["policy.name"] == "adaptive"
+    assert leaves["shadow"] is True
 
 
 # --- commands ---------------------------------------------------------------------------------
