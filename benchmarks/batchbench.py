@@ -29,11 +29,11 @@ import numpy as np
 from api.config import default_state_dir
 from api.embedded import EMULATED, INPUT_WIDTH, SIMBERT, SIMNET
 from benchmarks.bench import Run, measure, sidecar_process
-from benchmarks.results import DEFAULT_DIR, markdown_table, write_results
 from dvfs.profiles import get_profile
 from loadgen.classes import RequestClass
 from loadgen.engine import Recorder, Target, build_payloads, new_session, open_loop, schedule
 from loadgen.metrics import ClockSampler, energy_j, scrape
+from simulator.results import DEFAULT_DIR, markdown_table, write_results
 
 GPU = "v100"  # the sidecar_process's simulated GPU
 

@@ -30,7 +30,6 @@ import numpy as np
 import tritonclient.http as httpclient
 
 from api.embedded import INPUT_WIDTH, NOOP, free_port
-from benchmarks.results import DEFAULT_DIR, markdown_table, write_results
 from loadgen.classes import RequestClass
 from loadgen.engine import (
     InputTensor,
@@ -41,6 +40,7 @@ from loadgen.engine import (
     new_session,
 )
 from loadgen.grpc_client import GrpcClient, grpc_payloads
+from simulator.results import DEFAULT_DIR, markdown_table, write_results
 
 
 @dataclass(frozen=True)

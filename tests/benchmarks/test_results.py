@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import batchbench, bench
-from benchmarks.results import (
+from simulator.results import (
     describe_machine,
     git_commit,
     header,
