@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from api.admission import Admission, Inbound, admit
@@ -67,15 +67,20 @@ def forwarded(headers: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k in FORWARD if (v := headers.get(k)) is not None}
 
 
-def refusal(admission: Admission) -> Reply:
-    """A request the sidecar answered itself: the protocol's error."""
-    status, out_headers, content = error_body(STATUS[admission.outcome], admission.message)
+ErrorShape = Callable[[int, str], Reply]
+
+
+def refusal(admission: Admission, shape: ErrorShape = error_body) -> Reply:
+    """A request the sidecar answered itself: the protocol's error (``shape`` writes it)."""
+    status, out_headers, content = shape(STATUS[admission.outcome], admission.message)
     if admission.retry:
         out_headers = {**out_headers, "retry-after": "1"}
     return status, out_headers, content
 
 
-async def relay_stream(rt: Runtime, call: Call, inbound: Inbound, relay: Relay) -> Reply | None:
+async def relay_stream(
+    rt: Runtime, call: Call, inbound: Inbound, relay: Relay, shape: ErrorShape = error_body
+) -> Reply | None:
     """Admit a streamed request and write its events to the client as they come; the error
     reply when it was refused before its stream began."""
     work = asyncio.ensure_future(admit(rt, inbound))
@@ -112,8 +117,8 @@ async def relay_stream(rt: Runtime, call: Call, inbound: Inbound, relay: Relay) 
             await call.write(b"", more=False)
         return None
     if admission.answer is not None:  # no stream came back (the upstream failed to start one)
-        return 503, {"content-type": "application/json"}, b'{"error":"no stream from upstream"}'
-    return refusal(admission)
+        return shape(503, "no stream came back from the upstream")
+    return refusal(admission, shape)
 
 
 async def generate(rt: Runtime, call: Call) -> Reply:
