@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -38,6 +38,27 @@ def split_events(buffer: bytes) -> tuple[list[bytes], bytes]:
         buffer = buffer[end + cut :]
 
 
+TokenSlos = tuple[float | None, float | None]  # (ttft_ms, tpot_ms)
+
+
+def token_slos(params: Any, headers: Mapping[str, str] | None = None) -> TokenSlos:
+    """A stream's ``ttft_ms`` and ``tpot_ms`` from its parameters (or ``x-*`` headers), read
+    leniently: admission checks them, and refuses the request before any token when bad."""
+    slos: dict[str, float | None] = {"ttft_ms": None, "tpot_ms": None}
+    if not isinstance(params, Mapping):
+        params = {}
+    for key in slos:
+        value = params.get(key)
+        if value is None and headers is not None:
+            value = headers.get("x-" + key.replace("_", "-"))
+        try:
+            number = float(value) if value is not None else None
+        except (TypeError, ValueError):
+            number = None
+        slos[key] = number if number is not None and number > 0 else None
+    return slos["ttft_ms"], slos["tpot_ms"]
+
+
 class TokenMeter:
     """Times one stream's tokens: each server-sent ``data:`` event (but ``[DONE]``) is one."""
 
@@ -47,15 +68,13 @@ class TokenMeter:
         arrival_s: float,
         metrics: GatewayMetrics,
         model_label: str,
-        ttft_ms: float | None = None,
-        tpot_ms: float | None = None,
+        slos: TokenSlos = (None, None),
         time_source: Callable[[], float] = time.monotonic,
     ) -> None:
         self.arrival_s = arrival_s
         self.metrics = metrics
         self.model_label = model_label
-        self.ttft_ms = ttft_ms
-        self.tpot_ms = tpot_ms
+        self.ttft_ms, self.tpot_ms = slos
         self._now = time_source
         self._pending = b""
         self.tokens = 0

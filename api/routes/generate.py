@@ -22,7 +22,7 @@ from api.errors import error_body
 from api.hints import BadRequestError
 from api.routes.inference import STATUS, Call, Reply
 from api.runtime import Runtime
-from api.streaming import Relay, TokenMeter, stream_send
+from api.streaming import Relay, TokenMeter, stream_send, token_slos
 from api.tensors import MAX_JSON_DEPTH, ModelLimits, json_depth
 from api.upstream import UpstreamResponse
 
@@ -160,20 +160,14 @@ def _path(call: Call, verb: str) -> str:
 
 
 def _meter(rt: Runtime, call: Call, body: JsonBody, arrival_s: float) -> TokenMeter:
-    """The stream's token meter, with its token SLOs when the hints give them (read leniently:
-    admission checks them, and refuses the request before any token if they are bad)."""
-    slos: dict[str, float | None] = {"ttft_ms": None, "tpot_ms": None}
-    with contextlib.suppress(BadRequestError):
+    """The stream's token meter, with its token SLOs when the hints give them."""
+    try:
         params = body.parameters()
-        if isinstance(params, dict):
-            for key in slos:
-                value = params.get(key, call.headers.get("x-" + key.replace("_", "-")))
-                with contextlib.suppress(TypeError, ValueError):
-                    slos[key] = float(value) if value is not None else None
+    except BadRequestError:
+        params = None  # admission refuses it before any token
     return TokenMeter(
         arrival_s=arrival_s,
         metrics=rt.metrics,
         model_label=rt.models.label(call.model),
-        ttft_ms=slos["ttft_ms"],
-        tpot_ms=slos["tpot_ms"],
+        slos=token_slos(params, call.headers),
     )

@@ -29,7 +29,7 @@ from api.hints import BadRequestError
 from api.routes.generate import JsonBody, forwarded, refusal, relay_stream
 from api.routes.inference import Call, Reply
 from api.runtime import Runtime
-from api.streaming import Relay, TokenMeter, split_events, stream_send
+from api.streaming import Relay, TokenMeter, split_events, stream_send, token_slos
 from api.upstream import Upstream, UpstreamResponse
 
 HINT_KEYS = ("priority", "nice", "slo_ms", "ttft_ms", "tpot_ms", "client_id", "timeout")
@@ -194,8 +194,7 @@ async def serve(rt: Runtime, call: Call, path: str) -> Reply | None:
         arrival_s=arrival_s,
         metrics=rt.metrics,
         model_label=rt.models.label(model),
-        ttft_ms=_float(request.get("ttft_ms")),
-        tpot_ms=_float(request.get("tpot_ms")),
+        slos=token_slos(request, call.headers),
     )
     headers = forwarded(call.headers)
     if engine is not None:  # an OpenAI-compatible engine: bytes through
@@ -240,12 +239,6 @@ async def serve(rt: Runtime, call: Call, path: str) -> Reply | None:
     tokens = len(text.split())
     out = completion_body(path, model, text, len(text_input.split()), tokens)
     return 200, {"content-type": "application/json"}, out
-
-
-def _float(value: Any) -> float | None:
-    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
-        return float(value)
-    return None
 
 
 async def completions(rt: Runtime, call: Call) -> Reply | None:
