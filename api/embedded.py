@@ -195,6 +195,10 @@ def bind_emulated(triton: Any, state_path: str, instances: int) -> None:
             config=ModelConfig(max_batch_size=profile.model(model).max_batch, batcher=batcher),
             **tensors,
         )
+    from api.embedded_llm import bind_llm
+
+    bind_llm(triton, state_path)  # on a GPU with an LLM profile: the generative model too
+    # Last: it is the one whose readiness says every model is loaded.
     triton.bind(NOOP, [noop] * instances, config=ModelConfig(max_batch_size=8), **tensors)
 
 

@@ -12,6 +12,7 @@ from typing import Any
 from api.config import GatewayConfig
 from api.dispatcher import GpuDispatcher, Job
 from api.embedded import EMULATED, NOOP, EmbeddedTriton
+from api.embedded_llm import SIMLLM
 from api.learning import LearnedTableSaver, LearningCollector, learned_path, load_learned
 from api.metrics import GatewayMetrics
 from api.models import ModelIndex
@@ -20,6 +21,7 @@ from api.upstream import Upstream
 from api.watch import TritonWatch
 from dvfs.device import Device
 from dvfs.factory import default_device_spec, open_device, parse_device_spec
+from dvfs.llm_profiles import LLM_GPUS
 from dvfs.lockrecord import GpuLockRecord
 from dvfs.profiles import get_profile
 from dvfs.readonly import ReadOnlyDevice
@@ -31,6 +33,9 @@ from time2clock.profile import TritonMeasurer, select_clocks, sweep
 from time2clock.table import TableError, TableSet
 
 log = logging.getLogger(__name__)
+# A decoupled model's engine batches on its own: as many sequences as vLLM runs by default
+# (max_num_seqs); the token policy may hold fewer.
+ENGINE_SEQUENCES = 256
 TABLES_VERSION = 2  # in the cache's file names: a new table format never reads an old cache
 
 
@@ -39,6 +44,8 @@ def serving_from_config(config: dict[str, Any]) -> ModelServing:
     ``max_batch_size`` when its dynamic batcher is on (else Triton runs requests one by one),
     on as many instances as its instance groups count."""
     instances = sum(int(g.get("count", 1)) for g in config.get("instance_group", [])) or 1
+    if config.get("model_transaction_policy", {}).get("decoupled"):
+        return ModelServing(streams=ENGINE_SEQUENCES)
     batching = "dynamic_batching" in config and int(config.get("max_batch_size", 0)) > 0
     return ModelServing(
         max_batch=int(config["max_batch_size"]) if batching else 1, instances=max(1, instances)
@@ -182,6 +189,8 @@ class Runtime:
             self.embedded = EmbeddedTriton(state_path)
             self.embedded.start()
             self.models.known.update((*EMULATED, NOOP))
+            if arg in LLM_GPUS:
+                self.models.known.add(SIMLLM)
         gpu_name = self.gpu_name = arg if kind == "sim" else self.device.identity.name
         learned = load_learned(self.learned_path) if self.learning else TableSet()
         self.learned_models = learned.models

@@ -183,11 +183,11 @@ def stream_send(
                     if status == 200:
                         meter.feed(chunk)
                     relay.chunk(chunk, ok=status == 200)
+            if status == 200:
+                meter.finish()
         finally:
             if status:
                 relay.end(ok=status == 200)
-        if status == 200:
-            meter.finish()
         return StreamAnswer(status, meter.tokens)
 
     return send

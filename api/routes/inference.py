@@ -128,6 +128,7 @@ class Call:
     headers: dict[str, str]
     send: Send
     started: bool = False  # the reply's head is out: no other status can follow
+    finished: bool = False  # the reply's last byte is out: a client leaving now cancels nothing
 
     async def start(self, status: int, headers: dict[str, str]) -> None:
         """Begin a reply whose body follows in :meth:`write` calls."""
@@ -137,6 +138,7 @@ class Call:
 
     async def write(self, data: bytes, *, more: bool = True) -> None:
         await self.send({"type": "http.response.body", "body": data, "more_body": more})
+        self.finished = not more
 
 
 Handler = Callable[[Runtime, Call], Awaitable[Reply | None]]
@@ -221,6 +223,8 @@ class InferenceFastPath:
         work.add_done_callback(rt.pending.discard)
         gone = asyncio.ensure_future(_disconnected(receive))
         await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
+        if call.finished and not work.done():  # answered in full: let its accounting finish
+            await asyncio.wait((work,))
         if not work.done():  # the client went away: so does its request (queue slot included)
             work.cancel()
             with contextlib.suppress(asyncio.CancelledError):

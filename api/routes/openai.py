@@ -221,23 +221,34 @@ async def serve(rt: Runtime, call: Call, path: str) -> Reply | None:
                            meter)  # fmt: skip
         inbound = Inbound("openai", model, body, call.headers, arrival_s, Job(send, stream=True))
         return await relay_stream(rt, call, inbound, relay, openai_error)
-    job = Job(send=lambda up: _post(f"/v2/models/{model}/generate", upstream_body, headers, up))
+    # Not streamed to the client, but streamed from Triton (a decoupled model answers generate
+    # with its last response only): the tokens are gathered, and timed as they come.
+    relay = Relay()
+    send = stream_send(f"/v2/models/{model}/generate_stream", upstream_body, headers, relay, meter)
+    job = Job(send=send, stream=True)
     admission = await admit(rt, Inbound("openai", model, body, call.headers, arrival_s, job))
     if admission.answer is None:
         return refusal(admission, openai_error)
-    reply: UpstreamResponse = admission.answer
-    if not reply.ok:  # Triton's error, in the API's shape
+    status, events = 0, b""
+    while not relay.events.empty():
+        kind, value = relay.events.get_nowait()
+        if kind == "start":
+            status = value[0]
+        elif kind == "chunk":
+            events += value
+    if status != 200:  # Triton's error, in the API's shape
         try:
-            message = str(json.loads(reply.body).get("error", ""))
+            message = str(json.loads(events).get("error", ""))
         except (ValueError, AttributeError):
-            message = reply.body.decode(errors="replace")
-        return openai_error(reply.status, message or f"the model answered {reply.status}")
-    try:
-        text = str(json.loads(reply.body).get("text_output", ""))
-    except (ValueError, AttributeError):
-        return openai_error(502, "the model's reply is not generate's JSON")
-    tokens = len(text.split())
-    out = completion_body(path, model, text, len(text_input.split()), tokens)
+            message = events.decode(errors="replace")
+        return openai_error(status or 502, message or f"the model answered {status}")
+    texts = []
+    for event in split_events(events)[0]:
+        try:
+            texts.append(str(json.loads(event.partition(b"data:")[2]).get("text_output", "")))
+        except (ValueError, AttributeError):
+            return openai_error(502, "the model's stream is not generate_stream's events")
+    out = completion_body(path, model, "".join(texts), len(text_input.split()), len(texts))
     return 200, {"content-type": "application/json"}, out
 
 
