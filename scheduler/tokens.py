@@ -202,15 +202,19 @@ class StepTimeModel:
             for b, points in self._prior_points.items()
             if (fit := _fit_or_flat(points, self.clocks)) is not None
         }
+        self._prior_at: dict[float, dict[int, float]] = {}  # clock -> the prior per bucket
         self._gaps: dict[tuple[int, int], deque[float]] = {}
         self._fits: dict[int, InverseLinearFit] = dict(self._prior_fits)
         self._dirty: set[int] = set()
         self.samples = 0
 
     def prior_ms(self, clock_mhz: float, running: float) -> float:
-        return _interp_buckets(
-            {b: f.predict_ms(clock_mhz) for b, f in self._prior_fits.items()}, running
-        )
+        at = self._prior_at.get(clock_mhz)
+        if at is None:
+            at = self._prior_at[clock_mhz] = {
+                b: f.predict_ms(clock_mhz) for b, f in self._prior_fits.items()
+            }
+        return _interp_buckets(at, running)
 
     def observe(self, clock_mhz: int, running: float, step_ms: float) -> None:
         """One measured step with ``running`` sequences, moved to its bucket's edge by the
