@@ -60,6 +60,7 @@ class Inbound:
     # Whether the model must be one Triton serves (checked, and its config's bounds applied);
     # False when another engine serves it (the OpenAI upstream answers for its own models).
     resolve: bool = True
+    prompt_tokens: int = 0  # a generative request: its prompt's length, as the edge estimates it
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +142,7 @@ async def _admit(rt: Runtime, inbound: Inbound, tally: _Tally) -> Admission:
         return done(Outcome.BAD_REQUEST, str(err))
     inbound.job.timeout_us = hints.timeout_us
     request = hints.request(model, inbound.arrival_s, rt.config.slo_ms, inbound.job)
+    request.prompt_tokens = inbound.prompt_tokens
     try:
         answer = await dispatcher.submit(request)
     except RejectedError as err:

@@ -248,8 +248,14 @@ def _options() -> tuple[Option, ...]:
         out.append(Option(("scheduler", f.name), flag, text, str(f.type), _builtin(f)))
     out.append(
         Option(("policy", "name"), "policy", "clock policy: " + ", ".join(POLICIES) +
-               ", or fixed:MHZ", "str", PolicyConfig().name)
+               ", tokens (a GPU serving an LLM engine), or fixed:MHZ", "str", PolicyConfig().name)
     )  # fmt: skip
+    for name, text in (
+        ("ttft_ms", "tokens: the p99 time to first token it holds, ms"),
+        ("tpot_ms", "tokens: the p99 time per output token it holds, ms"),
+    ):
+        out.append(Option(("policy", name), name.replace("_", "-"), text, "float",
+                          getattr(PolicyConfig(), name)))  # fmt: skip
     for cls, section, texts in ((SlackParams, "slack", _SLACK_HELP),
                                 (FeedbackParams, "feedback", _FEEDBACK_HELP)):  # fmt: skip
         for f in fields(cls):
@@ -392,7 +398,7 @@ def build(leaves: Mapping[tuple[str, ...], Any]) -> GatewayConfig:
     if values.get("admin_token_file") is not None and values.get("admin_token") is None:
         values["admin_token"] = read_token(values["admin_token_file"])
     policy = PolicyConfig(
-        name=leaves.get(("policy", "name"), PolicyConfig().name),
+        **{p[1]: v for p, v in leaves.items() if len(p) == 2 and p[0] == "policy"},
         slack=part(SlackParams, ("policy", "slack")),
         feedback=part(FeedbackParams, ("policy", "feedback")),
     )

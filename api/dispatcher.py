@@ -41,6 +41,13 @@ class UnavailableError(Exception):
     """An accepted request could not be served: Triton down, timeout expired, shutting down."""
 
 
+class TokenSource(Protocol):
+    """What times a stream's tokens (:class:`api.streaming.TokenMeter`): it calls each
+    listener with the time of every token."""
+
+    def listen(self, listener: Callable[[float], None]) -> None: ...
+
+
 class Answer(Protocol):
     """An upstream's answer to one request: ``ok`` when the upstream served it."""
 
@@ -60,8 +67,10 @@ class Job:
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
     # A stream (tokens of a generative model): when its client leaves after it was sent, the
-    # send is cut short and its place at the upstream freed at once.
+    # send is cut short and its place at the upstream freed at once; ``tokens`` tells the
+    # policy of each token as it goes by.
     stream: bool = False
+    tokens: TokenSource | None = None
 
 
 def post(
@@ -293,11 +302,17 @@ class GpuDispatcher:
             task = asyncio.create_task(self._send(request, now))
             self._sends.add(task)
             task.add_done_callback(self._sends.discard)
+            if job.tokens is not None:
+                job.tokens.listen(partial(self._token, request))
             if job.stream:
                 self._streams[request.seq] = task
                 task.add_done_callback(partial(self._stream_done, request.seq))
         self._gauges()
         self._arm_timer()
+
+    def _token(self, request: Request[Job], now_s: float) -> None:
+        if request.seq in self.scheduler.inflight:
+            self._apply(self.scheduler.on_token(request, now_s))
 
     def _stream_done(self, seq: int, _: asyncio.Task[None]) -> None:
         self._streams.pop(seq, None)

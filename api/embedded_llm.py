@@ -23,6 +23,7 @@ import numpy as np
 from dvfs.llm_engine import ContinuousBatchingEngine, Emitted, EngineLimits
 from dvfs.llm_profiles import LLM_GPUS, LlmProfile, get_llm_profile
 from dvfs.simulated import SimulatedDevice
+from scheduler.tokens import EnginePrior
 
 SIMLLM = "simllm"
 MAX_PROMPT_TOKENS = 8192
@@ -84,6 +85,17 @@ class EmulatedLlm:
                 stream = self._streams.get(token.request_id)
                 if stream is not None:
                     stream.put_nowait(token)
+
+
+def engine_prior(gpu: str) -> EnginePrior | None:
+    """The emulated engine's offline profile on simulated GPU ``gpu`` (None: it has no LLM
+    profile): seed 003's sweep of the same laws the engine runs, as the simulator profiles it.
+    An engine on a real GPU needs its own sweep; none is built in."""
+    if gpu not in LLM_GPUS:
+        return None
+    from simulator.generative import engine_prior as sweep
+
+    return sweep(gpu)
 
 
 def bind_llm(triton: Any, state_path: str) -> bool:

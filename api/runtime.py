@@ -12,7 +12,7 @@ from typing import Any
 from api.config import GatewayConfig
 from api.dispatcher import GpuDispatcher, Job
 from api.embedded import EMULATED, NOOP, EmbeddedTriton
-from api.embedded_llm import SIMLLM
+from api.embedded_llm import SIMLLM, engine_prior
 from api.learning import LearnedTableSaver, LearningCollector, learned_path, load_learned
 from api.metrics import GatewayMetrics
 from api.models import ModelIndex
@@ -26,6 +26,7 @@ from dvfs.lockrecord import GpuLockRecord
 from dvfs.profiles import get_profile
 from dvfs.readonly import ReadOnlyDevice
 from scheduler.core import Scheduler
+from scheduler.policies import ClockPolicy
 from scheduler.view import ModelServing
 from time2clock.fit import fit_model_table
 from time2clock.online import OnlineTables
@@ -97,7 +98,7 @@ class Runtime:
                 probe_interval_s=self.config.probe_interval_s,
                 liveness_grace_s=self.config.liveness_grace_s,
             )
-            policy = self.config.policy.build(self.device.supported_clocks_mhz())
+            policy = self.build_policy()
             if self.learning:
                 self.learner = OnlineTables(
                     self.device.supported_clocks_mhz(), gpu=tables.gpu or self.gpu_name
@@ -133,6 +134,13 @@ class Runtime:
         except BaseException:
             await self.stop()
             raise
+
+    def build_policy(self, name: str | None = None) -> ClockPolicy:
+        """The configured policy (or ``name``, with the configured parameters) for this GPU;
+        ``tokens`` gets the embedded engine's profile."""
+        assert self.device is not None
+        engine = engine_prior(self.gpu_name) if self.embedded is not None else None
+        return self.config.policy.build(self.device.supported_clocks_mhz(), name, engine)
 
     @property
     def learning(self) -> bool:

@@ -54,6 +54,10 @@ class ClockPolicy(ABC):
     def on_complete(self, s: SchedulerView, request: QueuedRequest, now_s: float) -> int | None:
         return None
 
+    def on_token(self, s: SchedulerView, request: QueuedRequest, now_s: float) -> int | None:
+        """A token of ``request``'s stream went by (streams of generative models only)."""
+        return None
+
     def poll(self, s: SchedulerView, now_s: float) -> int | None:
         """Called when :meth:`wake_at_s` falls due."""
         return None

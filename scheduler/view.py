@@ -34,6 +34,9 @@ class QueuedRequest(Protocol):
     @property
     def dispatch_s(self) -> float: ...
 
+    @property
+    def prompt_tokens(self) -> int: ...
+
 
 @dataclass(frozen=True)
 class ModelServing:

@@ -182,7 +182,7 @@ class GrpcFrontend:
         arrival_s: float,
         send: Callable[[Upstream], Awaitable[GrpcAnswer]],
         *,
-        stream: bool = False,
+        tokens: TokenMeter | None = None,
     ) -> Any:
         """One request through :func:`api.admission.admit`; a shutdown past its grace
         cancels it, as it cancels HTTP's."""
@@ -199,7 +199,7 @@ class GrpcFrontend:
                     body=GrpcBody(request),
                     headers=text_metadata(metadata),
                     arrival_s=arrival_s,
-                    job=Job(send=send, stream=stream),
+                    job=Job(send=send, stream=tokens is not None, tokens=tokens),
                 ),
             )
         finally:
@@ -245,7 +245,7 @@ class GrpcFrontend:
                 metadata,
                 arrival_s,
                 lambda _: self._upstream_stream(raw, metadata, out, meter),
-                stream=True,
+                tokens=meter,
             )
             if admission.answer is None:
                 out.put_nowait(stream_error(admission.message, request))

@@ -155,3 +155,24 @@ def test_an_openai_engine_upstream_passes_through(sidecar: LiveSidecar, tmp_path
         stream = client.completions.create(model=SIMLLM, prompt="a", max_tokens=3, stream=True)
         assert "".join(c.choices[0].text for c in stream) == "t1 t2 t3 "
         assert SIMLLM in {m.id for m in client.models.list().data}
+
+
+def test_the_token_policy_runs_the_engine_live(sidecar: LiveSidecar) -> None:
+    """Switched to ``tokens``: streams are released under its admission limit, every token
+    reaches it, and its state is in the admin view."""
+    base = f"http://{sidecar.url}/admin/policy"
+    changed = httpx.put(base, headers=ADMIN, json={"policy": "tokens"}, timeout=30)
+    assert changed.status_code == 200 and changed.json()["policy"] == "tokens"
+    try:
+        client = openai.OpenAI(base_url=f"http://{sidecar.url}/v1", api_key="none", max_retries=0)
+        for _ in range(3):
+            stream = client.completions.create(
+                model=SIMLLM, prompt="a b", max_tokens=5, stream=True
+            )
+            assert "".join(c.choices[0].text for c in stream) == "t1 t2 t3 t4 t5 "
+        state = sidecar.get("/admin/state", headers=ADMIN).json()
+        (tokens,) = state["feedback"]  # the policy's own state
+        assert state["policy"] == "tokens" and tokens["running"] == 0
+        assert tokens["admission_limit"] >= 1
+    finally:
+        httpx.put(base, headers=ADMIN, json={"policy": "max"}, timeout=30)
