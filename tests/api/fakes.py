@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar, cast
 
 from api.dispatcher import GpuDispatcher, Job
+from api.hints import Hints
 from api.metrics import GatewayMetrics
 from api.upstream import Upstream, UpstreamResponse
 from dvfs.simulated import SimulatedDevice
@@ -36,7 +37,7 @@ from time2clock.table import TableSet
 T = TypeVar("T")
 Params = ParamSpec("Params")
 MODEL = "model"
-HORIZON_S = 86_400.0 * 30  # virtual time a test may use before it counts as stalled
+HORIZON_S = 3600.0  # virtual time a test may use (by default) before it counts as stalled
 
 
 class StalledError(RuntimeError):
@@ -107,11 +108,14 @@ class VirtualLoop(asyncio.SelectorEventLoop):
         return waiter
 
 
-def run_virtual(main: Callable[[VirtualTime], Coroutine[Any, Any, T]]) -> T:
-    """Run ``main(clock)`` to completion on a :class:`VirtualLoop` starting at 0 s; whatever it
-    leaves running is cancelled, and the loop closed, on every exit path."""
+def run_virtual(
+    main: Callable[[VirtualTime], Coroutine[Any, Any, T]], *, horizon_s: float = HORIZON_S
+) -> T:
+    """Run ``main(clock)`` to completion on a :class:`VirtualLoop` starting at 0 s (stalled past
+    ``horizon_s``); whatever it leaves running is cancelled, and the loop closed, on every exit
+    path."""
     clock = VirtualTime()
-    loop = VirtualLoop(clock)
+    loop = VirtualLoop(clock, horizon_s)
     try:
         return loop.run_until_complete(main(clock))
     finally:
@@ -258,15 +262,8 @@ class Gateway:
         job = Job(
             path=f"/v2/models/{model}/infer", body=tag.encode(), timeout_us=timeout_us, send=send
         )
-        return Request(
-            model=model,
-            arrival_s=self.clock(),
-            slo_ms=slo_ms,
-            priority=priority,
-            nice=nice,
-            client_id=client_id,
-            payload=job,
-        )
+        hints = Hints(priority=priority, nice=nice, slo_ms=slo_ms, client_id=client_id)
+        return hints.request(model, self.clock(), slo_ms, job)
 
     def submit(self, request: Request[Job] | None = None, **hints: Any) -> asyncio.Task[Any]:
         """A client waiting for its answer (a task: cancel it and the client is gone)."""

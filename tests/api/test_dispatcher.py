@@ -99,7 +99,7 @@ def test_a_timeout_too_long_for_a_timer_is_checked_when_the_request_reaches_the_
             assert [c.body for c in gw.upstream.calls] == [b"first"]
             assert gw.dispatcher.idle
 
-    run_virtual(main)
+    run_virtual(main, horizon_s=3 * MAX_TIMER_US / 1e6)
 
 
 # -- cancellation ------------------------------------------------------------------------------

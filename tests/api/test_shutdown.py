@@ -97,9 +97,13 @@ def test_sigterm_lets_accepted_work_finish_then_exits(tmp_path: Path) -> None:
                 c.close()
 
 
-def gone_within(sc: SidecarProcess, tree: dict[int, bytes], bound_s: float) -> float:
-    """Seconds until no process of ``tree`` (nor of its sessions) is left; fails past
-    ``bound_s`` naming what is still there."""
+def kill_9(sc: SidecarProcess, bound_s: float = ORPHAN_BOUND_S) -> tuple[int, float]:
+    """``kill -9`` the sidecar; how many processes were below it, and the seconds until none of
+    them (nor any other of its tree's sessions) is left. Fails past ``bound_s``, naming what is
+    still there."""
+    tree = sc.remember_tree()
+    sc.proc.send_signal(signal.SIGKILL)
+    sc.proc.wait()
     killed = time.monotonic()
     while True:
         alive = processes()
@@ -107,7 +111,7 @@ def gone_within(sc: SidecarProcess, tree: dict[int, bytes], bound_s: float) -> f
         left.update({p: i.cmdline for p, i in alive.items() if i.sid in sc.sessions})
         took = time.monotonic() - killed
         if not left:
-            return took
+            return len(tree), took
         names = sorted({c.split(b"\0")[0].rsplit(b"/", 1)[-1].decode() for c in left.values()})
         assert took < bound_s, f"{len(left)} processes still running {took:.1f} s after: {names}"
         time.sleep(0.1)
@@ -126,10 +130,8 @@ def test_a_sigkilled_sidecar_leaves_nothing_running_and_is_recovered_on_the_next
         assert len(locks) == 1
         record = json.loads(locks[0].read_text())
         assert record["pid"] == first.pid and Path(record["tmp_dir"]).is_dir()
-        first.proc.send_signal(signal.SIGKILL)
-        first.proc.wait()
-        took = gone_within(first, tree, ORPHAN_BOUND_S)
-        print(f"kill -9: the {len(tree)} processes below the sidecar were gone after {took:.1f} s")
+        below, took = kill_9(first)
+        print(f"kill -9: the {below} processes below the sidecar were gone after {took:.1f} s")
     finally:
         first.kill_tree()
     with running(QUICK, state_dir=tmp_path) as second:
@@ -149,10 +151,7 @@ def test_a_sidecar_killed_while_triton_starts_leaves_nothing_running(tmp_path: P
         while not tritonserver_pids(sc.pid):  # Triton is loading its models: no orderly stop
             assert sc.proc.poll() is None and time.monotonic() < deadline, sc.log()
             time.sleep(0.05)
-        tree = sc.remember_tree()
-        sc.proc.send_signal(signal.SIGKILL)
-        sc.proc.wait()
-        took = gone_within(sc, tree, ORPHAN_BOUND_S)
-        print(f"kill -9 while Triton starts: {len(tree)} processes gone after {took:.1f} s")
+        below, took = kill_9(sc)
+        print(f"kill -9 while Triton starts: {below} processes gone after {took:.1f} s")
     finally:
         sc.kill_tree()
