@@ -23,8 +23,7 @@ from dvfs.factory import default_device_spec, open_device, parse_device_spec
 from dvfs.lockrecord import GpuLockRecord
 from dvfs.profiles import get_profile
 from dvfs.readonly import ReadOnlyDevice
-from scheduler.core import Scheduler, SchedulerConfig
-from scheduler.registry import make_policy
+from scheduler.core import Scheduler
 from scheduler.view import ModelServing
 from time2clock.fit import fit_model_table
 from time2clock.online import OnlineTables
@@ -55,6 +54,7 @@ class Runtime:
         self.device: Device | None = None
         self.embedded: EmbeddedTriton | None = None
         self.upstream: Upstream | None = None
+        self.openai: Upstream | None = None  # an OpenAI-compatible engine, when configured
         self.dispatcher: GpuDispatcher | None = None
         self.models = ModelIndex(lambda: self.upstream, on_config=self._model_config)
         metrics.model_label = self.models.label
@@ -74,8 +74,15 @@ class Runtime:
         try:
             tables = await asyncio.to_thread(self._open_blocking)
             assert self.device is not None
-            self.upstream = Upstream(self.triton_url, max_connections=self.config.max_inflight + 16)
+            self.upstream = Upstream(
+                self.triton_url, max_connections=self.config.scheduler.max_inflight + 16
+            )
             await self.upstream.open()
+            if self.config.openai_url is not None:
+                self.openai = Upstream(
+                    self.config.openai_url, max_connections=self.config.scheduler.max_inflight + 16
+                )
+                await self.openai.open()
             self.watch = TritonWatch(
                 self.upstream,
                 embedded=self.embedded,
@@ -83,21 +90,13 @@ class Runtime:
                 probe_interval_s=self.config.probe_interval_s,
                 liveness_grace_s=self.config.liveness_grace_s,
             )
-            policy = make_policy(self.config.policy, self.device.supported_clocks_mhz())
+            policy = self.config.policy.build(self.device.supported_clocks_mhz())
             if self.learning:
                 self.learner = OnlineTables(
                     self.device.supported_clocks_mhz(), gpu=tables.gpu or self.gpu_name
                 )
             scheduler: Scheduler[Job] = Scheduler(
-                tables,
-                policy,
-                SchedulerConfig(
-                    max_inflight=self.config.max_inflight,
-                    max_queue=self.config.max_queue,
-                    priority_levels=self.config.priority_levels,
-                    default_slo_ms=self.config.slo_ms,
-                ),
-                learner=self.learner,
+                tables, policy, self.config.scheduler, learner=self.learner
             )
             self.dispatcher = GpuDispatcher(
                 gpu=self.gpu,
@@ -192,7 +191,7 @@ class Runtime:
             return _prefer(self._profile_embedded(gpu_name, skip=set(learned.models)), learned)
         if len(learned):
             return learned
-        if cfg.policy in ("seed", "slack"):
+        if cfg.policy.name in ("seed", "slack", "adaptive"):
             log.warning(
                 "no --table: every model runs at the top clock until it has one; profile them "
                 "with `python -m time2clock profile --device nvml:0 --triton-url HOST:PORT "
@@ -274,7 +273,7 @@ class Runtime:
         except (ValueError, KeyError, TypeError) as err:
             log.warning("could not read %s's batching from its config (%s); batch 1", model, err)
             serving = ModelServing()
-        self.dispatcher.scheduler.set_serving(model, serving)
+        self.dispatcher.set_serving(model, serving)
         log.info(
             "model %s: batches of up to %d on %d instance(s)",
             model,
@@ -298,6 +297,8 @@ class Runtime:
             await self.saver.stop()
         if self.upstream is not None:
             await self.upstream.close()
+        if self.openai is not None:
+            await self.openai.close()
         await asyncio.to_thread(self._close_blocking)
 
     def _close_blocking(self) -> None:

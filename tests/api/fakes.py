@@ -21,7 +21,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar, cast
 
-from api.dispatcher import GpuDispatcher, Job
+from api.dispatcher import Answer, GpuDispatcher, Job, post
 from api.hints import Hints
 from api.metrics import GatewayMetrics
 from api.upstream import Upstream, UpstreamResponse
@@ -255,13 +255,13 @@ class Gateway:
         client_id: str = "default",
         model: str = MODEL,
         tag: str = "",
-        send: Callable[[], Awaitable[Any]] | None = None,
+        send: Callable[[Upstream], Awaitable[Answer]] | None = None,
+        stream: bool = False,
     ) -> Request[Job]:
-        """A request arriving now, as a front end builds it; its body is ``tag`` (to tell the
-        calls apart at the upstream)."""
-        job = Job(
-            path=f"/v2/models/{model}/infer", body=tag.encode(), timeout_us=timeout_us, send=send
-        )
+        """A request arriving now, as a front end builds it: POSTed to the upstream with
+        ``tag`` as its body (to tell the calls apart), unless it brings its own ``send``."""
+        path = f"/v2/models/{model}/infer"
+        job = Job(send=send or post(path, tag.encode(), {}), timeout_us=timeout_us, stream=stream)
         hints = Hints(priority=priority, nice=nice, slo_ms=slo_ms, client_id=client_id)
         return hints.request(model, self.clock(), slo_ms, job)
 

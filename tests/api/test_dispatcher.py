@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from api.dispatcher import MAX_TIMER_US, ClockApplier, RejectedError
-from api.upstream import UpstreamUnavailableError
+from api.upstream import Upstream, UpstreamUnavailableError
 from dvfs.timesource import VirtualTime
-from scheduler.policies import ClockPolicy, MaxPolicy, SeedPolicy
+from scheduler.policies import ClockPolicy, FixedPolicy, MaxPolicy, SeedPolicy
 from scheduler.registry import POLICIES, make_policy
 from scheduler.request import Request
 from tests.api.fakes import (
@@ -170,6 +170,26 @@ def test_a_client_that_leaves_while_its_request_is_at_triton_lets_it_complete() 
     run_virtual(main)
 
 
+def test_a_stream_whose_client_leaves_is_cut_short_and_frees_its_place_at_once() -> None:
+    async def main(clock: VirtualTime) -> None:
+        async with gateway(clock, MaxPolicy, max_inflight=1) as gw:
+            gone = gw.submit(tag="stream", stream=True)
+            waiting = gw.submit(tag="waiting")
+            await idle()
+            stream_call = gw.upstream.calls[0]
+            await asyncio.sleep(0.010)  # tokens flowing
+            gone.cancel()
+            await idle()
+            assert gone.cancelled()
+            assert not stream_call.open, "the upstream is still generating for nobody"
+            assert [c.body for c in gw.upstream.calls] == [b"stream", b"waiting"]
+            gw.upstream.calls[1].reply()
+            await idle()
+            assert outcome(waiting) == "ok 200" and gw.dispatcher.idle
+
+    run_virtual(main)
+
+
 # -- refusals ----------------------------------------------------------------------------------
 
 
@@ -237,7 +257,8 @@ def test_stop_ends_the_clock_applier_and_a_clock_asked_for_later_is_not_written(
             top = gw.device.supported_clocks_mhz()[-1]
             assert gw.device.writes == [top]
             await gw.dispatcher.stop()
-            gw.dispatcher.change_policy()  # anything that would ask for a clock now
+            low = gw.device.supported_clocks_mhz()[0]
+            gw.dispatcher.set_policy(FixedPolicy(gw.device.supported_clocks_mhz(), low))
             await idle()
             assert gw.device.writes == [top]
 
@@ -290,13 +311,13 @@ class GrpcLikeAnswer:
 
 def test_a_protocol_s_own_send_is_answered_whatever_it_returns_or_raises() -> None:
     async def main(clock: VirtualTime) -> None:
-        async def refused() -> GrpcLikeAnswer:
+        async def refused(_: Upstream) -> GrpcLikeAnswer:
             return GrpcLikeAnswer(ok=False, status="INVALID_ARGUMENT")
 
-        async def broken() -> GrpcLikeAnswer:
+        async def broken(_: Upstream) -> GrpcLikeAnswer:
             raise ConnectionResetError("stream reset")
 
-        async def nothing() -> None:
+        async def nothing(_: Upstream) -> Any:
             return None
 
         async with gateway(clock, MaxPolicy, max_inflight=4) as gw:
@@ -481,8 +502,8 @@ def leave(clients: list[Client], rng: random.Random, gw: Gateway) -> None:
 
 
 async def random_traffic(gw: Gateway, rng: random.Random, steps: int) -> list[Client]:
-    """Arrivals, clients leaving, Triton answering (200, 500 or an error) and time passing, in
-    a seeded random order; then everything still open answered."""
+    """Arrivals (one in five a stream), clients leaving, Triton answering (200, 500 or an
+    error) and time passing, in a seeded random order; then everything still open answered."""
     clients: list[Client] = []
     for step in range(steps):
         action = rng.random()
@@ -497,6 +518,7 @@ async def random_traffic(gw: Gateway, rng: random.Random, steps: int) -> list[Cl
                     priority=rng.choice([0, 1, 2]),
                     nice=rng.randint(-5, 5),
                     client_id=rng.choice("abc"),
+                    stream=rng.random() < 0.2,
                 ),
                 gw.clock(),
                 timeout_s,
