@@ -290,10 +290,10 @@ class GpuDispatcher:
             request, job = d.request, _job(d.request)
             now = self._now()
             if job.future.cancelled():  # its client is gone: nothing to send, nobody to answer
-                self.scheduler.on_complete(request, 0.0, now, measured=False)
+                self._apply(self.scheduler.on_complete(request, 0.0, now, measured=False).clock_mhz)
                 continue
             if job.timeout_us is not None and (now - request.arrival_s) * 1e6 > job.timeout_us:
-                self.scheduler.on_complete(request, 0.0, now, measured=False)
+                self._apply(self.scheduler.on_complete(request, 0.0, now, measured=False).clock_mhz)
                 self._fail(request, UnavailableError("Request timeout expired"))
                 continue
             self.metrics.queue_delay.labels(self.metrics.model_label(request.model)).observe(
