@@ -36,7 +36,7 @@ class SchedulerConfig:
     ``default_priority_level`` (default: N, the lowest), as in Triton's model configuration.
     """
 
-    max_inflight: int = 64
+    max_inflight: int = 256
     max_queue: int = 1000
     priority_levels: int = 2
     default_priority_level: int | None = None
@@ -135,6 +135,10 @@ class Scheduler(Generic[P]):
             return known
         table = self._tables.get(model)
         return ModelServing(max_batch=table.max_batch if table is not None else 1)
+
+    def serving_known(self, model: str) -> ModelServing | None:
+        """How Triton serves ``model``, if it was registered (None: not known yet)."""
+        return self._serving.get(model)
 
     def set_serving(self, model: str, serving: ModelServing) -> None:
         self._serving[model] = serving
@@ -319,6 +323,10 @@ class Scheduler(Generic[P]):
             request=request,
             clock_mhz=self._clock(self.policy.on_complete(self, request, now_s), now_s),
         )
+
+    def on_token(self, request: Request[P], now_s: float) -> int | None:
+        """A token of ``request``'s stream went by; a clock to set, if any."""
+        return self._clock(self.policy.on_token(self, request, now_s), now_s)
 
     def cancel(self, request: Request[P]) -> bool:
         """Forget a waiting ``request`` (abandoned by its client, or timed out); True if it was

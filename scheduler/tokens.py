@@ -66,6 +66,8 @@ import numpy as np
 import numpy.typing as npt
 
 from scheduler.feedback import FeedbackParams, TailController
+from scheduler.policies import ClockPolicy
+from scheduler.view import QueuedRequest, SchedulerView
 from time2clock.fit import fit_inverse_linear
 from time2clock.online import curve_is_sound
 from time2clock.table import InverseLinearFit, TableError
@@ -692,3 +694,53 @@ class TokenPolicy:
             else:
                 hi = mid - 1
         return lo
+
+
+class TokenClockPolicy(ClockPolicy):
+    """:class:`TokenPolicy` as one GPU's clock policy in the scheduler core: its admission limit
+    is the release limit of the GPU's stream models, it hears every release, token and end of
+    stream, and its control period runs on the core's timer. A GPU that serves an LLM engine
+    runs this policy (the engine owns the GPU's clock)."""
+
+    name = "tokens"
+
+    def __init__(
+        self,
+        clocks_mhz: list[int],
+        slo: TokenSlo,
+        prior: EnginePrior,
+        params: TokenPolicyParams | None = None,
+    ) -> None:
+        super().__init__(clocks_mhz)
+        self.tokens = TokenPolicy(clocks_mhz, slo, prior, params)
+
+    def initial_clock_mhz(self) -> int | None:
+        return self.tokens.clock_mhz
+
+    def release_limit(self, s: SchedulerView, model: str, now_s: float) -> int:
+        serving = s.serving(model)
+        if not serving.streams:
+            return serving.depth
+        return min(serving.depth, self.tokens.admission_limit)
+
+    def on_dispatch(self, s: SchedulerView, request: QueuedRequest, now_s: float) -> int | None:
+        if s.serving(request.model).streams:
+            self.tokens.on_release(request.seq, now_s, request.arrival_s, request.prompt_tokens)
+        return self.tokens.decide(now_s)
+
+    def on_token(self, s: SchedulerView, request: QueuedRequest, now_s: float) -> int | None:
+        self.tokens.on_token(request.seq, now_s)
+        return None
+
+    def on_complete(self, s: SchedulerView, request: QueuedRequest, now_s: float) -> int | None:
+        self.tokens.on_finish(request.seq, now_s)
+        return self.tokens.decide(now_s)
+
+    def poll(self, s: SchedulerView, now_s: float) -> int | None:
+        return self.tokens.decide(now_s)
+
+    def wake_at_s(self) -> float | None:
+        return self.tokens.wake_at_s()
+
+    def state(self) -> list[dict[str, object]] | None:
+        return [self.tokens.state()]

@@ -206,3 +206,30 @@ def test_bad_settings_are_refused() -> None:
         TokenSlo(ttft_ms=100.0, tpot_ms=0.0)
     with pytest.raises(ValueError, match="headroom"):
         TokenPolicyParams(headroom=1.5)
+
+
+def test_in_the_core_its_admission_limit_caps_streams_and_it_hears_every_token() -> None:
+    """``TokenClockPolicy`` in a :class:`Scheduler`: streams are released up to the admission
+    limit, and releases, tokens and ends reach the token policy."""
+    from scheduler.core import Scheduler
+    from scheduler.request import Request
+    from scheduler.tokens import TokenClockPolicy
+    from scheduler.view import ModelServing
+    from time2clock.table import TableSet
+
+    policy = TokenClockPolicy(CLOCKS, TokenSlo(500.0, 30.0), prior())
+    policy.tokens.admission_limit = 2
+    core: Scheduler[None] = Scheduler(TableSet(), policy)
+    core.set_serving("llm", ModelServing(streams=256))
+    for _ in range(4):
+        request: Request[None] = Request("llm", arrival_s=0.0, slo_ms=1e6, prompt_tokens=8)
+        assert core.enqueue(request, 0.0).accepted
+    sent = [d.request for _ in range(4) if (d := core.next_dispatch(0.01)) is not None]
+    assert len(sent) == 2 and core.queue_len == 2 and policy.tokens.running == 2
+    for t in (0.05, 0.06, 0.07):
+        core.on_token(sent[0], t)
+    core.on_complete(sent[0], 0.07, 0.07, measured=False)
+    assert policy.tokens.running == 1 and policy.tokens._tokens_total == 3
+    assert core.next_dispatch(0.08) is not None and core.next_dispatch(0.08) is None
+    state = policy.state()
+    assert state is not None and state[0]["admission_limit"] == 2
