@@ -22,10 +22,10 @@ from dvfs.profiles import CNN, GpuProfile, ModelProfile, get_profile
 from dvfs.simulated import SimulatedDevice, shared_time_ms
 from dvfs.timesource import VirtualTime
 from scheduler.clients import ClientSpec
+from scheduler.config import PolicyConfig
 from scheduler.core import Scheduler, SchedulerConfig
 from scheduler.feedback import FeedbackParams
 from scheduler.policies import SlackParams
-from scheduler.registry import make_policy
 from scheduler.request import Request
 from scheduler.view import ModelServing
 from simulator.oracle import oracle_energy
@@ -88,8 +88,8 @@ class SimConfig:
     """
 
     gpu: str = "v100"
-    policy: str = "adaptive"
-    slo_ms: float = 100.0
+    policy: str = PolicyConfig.name
+    slo_ms: float = SchedulerConfig.default_slo_ms
     duration_s: float = 30.0
     seed: int = 0
     load: float | None = 0.5
@@ -100,15 +100,30 @@ class SimConfig:
     models: tuple[ModelMix, ...] = (ModelMix(CNN),)
     instances: int = 2
     batcher_delay_ms: float = 0.0
-    max_inflight: int = 256
-    max_queue: int = 1000
-    priority_levels: int = 2
+    max_inflight: int = SchedulerConfig.max_inflight
+    max_queue: int = SchedulerConfig.max_queue
+    priority_levels: int = SchedulerConfig.priority_levels
     slo_multiplier: float | None = None  # what set the models' SLOs, for reports
     profile_requests_per_clock: int = 20
     with_oracle: bool = True
     slack: SlackParams = field(default_factory=SlackParams)
     feedback: FeedbackParams = field(default_factory=FeedbackParams)
     learn: bool = False  # refit the tables online from what the run measures
+
+    @property
+    def scheduler_config(self) -> SchedulerConfig:
+        """The scheduler's bounds, as the live sidecar's :class:`SchedulerConfig` has them."""
+        return SchedulerConfig(
+            max_inflight=self.max_inflight,
+            max_queue=self.max_queue,
+            priority_levels=self.priority_levels,
+            default_slo_ms=self.slo_ms,
+        )
+
+    @property
+    def policy_config(self) -> PolicyConfig:
+        """The policy and its parameters, as the live sidecar's :class:`PolicyConfig` has them."""
+        return PolicyConfig(self.policy, self.slack, self.feedback)
 
     def rate(self, profile: GpuProfile) -> float:
         if self.rate_rps is not None:
@@ -398,16 +413,11 @@ def simulate(
     tables = tables or profiled_tables(cfg.gpu, names, 0, cfg.profile_requests_per_clock)
     vt = VirtualTime()
     device = SimulatedDevice(profile, time_source=vt, rng=device_rng)
-    policy = make_policy(cfg.policy, device.supported_clocks_mhz(), cfg.slack, cfg.feedback)
+    policy = cfg.policy_config.build(device.supported_clocks_mhz())
     sched: Scheduler[None] = Scheduler(
         tables,
         policy,
-        SchedulerConfig(
-            max_inflight=cfg.max_inflight,
-            max_queue=cfg.max_queue,
-            priority_levels=cfg.priority_levels,
-            default_slo_ms=cfg.slo_ms,
-        ),
+        cfg.scheduler_config,
         serving={n: ModelServing(profile.model(n).max_batch, cfg.instances) for n in names},
         learner=(
             (learner or OnlineTables(device.supported_clocks_mhz(), gpu=cfg.gpu))
