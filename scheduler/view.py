@@ -37,25 +37,35 @@ class QueuedRequest(Protocol):
 
 @dataclass(frozen=True)
 class ModelServing:
-    """How Triton serves one model: its largest batch, and how many instances run it.
+    """How Triton serves one model: its largest batch, how many instances run it, and its
+    dynamic batcher's priority levels (``dynamic_batching.priority_levels``; 0: none, Triton
+    serves the model's queue first come, first served).
 
-    ``depth`` is the most requests worth having at Triton at once: every instance busy with a
-    full batch and the next full batch waiting behind it, so that Triton's dynamic batcher is
-    never starved while the sidecar's answer to a completion is on its way.
     """
 
     max_batch: int = 1
     instances: int = 1
+    priority_levels: int = 0
+    default_priority_level: int = 0
 
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.instances < 1:
             raise ValueError(
                 f"max_batch and instances must be >= 1, got {self.max_batch}, {self.instances}"
             )
+        if not 0 <= self.default_priority_level <= self.priority_levels:
+            raise ValueError(
+                f"priority_levels must be >= 0 and default_priority_level in "
+                f"0..priority_levels, got {self.priority_levels}, {self.default_priority_level}"
+            )
 
-    @property
-    def depth(self) -> int:
-        return (self.instances + 1) * self.max_batch
+    def triton_priority(self, level: int) -> int | None:
+        """The ``priority`` to send Triton for a request of the sidecar's ``level`` (1 the
+        highest): the same level, the lowest of Triton's where the sidecar has more; None when
+        the model has no priority levels (Triton would ignore it)."""
+        if self.priority_levels < 1:
+            return None
+        return min(level, self.priority_levels)
 
 
 class SchedulerView(Protocol):
@@ -76,6 +86,8 @@ class SchedulerView(Protocol):
     def table_for(self, model: str) -> ModelTable | None: ...
 
     def serving(self, model: str) -> ModelServing: ...
+
+    def release_depth(self, model: str) -> int: ...
 
     def iter_queue(self, limit: int) -> Iterator[QueuedRequest]: ...
 

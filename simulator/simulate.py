@@ -84,7 +84,9 @@ class SimConfig:
     ``load`` is a fraction of the GPU's capacity at its top clock with full batches, for the
     model mix given (see :func:`mix_capacity_rps`). Triton runs each model with ``instances``
     instances and its dynamic batcher (largest batch: the model's, ``batcher_delay_ms`` of
-    waiting for a fuller one); ``max_inflight`` caps what the sidecar keeps at Triton.
+    waiting for a fuller one, ``triton_priority_levels`` priority levels, the sidecar's level
+    sent as each request's priority, as the embedded models are configured; 0: first come,
+    first served); ``max_inflight`` caps what the sidecar keeps at Triton.
     """
 
     gpu: str = "v100"
@@ -100,6 +102,7 @@ class SimConfig:
     models: tuple[ModelMix, ...] = (ModelMix(CNN),)
     instances: int = 2
     batcher_delay_ms: float = 0.0
+    triton_priority_levels: int = 2  # each model's dynamic_batching.priority_levels (0: FIFO)
     max_inflight: int = 256
     max_queue: int = 1000
     priority_levels: int = 2
@@ -276,13 +279,22 @@ class _Triton:
     """Triton on the simulated GPU: per model, a queue, its dynamic batcher and ``instances``
     instances. Batches running at once share the GPU as :func:`dvfs.simulated.shared_time_ms`
     says; when the clock, or that sharing, changes mid-way, the rest of each batch's work goes
-    at the new speed.
+    at the new speed. With ``priority_levels`` the queue is Triton's priority queue: a request
+    goes ahead of every waiting one of a lower priority (a larger number), behind those of its
+    own, and batches are formed from the front; a running batch is never preempted.
     """
 
-    def __init__(self, profile: GpuProfile, device: SimulatedDevice, instances: int) -> None:
+    def __init__(
+        self,
+        profile: GpuProfile,
+        device: SimulatedDevice,
+        instances: int,
+        serving: dict[str, ModelServing] | None = None,
+    ) -> None:
         self.profile = profile
         self.device = device
         self.instances = instances
+        self.serving = serving or {}
         self.running: dict[int, _Execution] = {}
         self.busy: dict[str, int] = {}
         self.requests_running: dict[str, int] = {}
@@ -303,7 +315,21 @@ class _Triton:
             run.since_s = now
 
     def release(self, request: Request[None]) -> None:
-        self.queues.setdefault(request.model, deque()).append(request)
+        queue = self.queues.setdefault(request.model, deque())
+        serving = self.serving.get(request.model)
+        priority = None if serving is None else serving.triton_priority(request.level)
+        if priority is None:
+            queue.append(request)
+            return
+        at = len(queue)
+        while at and self._priority(queue[at - 1]) > priority:
+            at -= 1
+        queue.insert(at, request)
+
+    def _priority(self, request: Request[None]) -> int:
+        priority = self.serving[request.model].triton_priority(request.level)
+        assert priority is not None
+        return priority
 
     def start_batches(self, now: float) -> bool:
         """Every free instance takes a batch of what waits for it; whether any started."""
@@ -395,6 +421,15 @@ def simulate(
     )
 
     names = tuple(m.name for m in cfg.models)
+    serving = {
+        n: ModelServing(
+            profile.model(n).max_batch,
+            cfg.instances,
+            priority_levels=cfg.triton_priority_levels,
+            default_priority_level=cfg.triton_priority_levels,
+        )
+        for n in names
+    }
     tables = tables or profiled_tables(cfg.gpu, names, 0, cfg.profile_requests_per_clock)
     vt = VirtualTime()
     device = SimulatedDevice(profile, time_source=vt, rng=device_rng)
@@ -408,7 +443,7 @@ def simulate(
             priority_levels=cfg.priority_levels,
             default_slo_ms=cfg.slo_ms,
         ),
-        serving={n: ModelServing(profile.model(n).max_batch, cfg.instances) for n in names},
+        serving=serving,
         learner=(
             (learner or OnlineTables(device.supported_clocks_mhz(), gpu=cfg.gpu))
             if cfg.learn
@@ -435,7 +470,7 @@ def simulate(
     seq = len(arrivals)
     timer_at: float | None = None
     batcher_at: float | None = None
-    triton = _Triton(profile, device, cfg.instances)
+    triton = _Triton(profile, device, cfg.instances, serving)
 
     def push(t: float, kind: int, payload: Any) -> None:
         nonlocal seq

@@ -1,0 +1,323 @@
+"""Priority, fair share and abandoned requests, live on the embedded default.
+
+The sidecar runs in its own process (``python -m api serve``, policy ``max``, the embedded
+Triton with ``simnet`` on the simulated V100) and three checks run against it, each with the
+same rules as the documentation states (docs/priority.md):
+
+1. **Priority under a flood.** A closed-loop priority-0 flood (``--flood`` in flight) alone for a
+   few seconds, then with a priority-1 client beside it sending ``--hi-rps`` Poisson requests
+   with a ``--hi-slo-ms`` SLO: the priority-1 p99 and SLO attainment, each client's throughput.
+2. **Nice weights.** Three closed-loop clients of equal concurrency (``--nice-concurrency``),
+   nice −5, 0 and 5, saturating ``simnet`` for ``--nice-s``: completions per client against the
+   CFS weights (3121 : 1024 : 335), and seed 000's isolation metric (:mod:`scheduler.isolation`).
+3. **Abandoned requests.** The clock forced to the lowest, ``--abandon-n`` requests sent at once
+   whose clients give up after ``--patience-s``: how many Triton executed (its own statistics,
+   ``/v2/models/simnet/stats``), and how many of those after their client had gone.
+
+Every figure is written to ``--out`` (JSON, with the git commit and the machine), as measured:
+nothing is asserted here (the machine is shared and noisy; tests hold the rules).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import platform
+import secrets
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+from api.config import default_state_dir
+from api.embedded import INPUT_WIDTH, SIMNET
+from benchmarks.bench import sidecar_process
+from dvfs.profiles import get_profile
+from loadgen.classes import RequestClass
+from loadgen.engine import (
+    Recorder,
+    Sample,
+    Target,
+    build_payloads,
+    closed_loop,
+    new_session,
+    open_loop,
+    schedule,
+)
+from scheduler.isolation import ClientUsage, isolation
+from scheduler.weights import weight_for_nice
+
+GPU = "v100"  # the sidecar_process's simulated GPU
+NICES = (-5, 0, 5)
+
+
+def provenance() -> dict[str, Any]:
+    """Which code ran where: the git commit (and whether the tree had changes), the machine."""
+
+    def git(*args: str) -> str:
+        try:
+            out = subprocess.run(("git", *args), capture_output=True, text=True, check=True)
+        except (OSError, subprocess.CalledProcessError):
+            return ""
+        return out.stdout.strip()
+
+    return {
+        "commit": git("rev-parse", "HEAD"),
+        "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "machine": platform.node(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def _target(url: str, classes: Sequence[RequestClass], shares: Sequence[float]) -> Target:
+    data = np.ones((1, INPUT_WIDTH), dtype=np.float32)
+    return Target(url, SIMNET, build_payloads(classes, data=data), list(shares))
+
+
+def _pct_ms(samples: Sequence[Sample], q: float) -> float:
+    lat = [s.latency_s * 1000.0 for s in samples]
+    return float(np.percentile(lat, q)) if lat else math.nan
+
+
+def _ok(rec: Recorder, start_s: float, end_s: float) -> list[Sample]:
+    """Answers (200) that came back inside the window."""
+    return [s for s in rec.samples if s.status == 200 and start_s <= s.end_s < end_s]
+
+
+async def _idle(session: aiohttp.ClientSession, url: str, token: str, limit_s: float) -> None:
+    """Wait until the sidecar has nothing queued and nothing in flight."""
+    deadline = time.monotonic() + limit_s
+    headers = {"Authorization": f"Bearer {token}"}
+    while time.monotonic() < deadline:
+        async with session.get(f"http://{url}/admin/state", headers=headers) as resp:
+            state = await resp.json()
+        if not state["queue_length"] and not state["inflight"]:
+            return
+        await asyncio.sleep(0.1)
+
+
+async def _flooded(
+    session: aiohttp.ClientSession, target: Target, concurrency: int, stop_at_s: float
+) -> Recorder:
+    rec = Recorder()
+    await closed_loop(session, target, concurrency, stop_at_s, rec, np.random.default_rng(0))
+    return rec
+
+
+async def priority_check(
+    url: str, *, flood: int, hi_rps: float, hi_slo_ms: float, alone_s: float, duration_s: float
+) -> dict[str, Any]:
+    """A priority-1 open loop beside a closed-loop priority-0 flood (see the module doc)."""
+    lo = _target(url, [RequestClass("flood", priority=0, slo_ms=10_000.0)], [1.0])
+    hi = _target(url, [RequestClass("hi", priority=1, slo_ms=hi_slo_ms)], [1.0])
+    async with new_session() as session:
+        start = time.monotonic()
+        beside_from = start + alone_s
+        stop = beside_from + duration_s
+        flood_task = asyncio.create_task(_flooded(session, lo, flood, stop))
+        await asyncio.sleep(max(0.0, beside_from - time.monotonic()))
+        hi_rec = Recorder()
+        times = schedule(hi_rps, duration_s, "poisson", np.random.default_rng(1))
+        await open_loop(session, hi, times, hi_rec, np.random.default_rng(1))
+        lo_rec = await flood_task
+    warm = start + min(2.0, alone_s / 2)
+    alone = _ok(lo_rec, warm, beside_from)
+    beside = _ok(lo_rec, beside_from, stop)
+    hi_ok = [s for s in hi_rec.samples if s.status == 200]
+    return {
+        "flood_concurrency": flood,
+        "hi_rps": hi_rps,
+        "hi_slo_ms": hi_slo_ms,
+        "hi_sent": len(hi_rec.samples),
+        "hi_ok": len(hi_ok),
+        "hi_errors": {str(k): v for k, v in hi_rec.errors.items()},
+        "hi_p50_ms": _pct_ms(hi_ok, 50),
+        "hi_p99_ms": _pct_ms(hi_ok, 99),
+        "hi_slo_attainment": (
+            sum(s.latency_s * 1000.0 <= hi_slo_ms for s in hi_ok) / len(hi_ok)
+            if hi_ok
+            else math.nan
+        ),
+        "flood_alone_rps": len(alone) / max(1e-9, beside_from - warm),
+        "flood_beside_rps": len(beside) / duration_s,
+        "total_beside_rps": (len(beside) + len(hi_ok)) / duration_s,
+    }
+
+
+async def nice_check(url: str, *, concurrency: int, duration_s: float) -> dict[str, Any]:
+    """Three closed loops of equal concurrency, nice −5, 0 and 5 (see the module doc)."""
+    targets = [
+        _target(url, [RequestClass(f"nice{n:+d}", nice=n, slo_ms=10_000.0)], [1.0]) for n in NICES
+    ]
+    async with new_session() as session:
+        start = time.monotonic()
+        warm = start + 3.0
+        stop = warm + duration_s
+        recs = await asyncio.gather(*(_flooded(session, t, concurrency, stop) for t in targets))
+    counts = [len(_ok(r, warm, stop)) for r in recs]
+    report = isolation(
+        [
+            ClientUsage(f"nice{n:+d}", level=2, nice=n, served=float(c), demand=None)
+            for n, c in zip(NICES, counts, strict=True)
+        ]
+    )
+    weights = [weight_for_nice(n) for n in NICES]
+    total = sum(counts) or 1
+    return {
+        "concurrency": concurrency,
+        "duration_s": duration_s,
+        "completed": dict(zip((f"nice{n:+d}" for n in NICES), counts, strict=True)),
+        "share": [c / total for c in counts],
+        "ideal_share": [w / sum(weights) for w in weights],
+        "share_error": [
+            c / total / (w / sum(weights)) - 1.0 for c, w in zip(counts, weights, strict=True)
+        ],
+        "throughput_rps": sum(counts) / duration_s,
+        "isolation": report.to_json(),
+    }
+
+
+async def _stats(session: aiohttp.ClientSession, triton: str) -> int:
+    """Requests Triton has executed for ``simnet`` (its own statistics)."""
+    async with session.get(f"http://{triton}/v2/models/{SIMNET}/stats") as resp:
+        resp.raise_for_status()
+        stats = await resp.json()
+    return int(sum(m["inference_count"] for m in stats["model_stats"]))
+
+
+async def abandon_check(
+    url: str, triton: str, token: str, *, n: int, patience_s: float
+) -> dict[str, Any]:
+    """``n`` requests at once at the lowest clock, each client gone after ``patience_s``."""
+    lowest = get_profile(GPU).clocks_mhz[0]
+    headers = {"Authorization": f"Bearer {token}"}
+    target = _target(url, [RequestClass("patient", slo_ms=10_000.0)], [1.0])
+    payload = target.payloads[0]
+    async with new_session() as session:
+        async with session.put(
+            f"http://{url}/admin/clock", json={"clock_mhz": lowest}, headers=headers
+        ) as resp:
+            resp.raise_for_status()
+        await asyncio.sleep(0.5)
+        before = await _stats(session, triton)
+        timeout = aiohttp.ClientTimeout(total=patience_s)
+
+        async def one() -> str:
+            try:
+                async with session.post(
+                    f"http://{url}{target.path}",
+                    data=payload.body,
+                    headers=payload.headers,
+                    timeout=timeout,
+                ) as resp:
+                    await resp.read()
+                    return str(resp.status)
+            except TimeoutError:
+                return "gave up"
+
+        outcomes = await asyncio.gather(*(one() for _ in range(n)))
+        await _idle(session, url, token, 120.0)
+        await asyncio.sleep(0.5)
+        executed = await _stats(session, triton) - before
+        async with session.put(
+            f"http://{url}/admin/clock", json={"clock_mhz": None}, headers=headers
+        ) as resp:
+            resp.raise_for_status()
+    served = outcomes.count("200")
+    return {
+        "requests": n,
+        "patience_s": patience_s,
+        "clock_mhz": lowest,
+        "served_in_time": served,
+        "gave_up": outcomes.count("gave up"),
+        "executed_by_triton": executed,
+        "executed_for_nobody": executed - served,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.priority", description=__doc__)
+    parser.add_argument("--checks", default="priority,nice,abandon")
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each check")
+    parser.add_argument("--flood", type=int, default=64)
+    parser.add_argument("--hi-rps", type=float, default=20.0)
+    parser.add_argument("--hi-slo-ms", type=float, default=116.0)
+    parser.add_argument("--alone-s", type=float, default=8.0)
+    parser.add_argument("--duration-s", type=float, default=20.0)
+    parser.add_argument("--nice-concurrency", type=int, default=48)
+    parser.add_argument("--nice-s", type=float, default=30.0)
+    parser.add_argument("--abandon-n", type=int, default=100)
+    parser.add_argument("--patience-s", type=float, default=0.3)
+    parser.add_argument("--out", type=Path, default=Path("out/priority/live.json"))
+    parser.add_argument(
+        "--state-dir", type=Path, default=default_state_dir(), help="tables cached here"
+    )
+    args = parser.parse_args(argv)
+    checks = [c.strip() for c in args.checks.split(",") if c.strip()]
+    unknown = set(checks) - {"priority", "nice", "abandon"}
+    if unknown:
+        parser.error(f"unknown checks {sorted(unknown)}; known: priority, nice, abandon")
+    token = secrets.token_urlsafe(12)
+    results: dict[str, Any] = {"provenance": provenance(), "args": vars(args) | {"out": None}}
+    results["args"]["state_dir"] = str(args.state_dir)
+    print("starting the sidecar (the first run profiles simnet, a minute or two)...", flush=True)
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        sidecar_process(
+            Path(tmp), "--profile-models", SIMNET, "--state-dir", str(args.state_dir),
+            max_inflight=256, token=token, start_timeout_s=600.0,
+        ) as ends,
+    ):  # fmt: skip
+        url, triton = ends.sidecar["http"], ends.triton["http"]
+        for check in checks:
+            runs = []
+            for i in range(args.repeat):
+                if check == "priority":
+                    run = asyncio.run(
+                        priority_check(
+                            url,
+                            flood=args.flood,
+                            hi_rps=args.hi_rps,
+                            hi_slo_ms=args.hi_slo_ms,
+                            alone_s=args.alone_s,
+                            duration_s=args.duration_s,
+                        )
+                    )
+                elif check == "nice":
+                    run = asyncio.run(
+                        nice_check(url, concurrency=args.nice_concurrency, duration_s=args.nice_s)
+                    )
+                else:
+                    run = asyncio.run(
+                        abandon_check(
+                            url, triton, token, n=args.abandon_n, patience_s=args.patience_s
+                        )
+                    )
+                print(f"{check} run {i + 1}: {json.dumps(run)}", flush=True)
+                runs.append(run)
+
+                async def settle() -> None:
+                    async with new_session() as session:
+                        await _idle(session, url, token, 120.0)
+
+                asyncio.run(settle())
+            results[check] = runs
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
