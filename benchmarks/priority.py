@@ -4,9 +4,11 @@ The sidecar runs in its own process (``python -m api serve``, policy ``max``, th
 Triton with ``simnet`` on the simulated V100) and three checks run against it, each with the
 same rules as the documentation states (docs/priority.md):
 
-1. **Priority under a flood.** A closed-loop priority-0 flood (``--flood`` in flight) alone for a
-   few seconds, then with a priority-1 client beside it sending ``--hi-rps`` Poisson requests
-   with a ``--hi-slo-ms`` SLO: the priority-1 p99 and SLO attainment, each client's throughput.
+1. **Priority under a flood.** A priority-1 client sending ``--hi-rps`` Poisson requests with a
+   ``--hi-slo-ms`` SLO, alone for ``--alone-s`` (what this machine gives it with nothing else
+   running), then beside a closed-loop priority-0 flood (``--flood`` in flight, from a process
+   of its own): the priority-1 p50, p99 and SLO attainment, the flood's throughput alone and
+   beside it.
 2. **Nice weights.** Three closed-loop clients of equal concurrency (``--nice-concurrency``),
    nice −5, 0 and 5, saturating ``simnet`` for ``--nice-s``: completions per client against the
    CFS weights (3121 : 1024 : 335), and seed 000's isolation metric (:mod:`scheduler.isolation`).
@@ -24,6 +26,7 @@ import argparse
 import asyncio
 import json
 import math
+import multiprocessing
 import os
 import platform
 import secrets
@@ -32,11 +35,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
 
 from api.config import default_state_dir
 from api.embedded import INPUT_WIDTH, SIMNET
@@ -115,43 +120,98 @@ async def _flooded(
     return rec
 
 
+def flood_process(url: str, concurrency: int, stop_at_s: float) -> list[float]:
+    """A closed-loop priority-0 flood until ``stop_at_s`` (monotonic, the same clock in every
+    process), in a process of its own so that its load on the generator's event loop does
+    not delay the measured client's; the end times of its answers (200)."""
+
+    async def go() -> Recorder:
+        target = _target(url, [RequestClass("flood", priority=0, slo_ms=10_000.0)], [1.0])
+        async with new_session() as session:
+            return await _flooded(session, target, concurrency, stop_at_s)
+
+    return [s.end_s for s in asyncio.run(go()).samples if s.status == 200]
+
+
+def _latency(samples: Sequence[Sample], slo_ms: float) -> dict[str, Any]:
+    ok = [s for s in samples if s.status == 200]
+    return {
+        "sent": len(samples),
+        "ok": len(ok),
+        "p50_ms": _pct_ms(ok, 50),
+        "p99_ms": _pct_ms(ok, 99),
+        "slo_attainment": (
+            sum(s.latency_s * 1000.0 <= slo_ms for s in ok) / len(ok) if ok else math.nan
+        ),
+    }
+
+
+async def _open(url: str, klass: RequestClass, rps: float, duration_s: float) -> Recorder:
+    target = _target(url, [klass], [1.0])
+    rec = Recorder()
+    times = schedule(rps, duration_s, "poisson", np.random.default_rng(1))
+    async with new_session() as session:
+        await open_loop(session, target, times, rec, np.random.default_rng(1))
+    return rec
+
+
+async def _hi_buckets(url: str) -> dict[str, float]:
+    """The sidecar's own latency histogram for the client ``hi`` (queue + Triton, without the
+    client's and the HTTP server's CPU time): cumulative counts by upper bound."""
+    async with new_session() as session, session.get(f"http://{url}/metrics") as resp:
+        text = await resp.text()
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != "sidecar_request_duration_seconds":
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_bucket") and sample.labels.get("client") == "hi":
+                le = sample.labels["le"]
+                out[le] = out.get(le, 0.0) + sample.value
+    return out
+
+
+def _within(before: dict[str, float], after: dict[str, float], le: str) -> float:
+    total = after.get("+Inf", 0.0) - before.get("+Inf", 0.0)
+    return (after.get(le, 0.0) - before.get(le, 0.0)) / total if total else math.nan
+
+
 async def priority_check(
     url: str, *, flood: int, hi_rps: float, hi_slo_ms: float, alone_s: float, duration_s: float
 ) -> dict[str, Any]:
-    """A priority-1 open loop beside a closed-loop priority-0 flood (see the module doc)."""
-    lo = _target(url, [RequestClass("flood", priority=0, slo_ms=10_000.0)], [1.0])
-    hi = _target(url, [RequestClass("hi", priority=1, slo_ms=hi_slo_ms)], [1.0])
-    async with new_session() as session:
-        start = time.monotonic()
-        beside_from = start + alone_s
-        stop = beside_from + duration_s
-        flood_task = asyncio.create_task(_flooded(session, lo, flood, stop))
+    """A priority-1 open loop alone, then beside a closed-loop priority-0 flood (see the
+    module doc); the flood's throughput alone and beside it."""
+    hi = RequestClass("hi", priority=1, slo_ms=hi_slo_ms)
+    hi_alone = await _open(url, hi, hi_rps, alone_s)
+    head_start_s = 3.0  # the flood's process starts and reaches its pace
+    beside_from = time.monotonic() + head_start_s + alone_s
+    stop = beside_from + duration_s
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        flood_ends = asyncio.get_running_loop().run_in_executor(
+            pool, flood_process, url, flood, stop
+        )
         await asyncio.sleep(max(0.0, beside_from - time.monotonic()))
-        hi_rec = Recorder()
-        times = schedule(hi_rps, duration_s, "poisson", np.random.default_rng(1))
-        await open_loop(session, hi, times, hi_rec, np.random.default_rng(1))
-        lo_rec = await flood_task
-    warm = start + min(2.0, alone_s / 2)
-    alone = _ok(lo_rec, warm, beside_from)
-    beside = _ok(lo_rec, beside_from, stop)
-    hi_ok = [s for s in hi_rec.samples if s.status == 200]
+        buckets = await _hi_buckets(url)
+        hi_beside = await _open(url, hi, hi_rps, duration_s)
+        buckets_after = await _hi_buckets(url)
+        ends = await flood_ends
+    alone_from = min(ends, default=beside_from) + 1.0
+    alone = [t for t in ends if alone_from <= t < beside_from]
+    beside = [t for t in ends if beside_from <= t < stop]
+    served = sum(s.status == 200 and s.end_s < stop for s in hi_beside.samples)
     return {
         "flood_concurrency": flood,
         "hi_rps": hi_rps,
         "hi_slo_ms": hi_slo_ms,
-        "hi_sent": len(hi_rec.samples),
-        "hi_ok": len(hi_ok),
-        "hi_errors": {str(k): v for k, v in hi_rec.errors.items()},
-        "hi_p50_ms": _pct_ms(hi_ok, 50),
-        "hi_p99_ms": _pct_ms(hi_ok, 99),
-        "hi_slo_attainment": (
-            sum(s.latency_s * 1000.0 <= hi_slo_ms for s in hi_ok) / len(hi_ok)
-            if hi_ok
-            else math.nan
-        ),
-        "flood_alone_rps": len(alone) / max(1e-9, beside_from - warm),
+        "hi_alone": _latency(hi_alone.samples, hi_slo_ms),
+        "hi_beside_flood": _latency(hi_beside.samples, hi_slo_ms),
+        "hi_errors": {str(k): v for k, v in hi_beside.errors.items()},
+        # in the sidecar (queue + Triton): the client's and the HTTP servers' CPU time apart
+        "hi_beside_in_sidecar_within_100ms": _within(buckets, buckets_after, "0.1"),
+        "hi_beside_in_sidecar_within_150ms": _within(buckets, buckets_after, "0.15"),
+        "flood_alone_rps": len(alone) / max(1e-9, beside_from - alone_from),
         "flood_beside_rps": len(beside) / duration_s,
-        "total_beside_rps": (len(beside) + len(hi_ok)) / duration_s,
+        "total_beside_rps": (len(beside) + served) / duration_s,
     }
 
 

@@ -59,6 +59,10 @@ class IsolationReport:
         finite = [d for d in self.deviation_by_level.values() if math.isfinite(d)]
         return max(finite, default=math.nan)
 
+    def ratio_of(self, name: str) -> float:
+        """A client's completion time over ideal CFS's (nan: not in the report)."""
+        return next((c.ratio for c in self.clients if c.name == name), math.nan)
+
     def to_json(self) -> dict[str, object]:
         return {
             "deviation": _finite(self.deviation),

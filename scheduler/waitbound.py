@@ -5,18 +5,21 @@ The sidecar decides who goes next only for what it still holds; what it has rele
 Triton's batcher makes it, and a batch that runs is never preempted. So a request of a higher
 level that arrives now waits, at worst, for an execution of everything of its model already at
 Triton to finish, and then runs in a batch with whatever else Triton holds (``2·t(n + h)``, ``n``
-the model's lower-level requests at Triton, ``h`` the higher level's own batch); and while other
+the model's lower-level requests at Triton, ``h`` the higher level's own batch, ``t`` the
+model's table at the clock targeted); and while other
 models run at the same time, the GPU is shared by all of them (``× G``, the models with work
 at Triton or waiting for it).
 
 A level is *protected* for ``GUARD_S`` after its last arrival, with the tightest SLO its recent
-requests named and its arrival rate (the higher-level requests arriving within half its SLO are
-counted as its batch, ``h``). A lower-level request is released only while that bound, with it
-at Triton, stays within the protected SLO (at ``SAFETY`` of it, plus the table's tail margin
-for the two executions); otherwise it waits in the sidecar's queue. So a flood of lower
-priority gets smaller batches while a higher level is active, and full ones when it is not.
-A lower level is never held with nothing of its own at Triton: one of its requests may always
-run, so no level starves outright.
+requests named and its arrival rate. Its batch ``h`` is what it has at Triton plus the request
+arriving, or the requests arriving within half its SLO if those are more. A lower-level request
+is released only while that bound, with it at Triton, stays within ``SAFETY`` of the protected
+SLO; otherwise it waits in the sidecar's queue. The bound is a worst case already (a whole
+execution to wait for, then one of its own, at their mean times), so no tail margin is added:
+on a noisy host the margin measures the host, which holding the lower levels back does not
+quiet. So a flood of lower priority gets smaller batches while a higher level is active, and
+full ones when it is not. A lower level is never held with nothing of its own at Triton: one
+of its requests may always run, so no level starves outright.
 """
 
 from __future__ import annotations
@@ -31,7 +34,6 @@ from time2clock.table import ModelTable
 GUARD_S = 2.0  # a level stays protected this long after its last arrival
 RATE_WINDOW_S = 1.0  # the arrival rate's decay
 SAFETY = 0.95  # share of the protected SLO the bound may use
-TAIL = "p99"
 
 
 class BoundView(Protocol):
@@ -149,6 +151,4 @@ class WaitBound:
         batch = max(higher + 1, expected)
         models = s.busy_models()
         clock = s.clock_target_mhz or table.clocks_mhz[-1]
-        one = execution_ms(table, clock, lower + batch)
-        margin = table.tail_margin_ms(TAIL, min(table.max_batch, lower + batch))
-        return 2.0 * max(1, models) * one + math.sqrt(2.0) * margin
+        return 2.0 * max(1, models) * execution_ms(table, clock, lower + batch)

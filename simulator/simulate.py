@@ -24,6 +24,7 @@ from dvfs.timesource import VirtualTime
 from scheduler.clients import ClientSpec
 from scheduler.core import Scheduler, SchedulerConfig
 from scheduler.feedback import FeedbackParams
+from scheduler.isolation import ClientUsage, IsolationReport, isolation
 from scheduler.policies import SlackParams
 from scheduler.registry import make_policy
 from scheduler.request import Request
@@ -171,6 +172,8 @@ class ClientStats:
     met: int = 0
     service_ms: float = 0.0
     rejected: int = 0
+    offered_work_ms: float = 0.0  # what it sent while arrivals ran, in GPU time (see isolation)
+    served_work_ms: float = 0.0  # what was served of it by then
 
 
 @dataclass
@@ -208,8 +211,29 @@ class SimResult:
                 worst = ratio if math.isnan(worst) else max(worst, ratio)
         return worst
 
+    def isolation(self) -> IsolationReport:
+        """Seed 000's isolation metric over the clients (:mod:`scheduler.isolation`): GPU work
+        served while arrivals ran (the drain after them serves every backlog to the end, which
+        no fair share decides), against the same work shared by ideal CFS with what each client
+        offered as its demand."""
+        c = self.config
+        levels = SchedulerConfig(priority_levels=c.priority_levels)
+        return isolation(
+            [
+                ClientUsage(
+                    spec.name,
+                    levels.level_of(spec.priority),
+                    spec.nice,
+                    self.clients[spec.name].served_work_ms,
+                    self.clients[spec.name].offered_work_ms,
+                )
+                for spec in c.clients
+            ]
+        )
+
     def to_json(self) -> dict[str, Any]:
         c = self.config
+        iso = self.isolation()
         return {
             "policy": c.policy,
             "gpu": c.gpu,
@@ -256,9 +280,11 @@ class SimResult:
                     "p99_ms": self._pct(99, np.asarray(s.latencies_ms)),
                     "slo_attainment": s.met / s.completed if s.completed else math.nan,
                     "service_ms": s.service_ms,
+                    "dct_over_ideal": iso.ratio_of(name),
                 }
                 for name, s in self.clients.items()
             },
+            "isolation_deviation": iso.deviation,
         }
 
 
@@ -458,6 +484,13 @@ def simulate(
         device.set_clock_mhz(initial)
 
     stats = {c.name: ClientStats() for c in cfg.clients}
+    arrivals_end_s = float(arrivals[-1]) if len(arrivals) else 0.0
+    # GPU time per request of each model, in full batches at the top clock (isolation's unit)
+    work_ms = {
+        n: profile.model(n).mean_latency_ms(profile.max_clock_mhz, profile.model(n).max_batch)
+        / profile.model(n).max_batch
+        for n in names
+    }
     per_model = {n: ClientStats() for n in names}
     latencies: list[float] = []
     work = np.ones(len(arrivals))  # each request's drawn service time over its mean
@@ -521,6 +554,7 @@ def simulate(
                 nice=client.nice,
                 client_id=client.name,
             )
+            stats[client.name].offered_work_ms += work_ms[req.model]
             result = sched.enqueue(req, now)
             if result.accepted:
                 index_of[req.seq] = idx
@@ -544,6 +578,8 @@ def simulate(
                 latencies.append(latency_ms)
                 ok = latency_ms <= req.slo_ms
                 met += ok
+                if now <= arrivals_end_s:
+                    stats[req.client_id].served_work_ms += work_ms[req.model]
                 for s in (stats[req.client_id], per_model[req.model]):
                     s.completed += 1
                     s.latencies_ms.append(latency_ms)
