@@ -32,9 +32,7 @@ def parse_mix(spec: str, default_slo_ms: float | None = None) -> list[RequestCla
     """``"a:share=0.3,priority=1,slo_ms=50;b:nice=5"`` (the simulator's client syntax), with
     ``concurrency=N`` giving a class its own closed loop (every class or none)."""
     classes = [
-        RequestClass(
-            c.name, c.share, c.priority, c.nice, c.slo_ms or default_slo_ms, c.concurrency
-        )
+        RequestClass(c.name, c.share, c.priority, c.nice, c.slo_ms or default_slo_ms, c.concurrency)
         for c in parse_clients(spec)
     ]
     if len({c.concurrency is None for c in classes}) > 1:
