@@ -95,11 +95,6 @@ def _pct_ms(samples: Sequence[Sample], q: float) -> float:
     return float(np.percentile(lat, q)) if lat else math.nan
 
 
-def _ok(rec: Recorder, start_s: float, end_s: float) -> list[Sample]:
-    """Answers (200) that came back inside the window."""
-    return [s for s in rec.samples if s.status == 200 and start_s <= s.end_s < end_s]
-
-
 async def _idle(session: aiohttp.ClientSession, url: str, token: str, limit_s: float) -> None:
     """Wait until the sidecar has nothing queued and nothing in flight."""
     deadline = time.monotonic() + limit_s
@@ -120,17 +115,23 @@ async def _flooded(
     return rec
 
 
-def flood_process(url: str, concurrency: int, stop_at_s: float) -> list[float]:
-    """A closed-loop priority-0 flood until ``stop_at_s`` (monotonic, the same clock in every
-    process), in a process of its own so that its load on the generator's event loop does
-    not delay the measured client's; the end times of its answers (200)."""
+def closed_loop_process(
+    url: str, klass: RequestClass, concurrency: int, stop_at_s: float
+) -> list[float]:
+    """A closed loop of ``klass`` until ``stop_at_s`` (monotonic, the same clock in every
+    process), in a process of its own so that its load on a generator's event loop does not
+    delay another client's; the end times of its answers (200)."""
 
     async def go() -> Recorder:
-        target = _target(url, [RequestClass("flood", priority=0, slo_ms=10_000.0)], [1.0])
+        target = _target(url, [klass], [1.0])
         async with new_session() as session:
             return await _flooded(session, target, concurrency, stop_at_s)
 
     return [s.end_s for s in asyncio.run(go()).samples if s.status == 200]
+
+
+def _processes(n: int) -> ProcessPoolExecutor:
+    return ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn"))
 
 
 def _latency(samples: Sequence[Sample], slo_ms: float) -> dict[str, Any]:
@@ -186,9 +187,10 @@ async def priority_check(
     head_start_s = 3.0  # the flood's process starts and reaches its pace
     beside_from = time.monotonic() + head_start_s + alone_s
     stop = beside_from + duration_s
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+    flood_class = RequestClass("flood", priority=0, slo_ms=10_000.0)
+    with _processes(1) as pool:
         flood_ends = asyncio.get_running_loop().run_in_executor(
-            pool, flood_process, url, flood, stop
+            pool, closed_loop_process, url, flood_class, flood, stop
         )
         await asyncio.sleep(max(0.0, beside_from - time.monotonic()))
         buckets = await _hi_buckets(url)
@@ -216,16 +218,20 @@ async def priority_check(
 
 
 async def nice_check(url: str, *, concurrency: int, duration_s: float) -> dict[str, Any]:
-    """Three closed loops of equal concurrency, nice −5, 0 and 5 (see the module doc)."""
-    targets = [
-        _target(url, [RequestClass(f"nice{n:+d}", nice=n, slo_ms=10_000.0)], [1.0]) for n in NICES
-    ]
-    async with new_session() as session:
-        start = time.monotonic()
-        warm = start + 3.0
-        stop = warm + duration_s
-        recs = await asyncio.gather(*(_flooded(session, t, concurrency, stop) for t in targets))
-    counts = [len(_ok(r, warm, stop)) for r in recs]
+    """Three closed loops of equal concurrency, nice −5, 0 and 5, each from a process of its
+    own (see the module doc)."""
+    classes = [RequestClass(f"nice{n:+d}", nice=n, slo_ms=10_000.0) for n in NICES]
+    warm = time.monotonic() + 5.0  # the processes start, the loops reach their pace
+    stop = warm + duration_s
+    loop = asyncio.get_running_loop()
+    with _processes(len(classes)) as pool:
+        ends = await asyncio.gather(
+            *(
+                loop.run_in_executor(pool, closed_loop_process, url, k, concurrency, stop)
+                for k in classes
+            )
+        )
+    counts = [sum(warm <= t < stop for t in e) for e in ends]
     report = isolation(
         [
             ClientUsage(f"nice{n:+d}", level=2, nice=n, served=float(c), demand=None)
