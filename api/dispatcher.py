@@ -411,6 +411,7 @@ class GpuDispatcher:
                     "depth": s.release_depth(m),
                     "max_batch": s.serving(m).max_batch,
                     "instances": s.serving(m).instances,
+                    "triton_priority_levels": s.serving(m).priority_levels,
                     "arrival_rate_rps": round(rates.get(m, 0.0), 3),
                     "table": _table_summary(s.table_for(m)),
                     "learning": None if learner is None else learner.state(m, now),
