@@ -16,6 +16,10 @@ same rules as the documentation states (docs/priority.md):
    whose clients give up after ``--patience-s``: how many Triton executed (its own statistics,
    ``/v2/models/simnet/stats``), and how many of those after their client had gone.
 
+With ``--checks sim``, the same questions in the simulator (no sidecar started): the priority
+cells (:data:`SIM_CELLS`) against the flood alone on the same arrivals, and a nice mix's
+isolation.
+
 Every figure is written to ``--out`` (JSON, with the git commit and the machine), as measured:
 nothing is asserted here (the machine is shared and noisy; tests hold the rules).
 """
@@ -312,9 +316,85 @@ async def abandon_check(
     }
 
 
+# (name, GPU, model mix, clients): the priority-1 client's SLO 1.12 full batches at the top
+# clock (the issue's 43.4 ms on the V100), or 3 of them; the flood alone is the same load of
+# priority-0 requests only.
+SIM_FLOOD = "lo:priority=0,share=0.9,slo_ms=100000"
+SIM_CELLS = (
+    ("v100 SLO 1.12x", "v100", "resnet50", f"hi:priority=1,share=0.1,slo_ms=43.4;{SIM_FLOOD}"),
+    ("a100 SLO 1.12x", "a100", "resnet50", f"hi:priority=1,share=0.1,slo_ms=29.5;{SIM_FLOOD}"),
+    (
+        "v100 two models SLO 3x",
+        "v100",
+        "resnet50:0.7:115.9,bert-large:0.3:523.1",
+        f"hi:priority=1,share=0.1;{SIM_FLOOD}",
+    ),
+    ("v100 SLO 3x", "v100", "resnet50", f"hi:priority=1,share=0.1,slo_ms=115.9;{SIM_FLOOD}"),
+)
+SIM_NICE = "a:nice=-5,share=0.34;b:nice=0,share=0.33;c:nice=5,share=0.33"
+
+
+def simulated_cells(duration_s: float, seed: int) -> list[dict[str, Any]]:
+    """The priority cells and a nice mix in the simulator (policy ``max``, load 2.0 of the
+    mix's capacity; the nice mix at 3.0): the priority-1 client's tail and attainment, the
+    node's throughput against the flood alone on the same arrivals, seed 000's isolation."""
+    from scheduler.clients import parse_clients
+    from simulator.simulate import SimConfig, parse_models, simulate
+
+    def run(gpu: str, models: str, clients: str, load: float) -> dict[str, Any]:
+        cfg = SimConfig(
+            gpu=gpu,
+            policy="max",
+            load=load,
+            slo_ms=100_000.0,
+            duration_s=duration_s,
+            seed=seed,
+            clients=tuple(parse_clients(clients)),
+            models=parse_models(models),
+            with_oracle=False,
+        )
+        out: dict[str, Any] = simulate(cfg).to_json()
+        return out
+
+    rows = []
+    for name, gpu, models, clients in SIM_CELLS:
+        both = run(gpu, models, clients, 2.0)
+        alone = run(gpu, models, "lo:share=1,slo_ms=100000", 2.0)
+        hi = both["clients"]["hi"]
+        rows.append(
+            {
+                "cell": name,
+                "gpu": gpu,
+                "models": models,
+                "clients": clients,
+                "hi_p99_ms": hi["p99_ms"],
+                "hi_slo_attainment": hi["slo_attainment"],
+                "throughput_rps": both["throughput_rps"],
+                "flood_alone_rps": alone["throughput_rps"],
+                "throughput_vs_flood_alone": both["throughput_rps"] / alone["throughput_rps"],
+                "mean_batch": both["mean_batch"],
+            }
+        )
+    nice = run("v100", "resnet50", SIM_NICE, 3.0)
+    rows.append(
+        {
+            "cell": "v100 nice -5/0/5 at 3x capacity",
+            "clients": SIM_NICE,
+            "completed": {k: v["completed"] for k, v in nice["clients"].items()},
+            "dct_over_ideal": {k: v["dct_over_ideal"] for k, v in nice["clients"].items()},
+            "isolation_deviation": nice["isolation_deviation"],
+        }
+    )
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.priority", description=__doc__)
-    parser.add_argument("--checks", default="priority,nice,abandon")
+    parser.add_argument(
+        "--checks", default="priority,nice,abandon", help="any of priority, nice, abandon, sim"
+    )
+    parser.add_argument("--sim-duration-s", type=float, default=60.0)
+    parser.add_argument("--sim-seed", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=1, help="runs of each check")
     parser.add_argument("--flood", type=int, default=64)
     parser.add_argument("--hi-rps", type=float, default=20.0)
@@ -331,12 +411,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     checks = [c.strip() for c in args.checks.split(",") if c.strip()]
-    unknown = set(checks) - {"priority", "nice", "abandon"}
+    unknown = set(checks) - {"priority", "nice", "abandon", "sim"}
     if unknown:
-        parser.error(f"unknown checks {sorted(unknown)}; known: priority, nice, abandon")
+        parser.error(f"unknown checks {sorted(unknown)}; known: priority, nice, abandon, sim")
     token = secrets.token_urlsafe(12)
     results: dict[str, Any] = {"provenance": provenance(), "args": vars(args) | {"out": None}}
     results["args"]["state_dir"] = str(args.state_dir)
+    if "sim" in checks:
+        checks.remove("sim")
+        results["sim"] = simulated_cells(args.sim_duration_s, args.sim_seed)
+        for row in results["sim"]:
+            print(f"sim: {json.dumps(row)}", flush=True)
+    if not checks:
+        return _write(results, args.out)
     print("starting the sidecar (the first run profiles simnet, a minute or two)...", flush=True)
     with (
         tempfile.TemporaryDirectory() as tmp,
@@ -379,9 +466,13 @@ def main(argv: list[str] | None = None) -> int:
 
                 asyncio.run(settle())
             results[check] = runs
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    return _write(results, args.out)
+
+
+def _write(results: dict[str, Any], out: Path) -> int:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1) + "\n")
+    print(f"wrote {out}")
     return 0
 
 

@@ -156,8 +156,11 @@ class Scheduler(Generic[P]):
         full batches, and never fewer than one request per instance. One batch is what its
         batcher needs to run the batch the policy wants (several instances share it, as they
         share the GPU); everything beyond would wait in Triton's queue, first come first served
-        within a level, out of the sidecar's reach."""
+        within a level, out of the sidecar's reach. A decoupled model (an LLM engine): the
+        sequences it may run at once."""
         serving = self.serving(model)
+        if serving.streams:
+            return serving.streams
         return self.config.triton_batches * max(serving.max_batch, serving.instances)
 
     def set_serving(self, model: str, serving: ModelServing) -> None:
@@ -372,6 +375,10 @@ class Scheduler(Generic[P]):
             request=request,
             clock_mhz=self._clock(self.policy.on_complete(self, request, now_s), now_s),
         )
+
+    def on_token(self, request: Request[P], now_s: float) -> int | None:
+        """A token of ``request``'s stream went by; a clock to set, if any."""
+        return self._clock(self.policy.on_token(self, request, now_s), now_s)
 
     def cancel(self, request: Request[P]) -> bool:
         """Forget a waiting ``request`` (abandoned by its client, or timed out); True if it was

@@ -34,21 +34,28 @@ class QueuedRequest(Protocol):
     @property
     def dispatch_s(self) -> float: ...
 
+    @property
+    def prompt_tokens(self) -> int: ...
+
 
 @dataclass(frozen=True)
 class ModelServing:
     """How Triton serves one model: its largest batch, how many instances run it, and its
     dynamic batcher's priority levels (``dynamic_batching.priority_levels``; 0: none, Triton
-    serves the model's queue first come, first served).
-
-    """
+    serves the model's queue first come, first served). How many of its requests the sidecar
+    keeps at Triton is :meth:`scheduler.core.Scheduler.release_depth`."""
 
     max_batch: int = 1
     instances: int = 1
+    # A decoupled model (an LLM engine batching continuously): the sequences it may run at
+    # once; 0 for a model that answers each request once.
+    streams: int = 0
     priority_levels: int = 0
     default_priority_level: int = 0
 
     def __post_init__(self) -> None:
+        if self.streams < 0:
+            raise ValueError(f"streams must be >= 0, got {self.streams}")
         if self.max_batch < 1 or self.instances < 1:
             raise ValueError(
                 f"max_batch and instances must be >= 1, got {self.max_batch}, {self.instances}"

@@ -35,10 +35,11 @@ from api.grpc_frontend.protocol import (
     parse_infer_request,
     server_options,
     stream_error,
-    stream_has_error,
+    stream_reply,
     text_metadata,
 )
 from api.runtime import Runtime
+from api.streaming import TokenMeter, token_slos
 from api.tensors import ModelLimits
 from api.triton_priority import grpc_with_priority
 from api.upstream import UpstreamUnavailableError
@@ -184,6 +185,8 @@ class GrpcFrontend:
         arrival_s: float,
         sender: Callable[[bytes], Send],
         raw: bytes,
+        *,
+        tokens: TokenMeter | None = None,
     ) -> Any:
         """One request through :func:`api.admission.admit` (``sender(raw)`` sends it; with
         the sidecar's level as Triton's priority, a map entry appended); a shutdown past its
@@ -203,6 +206,8 @@ class GrpcFrontend:
                     arrival_s=arrival_s,
                     job=Job(
                         send=sender(raw),
+                        stream=tokens is not None,
+                        tokens=tokens,
                         at_level=lambda level: sender(grpc_with_priority(raw, level)),
                     ),
                 ),
@@ -239,11 +244,17 @@ class GrpcFrontend:
                 self.runtime.metrics.count("unknown", "", "", Outcome.BAD_REQUEST, PROTOCOL)
                 out.put_nowait(stream_error(str(err), None))
                 return
+            meter = TokenMeter(
+                arrival_s=arrival_s,
+                metrics=self.runtime.metrics,
+                model_label=self.runtime.models.label(request.model_name),
+                slos=token_slos(parameter_values(request.parameters)),
+            )
 
             def streamed(message: bytes) -> Send:
-                return lambda _: self._upstream_stream(message, metadata, out)
+                return lambda _: self._upstream_stream(message, metadata, out, meter)
 
-            admission = await self._admit(request, metadata, arrival_s, streamed, raw)
+            admission = await self._admit(request, metadata, arrival_s, streamed, raw, tokens=meter)
             if admission.answer is None:
                 out.put_nowait(stream_error(admission.message, request))
 
@@ -268,7 +279,7 @@ class GrpcFrontend:
                 task.cancel()
 
     async def _upstream_stream(
-        self, raw: bytes, metadata: Metadata, out: asyncio.Queue[bytes | None]
+        self, raw: bytes, metadata: Metadata, out: asyncio.Queue[bytes | None], meter: TokenMeter
     ) -> GrpcAnswer:
         """One request on its own stream to Triton, which ends the stream after its last reply."""
         call = self._stream(metadata=metadata)
@@ -278,7 +289,10 @@ class GrpcFrontend:
             await call.done_writing()
             async for reply in call:
                 out.put_nowait(reply)
-                ok = ok and not stream_has_error(reply)
+                failed, tokens = stream_reply(reply)
+                ok = ok and not failed
+                if tokens:
+                    meter.on_token(time.monotonic())
         except grpc.aio.AioRpcError as err:
             answer = _failed(err)
             out.put_nowait(stream_error(answer.details, parse_infer_request(raw)))
@@ -286,6 +300,8 @@ class GrpcFrontend:
         finally:
             with contextlib.suppress(Exception):
                 call.cancel()
+        if ok:
+            meter.finish()
         return GrpcAnswer(grpc.StatusCode.OK if ok else grpc.StatusCode.UNKNOWN)
 
 
