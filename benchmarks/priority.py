@@ -20,8 +20,9 @@ With ``--checks sim``, the same questions in the simulator (no sidecar started):
 cells (:data:`SIM_CELLS`) against the flood alone on the same arrivals, and a nice mix's
 isolation.
 
-Every figure is written to ``--out`` (JSON, with the git commit and the machine), as measured:
-nothing is asserted here (the machine is shared and noisy; tests hold the rules).
+Every figure is written to ``results/priority.md`` and ``.json`` (:mod:`simulator.results`: the
+command, the commit, the machine and its load), as measured: nothing is asserted here (the
+machine is shared and noisy; tests hold the rules).
 """
 
 from __future__ import annotations
@@ -31,10 +32,7 @@ import asyncio
 import json
 import math
 import multiprocessing
-import os
-import platform
 import secrets
-import subprocess
 import sys
 import tempfile
 import time
@@ -64,29 +62,10 @@ from loadgen.engine import (
 )
 from scheduler.isolation import ClientUsage, isolation
 from scheduler.weights import weight_for_nice
+from simulator.results import DEFAULT_DIR, Provenance, markdown_table, provenance, write_results
 
 GPU = "v100"  # the sidecar_process's simulated GPU
 NICES = (-5, 0, 5)
-
-
-def provenance() -> dict[str, Any]:
-    """Which code ran where: the git commit (and whether the tree had changes), the machine."""
-
-    def git(*args: str) -> str:
-        try:
-            out = subprocess.run(("git", *args), capture_output=True, text=True, check=True)
-        except (OSError, subprocess.CalledProcessError):
-            return ""
-        return out.stdout.strip()
-
-    return {
-        "commit": git("rev-parse", "HEAD"),
-        "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
-        "machine": platform.node(),
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
 
 
 def _target(url: str, classes: Sequence[RequestClass], shares: Sequence[float]) -> Target:
@@ -405,7 +384,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nice-s", type=float, default=30.0)
     parser.add_argument("--abandon-n", type=int, default=100)
     parser.add_argument("--patience-s", type=float, default=0.3)
-    parser.add_argument("--out", type=Path, default=Path("out/priority/live.json"))
+    parser.add_argument("--out-dir", type=Path, default=DEFAULT_DIR)
+    parser.add_argument("--name", default="priority", help="results file name")
     parser.add_argument(
         "--state-dir", type=Path, default=default_state_dir(), help="tables cached here"
     )
@@ -415,15 +395,15 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown checks {sorted(unknown)}; known: priority, nice, abandon, sim")
     token = secrets.token_urlsafe(12)
-    results: dict[str, Any] = {"provenance": provenance(), "args": vars(args) | {"out": None}}
-    results["args"]["state_dir"] = str(args.state_dir)
+    prov = provenance()  # taken before the runs: the machine's load when they started
+    results: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}}
     if "sim" in checks:
         checks.remove("sim")
         results["sim"] = simulated_cells(args.sim_duration_s, args.sim_seed)
         for row in results["sim"]:
             print(f"sim: {json.dumps(row)}", flush=True)
     if not checks:
-        return _write(results, args.out)
+        return _write(results, args, prov)
     print("starting the sidecar (the first run profiles simnet, a minute or two)...", flush=True)
     with (
         tempfile.TemporaryDirectory() as tmp,
@@ -466,14 +446,141 @@ def main(argv: list[str] | None = None) -> int:
 
                 asyncio.run(settle())
             results[check] = runs
-    return _write(results, args.out)
+    return _write(results, args, prov)
 
 
-def _write(results: dict[str, Any], out: Path) -> int:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1) + "\n")
-    print(f"wrote {out}")
+def _write(results: dict[str, Any], args: argparse.Namespace, prov: Provenance) -> int:
+    md, js = write_results(
+        args.name,
+        title="Priority, fair share and abandoned requests",
+        markdown=summary(results),
+        data=results,
+        directory=args.out_dir,
+        prov=prov,
+    )
+    print(f"wrote {md} and {js}")
     return 0
+
+
+def _pct(x: float) -> str:
+    return "-" if x is None or not math.isfinite(x) else f"{x:.1%}"
+
+
+def _ms(x: float) -> str:
+    return "-" if x is None or not math.isfinite(x) else f"{x:.1f}"
+
+
+LIVE_PRIORITY_HEAD = (
+    "run",
+    "p1 alone p99 ms",
+    "p1 beside p50 ms",
+    "p1 beside p99 ms",
+    "p1 SLO met",
+    "in sidecar <= 100 ms",
+    "<= 150 ms",
+    "flood alone req/s",
+    "flood beside req/s",
+)
+
+
+LIVE_PRIORITY_HEAD = (
+    "run",
+    "p1 alone p99 ms",
+    "p1 beside p50 ms",
+    "p1 beside p99 ms",
+    "p1 SLO met",
+    "in sidecar <= 100 ms",
+    "<= 150 ms",
+    "flood alone req/s",
+    "flood beside req/s",
+)
+
+
+def summary(results: dict[str, Any]) -> str:
+    """The figures as Markdown tables, one per check."""
+    parts: list[str] = []
+    sim = [r for r in results.get("sim", []) if "hi_p99_ms" in r]
+    if sim:
+        parts.append("## Simulator: a priority-1 client (10%) beside a priority-0 flood")
+        parts.append(
+            markdown_table(
+                ("cell", "p1 SLO met", "p1 p99 ms", "req/s", "flood alone req/s", "ratio"),
+                [
+                    (
+                        r["cell"],
+                        _pct(r["hi_slo_attainment"]),
+                        _ms(r["hi_p99_ms"]),
+                        f"{r['throughput_rps']:.0f}",
+                        f"{r['flood_alone_rps']:.0f}",
+                        _pct(r["throughput_vs_flood_alone"]),
+                    )
+                    for r in sim
+                ],
+            )
+        )
+    for r in results.get("sim", []):
+        if "isolation_deviation" in r:
+            ratios = ", ".join(f"{k} {v:.3f}" for k, v in r["dct_over_ideal"].items())
+            parts.append(
+                f"Simulator, {r['cell']}: completed {r['completed']}; DCT/ideal {ratios}; "
+                f"worst pair {_pct(r['isolation_deviation'])} from ideal CFS."
+            )
+    if results.get("priority"):
+        parts.append("## Live: a priority-1 client beside a closed-loop priority-0 flood")
+        parts.append(
+            markdown_table(
+                LIVE_PRIORITY_HEAD,
+                [
+                    (
+                        i + 1,
+                        _ms(r["hi_alone"]["p99_ms"]),
+                        _ms(r["hi_beside_flood"]["p50_ms"]),
+                        _ms(r["hi_beside_flood"]["p99_ms"]),
+                        _pct(r["hi_beside_flood"]["slo_attainment"]),
+                        _pct(r["hi_beside_in_sidecar_within_100ms"]),
+                        _pct(r["hi_beside_in_sidecar_within_150ms"]),
+                        f"{r['flood_alone_rps']:.0f}",
+                        f"{r['flood_beside_rps']:.0f}",
+                    )
+                    for i, r in enumerate(results["priority"])
+                ],
+            )
+        )
+    if results.get("nice"):
+        parts.append("## Live: three closed loops, nice -5, 0, 5 (ideal 69.7% / 22.9% / 7.5%)")
+        parts.append(
+            markdown_table(
+                ("run", "completed", "shares", "worst pair from ideal", "req/s"),
+                [
+                    (
+                        i + 1,
+                        " / ".join(str(c) for c in r["completed"].values()),
+                        " / ".join(_pct(x) for x in r["share"]),
+                        _pct(r["isolation"]["deviation"] or math.nan),
+                        f"{r['throughput_rps']:.0f}",
+                    )
+                    for i, r in enumerate(results["nice"])
+                ],
+            )
+        )
+    if results.get("abandon"):
+        parts.append("## Live: clients that give up, the clock at its lowest")
+        parts.append(
+            markdown_table(
+                ("run", "requests", "served in time", "executed by Triton", "for nobody"),
+                [
+                    (
+                        i + 1,
+                        r["requests"],
+                        r["served_in_time"],
+                        r["executed_by_triton"],
+                        r["executed_for_nobody"],
+                    )
+                    for i, r in enumerate(results["abandon"])
+                ],
+            )
+        )
+    return "\n\n".join(parts) + "\n"
 
 
 if __name__ == "__main__":
