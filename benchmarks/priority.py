@@ -394,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(checks) - {"priority", "nice", "abandon", "sim"}
     if unknown:
         parser.error(f"unknown checks {sorted(unknown)}; known: priority, nice, abandon, sim")
-    token = secrets.token_urlsafe(12)
+    token = secrets.token_hex(12)  # never starts with "-" (a flag to argparse)
     prov = provenance()  # taken before the runs: the machine's load when they started
     results: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}}
     if "sim" in checks:
