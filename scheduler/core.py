@@ -153,15 +153,17 @@ class Scheduler(Generic[P]):
 
     def release_depth(self, model: str) -> int:
         """The most requests of ``model`` worth having at Triton at once: ``triton_batches``
-        full batches, and never fewer than one request per instance. One batch is what its
-        batcher needs to run the batch the policy wants (several instances share it, as they
-        share the GPU); everything beyond would wait in Triton's queue, first come first served
-        within a level, out of the sidecar's reach. A decoupled model (an LLM engine): the
-        sequences it may run at once."""
+        full batches, and no fewer than two per instance. One full batch is what its batcher
+        needs to run the batch the policy wants (several instances share it, as they share the
+        GPU); a model that runs requests one at a time needs one running and one ready on each
+        instance, so that the sidecar's round trip after a completion leaves no instance idle.
+        Everything beyond would wait in Triton's queue, first come first served within a
+        level, out of the sidecar's reach. A decoupled model (an LLM engine): the sequences it
+        may run at once."""
         serving = self.serving(model)
         if serving.streams:
             return serving.streams
-        return self.config.triton_batches * max(serving.max_batch, serving.instances)
+        return max(self.config.triton_batches * serving.max_batch, 2 * serving.instances)
 
     def set_serving(self, model: str, serving: ModelServing) -> None:
         self._serving[model] = serving
