@@ -328,17 +328,18 @@ class Scheduler(Generic[P]):
         return Dispatch(request=request, clock_mhz=clock)
 
     def _next_sendable(self, now_s: float) -> Request[P] | None:
-        limits: dict[str, bool] = {}  # model -> under the policy's release limit
+        limits: dict[str, int] = {}  # model -> the policy's release limit
         room: dict[tuple[str, int], bool] = {}  # (model, level) -> may go now
         for request in self.iter_queue(SCAN_LIMIT):
             kind = (request.model, request.level)
             ok = room.get(kind)
             if ok is None:
-                under = limits.get(request.model)
-                if under is None:
-                    limit = self.policy.release_limit(self, request.model, now_s)
-                    under = limits[request.model] = self.inflight_count(request.model) < limit
-                ok = room[kind] = under and self.bound.allows(
+                limit = limits.get(request.model)
+                if limit is None:
+                    limit = limits[request.model] = self.policy.release_limit(
+                        self, request.model, now_s
+                    )
+                ok = room[kind] = self._ahead_at_triton(request) < limit and self.bound.allows(
                     self, request.model, request.level, now_s
                 )
             if ok:
@@ -346,6 +347,18 @@ class Scheduler(Generic[P]):
             if len(room) == len(self._queued_kinds):
                 return None  # every (model, level) waiting is held back
         return None
+
+    def _ahead_at_triton(self, request: Request[P]) -> int:
+        """What counts against ``request``'s model's release limit: its requests at Triton of
+        ``request``'s level and higher. Lower levels there do not hold a higher one back: it
+        goes ahead of them in Triton's priority queue (and with none configured, it would
+        wait for them in the sidecar all the same). A decoupled model's streams all count."""
+        if self.serving(request.model).streams:
+            return self.inflight_count(request.model)
+        levels = self._inflight_levels.get(request.model)
+        if not levels:
+            return 0
+        return sum(n for level, n in levels.items() if level <= request.level)
 
     def on_complete(
         self, request: Request[P], service_s: float, now_s: float, *, measured: bool = True

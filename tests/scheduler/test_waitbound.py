@@ -116,3 +116,15 @@ def test_other_models_share_the_gpu_so_the_cap_tightens() -> None:
     release_all(shared, 0.0)
     assert at_triton(shared, 2) < at_triton(alone, 2)
     assert at_triton(shared, 2, OTHER) == shared.release_depth(OTHER)
+
+
+def test_a_full_batch_of_lower_levels_at_triton_does_not_hold_a_higher_one() -> None:
+    """The release depth counts a request's own level and those above: a priority-1 request
+    goes to Triton's priority queue, ahead of the lower level's batch already there."""
+    s = scheduler()
+    flood(s, 100, 0.0)
+    assert release_all(s, 0.0) == s.release_depth(MODEL)
+    assert s.enqueue(make_request(priority=1, slo_ms=200.0, arrival_s=0.001), 0.001).accepted
+    sent = s.next_dispatch(0.001)
+    assert sent is not None and sent.request.level == 1
+    assert s.next_dispatch(0.001) is None  # the lower level stays at its depth
