@@ -720,10 +720,10 @@ class TokenClockPolicy(ClockPolicy):
         return self.tokens.clock_mhz
 
     def release_limit(self, s: SchedulerView, model: str, now_s: float) -> int:
-        serving = s.serving(model)
-        if not serving.streams:
-            return serving.depth
-        return min(serving.depth, self.tokens.admission_limit)
+        depth = s.release_depth(model)
+        if not s.serving(model).streams:
+            return depth
+        return min(depth, self.tokens.admission_limit)
 
     def on_dispatch(self, s: SchedulerView, request: QueuedRequest, now_s: float) -> int | None:
         if s.serving(request.model).streams:
