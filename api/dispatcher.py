@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from api.metrics import GatewayMetrics
 from api.shadow import ShadowLedger
@@ -22,10 +22,11 @@ from api.tasks import cancel_and_wait
 from api.upstream import Upstream, UpstreamUnavailableError
 from dvfs.device import Device
 from dvfs.errors import DeviceError
-from scheduler.adaptive import AdaptivePolicy
 from scheduler.core import Scheduler
+from scheduler.policies import ClockPolicy
 from scheduler.request import Request
-from time2clock.table import ModelTable
+from scheduler.view import ModelServing
+from time2clock.table import ModelTable, TableSet
 
 log = logging.getLogger(__name__)
 MAX_TIMER_US = 86_400 * 10**6  # a queued timeout longer than a day is not worth a timer
@@ -39,23 +40,35 @@ class UnavailableError(Exception):
     """An accepted request could not be served: Triton down, timeout expired, shutting down."""
 
 
+class Answer(Protocol):
+    """An upstream's answer to one request: ``ok`` when the upstream served it."""
+
+    @property
+    def ok(self) -> bool: ...
+
+
 @dataclass(slots=True)
 class Job:
-    """What the gateway needs to send one request to Triton and answer it.
+    """One request as the dispatcher sends it: ``send`` carries it to the upstream (each
+    protocol brings its own) and returns the answer. A cancelled ``future`` (the client went
+    away) is never sent."""
 
-    HTTP gives ``path``/``body``/``headers`` (POSTed to Triton); another protocol gives ``send``,
-    whose answer has ``ok`` (Triton served it). A cancelled ``future`` (the client went away) is
-    never sent.
-    """
-
-    path: str = ""
-    body: bytes = b""
-    headers: dict[str, str] = field(default_factory=dict)
+    send: Callable[[Upstream], Awaitable[Answer]]
     timeout_us: int | None = None
     future: asyncio.Future[Any] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
-    send: Callable[[], Awaitable[Any]] | None = None
+
+
+def post(
+    path: str, body: bytes, headers: dict[str, str]
+) -> Callable[[Upstream], Awaitable[Answer]]:
+    """A ``send`` that POSTs ``body`` to ``path`` on the upstream's HTTP endpoint."""
+
+    def send(upstream: Upstream) -> Awaitable[Answer]:
+        return upstream.request("POST", path, body, headers)
+
+    return send
 
 
 class ClockApplier:
@@ -146,7 +159,7 @@ class GpuDispatcher:
         if self.shadow is not None:
             self.shadow.start()
         self._clock.start()
-        self.change_policy()
+        self._policy_changed()
 
     async def stop(self, inflight_timeout_s: float = 30.0) -> None:
         """Answer everything still waiting, give in-flight requests ``inflight_timeout_s`` to
@@ -171,11 +184,51 @@ class GpuDispatcher:
         """Nothing waiting and nothing in flight."""
         return not self.scheduler.queue_len and not self.scheduler.inflight
 
-    def change_policy(self) -> None:
+    def _policy_changed(self) -> None:
         """The core's policy is new (or first): apply its clock, publish it, arm its timer."""
         self._clock.request(self.scheduler.clock_target_mhz)
         self.metrics.set_policy(self.gpu, self.scheduler.policy.name)
         self._arm_timer()
+
+    # -- the scheduler's lifecycle: every change goes through here -----------------------
+
+    @property
+    def policy(self) -> ClockPolicy:
+        return self.scheduler.policy
+
+    @property
+    def clock_target_mhz(self) -> int | None:
+        return self.scheduler.clock_target_mhz
+
+    def set_policy(self, policy: ClockPolicy) -> None:
+        """Run ``policy`` from now on: its initial clock is applied, its timer armed."""
+        self.scheduler.set_policy(policy)
+        self._policy_changed()
+
+    @property
+    def tables(self) -> TableSet:
+        return self.scheduler.tables
+
+    def set_tables(self, tables: TableSet) -> None:
+        """Replace every model's table; the policy re-plans from the next event."""
+        self.scheduler.set_tables(tables)
+        self._pump()
+
+    def set_serving(self, model: str, serving: ModelServing) -> None:
+        """How Triton serves ``model`` (read from its config); a change re-plans, the same
+        serving again changes nothing."""
+        if self.scheduler.serving_known(model) == serving:
+            return
+        self.scheduler.set_serving(model, serving)
+        self._pump()
+
+    @property
+    def priority_levels(self) -> int:
+        return self.scheduler.config.priority_levels
+
+    def level_of(self, priority: int) -> int:
+        """The queue level a request's ``priority`` puts it in (0: the default level)."""
+        return self.scheduler.config.level_of(priority)
 
     # -- requests ----------------------------------------------------------------------
 
@@ -242,10 +295,7 @@ class GpuDispatcher:
         error: Exception | None = None
         response: Any = None
         try:
-            if job.send is not None:
-                response = await job.send()
-            else:
-                response = await self.upstream.request("POST", job.path, job.body, job.headers)
+            response = await job.send(self.upstream)
         except asyncio.CancelledError:  # shutting down with Triton not answering
             self._fail(request, UnavailableError("the sidecar is shutting down"))
             raise
@@ -259,12 +309,10 @@ class GpuDispatcher:
         served = error is None and response is not None and bool(response.ok)
         done = self.scheduler.on_complete(request, service_s, now, measured=served)
         self._apply(done.clock_mhz)
-        policy = self.scheduler.policy
-        if isinstance(policy, AdaptivePolicy):
-            scale = policy.model_scale(request.model)
-            if scale is not None:
-                label = self.metrics.model_label(request.model)
-                self.metrics.slo_scale.labels(self.gpu, label).set(scale)
+        scale = self.scheduler.policy.model_scale(request.model)
+        if scale is not None:
+            label = self.metrics.model_label(request.model)
+            self.metrics.slo_scale.labels(self.gpu, label).set(scale)
         client = self.metrics.client_label(request.client_id)
         self.metrics.gpu_time.labels(client, str(request.level), str(request.nice)).inc(service_s)
         if error is not None or response is None:
@@ -364,7 +412,7 @@ class GpuDispatcher:
                 for m in models
             },
             **({} if self.shadow is None else {"shadow": self.shadow.state()}),
-            **({"feedback": s.policy.state()} if isinstance(s.policy, AdaptivePolicy) else {}),
+            **({} if (held := s.policy.state()) is None else {"feedback": held}),
         }
 
 

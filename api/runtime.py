@@ -29,8 +29,7 @@ from dvfs.factory import default_device_spec, open_device, parse_device_spec
 from dvfs.lockrecord import GpuLockRecord
 from dvfs.profiles import get_profile
 from dvfs.readonly import ReadOnlyDevice
-from scheduler.core import Scheduler, SchedulerConfig
-from scheduler.registry import make_policy
+from scheduler.core import Scheduler
 from scheduler.view import ModelServing
 from time2clock.fit import fit_model_table
 from time2clock.online import OnlineTables
@@ -81,7 +80,9 @@ class Runtime:
         try:
             tables = await asyncio.to_thread(self._open_blocking)
             assert self.device is not None
-            self.upstream = Upstream(self.triton_url, max_connections=self.config.max_inflight + 16)
+            self.upstream = Upstream(
+                self.triton_url, max_connections=self.config.scheduler.max_inflight + 16
+            )
             await self.upstream.open()
             self.watch = TritonWatch(
                 self.upstream,
@@ -90,21 +91,13 @@ class Runtime:
                 probe_interval_s=self.config.probe_interval_s,
                 liveness_grace_s=self.config.liveness_grace_s,
             )
-            policy = make_policy(self.config.policy, self.device.supported_clocks_mhz())
+            policy = self.config.policy.build(self.device.supported_clocks_mhz())
             if self.learning:
                 self.learner = OnlineTables(
                     self.device.supported_clocks_mhz(), gpu=tables.gpu or self.gpu_name
                 )
             scheduler: Scheduler[Job] = Scheduler(
-                tables,
-                policy,
-                SchedulerConfig(
-                    max_inflight=self.config.max_inflight,
-                    max_queue=self.config.max_queue,
-                    priority_levels=self.config.priority_levels,
-                    default_slo_ms=self.config.slo_ms,
-                ),
-                learner=self.learner,
+                tables, policy, self.config.scheduler, learner=self.learner
             )
             self.dispatcher = GpuDispatcher(
                 gpu=self.gpu,
@@ -204,7 +197,7 @@ class Runtime:
             return _prefer(self._profile_embedded(gpu_name, skip=set(learned.models)), learned)
         if len(learned):
             return learned
-        if cfg.policy in ("seed", "slack"):
+        if cfg.policy.name in ("seed", "slack", "adaptive"):
             log.warning(
                 "no --table: every model runs at the top clock until it has one; profile them "
                 "with `python -m time2clock profile --device nvml:0 --triton-url HOST:PORT "
@@ -286,7 +279,7 @@ class Runtime:
         except (ValueError, KeyError, TypeError) as err:
             log.warning("could not read %s's batching from its config (%s); batch 1", model, err)
             serving = ModelServing()
-        self.dispatcher.scheduler.set_serving(model, serving)
+        self.dispatcher.set_serving(model, serving)
         log.info(
             "model %s: batches of up to %d on %d instance(s)",
             model,

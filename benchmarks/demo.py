@@ -19,7 +19,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from api.config import GatewayConfig
+from api.config import from_options
 from api.embedded import SIMNET
 from benchmarks.live import PolicyRun, compare_live, plot, write_csv
 from dvfs.__main__ import PIPE_WIDTH
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             duration_s=args.duration_s,
             slo_ms=args.slo_ms,
             seed=args.seed,
-            config=GatewayConfig(device=f"sim:{args.gpu}", profile_models=(SIMNET,)),
+            config=from_options(device=f"sim:{args.gpu}", profile_models=(SIMNET,)),
             progress=progress,
         )
     console.print(table(runs))

@@ -115,7 +115,14 @@ def compare_live(
 ) -> list[PolicyRun]:
     """Start the embedded stack and run the same arrivals under each policy."""
     token = secrets.token_urlsafe(16)
-    cfg = replace(config or GatewayConfig(), port=0, grpc_port=0, admin_token=token, slo_ms=slo_ms)
+    cfg = config or GatewayConfig()
+    cfg = replace(
+        cfg,
+        port=0,
+        grpc_port=0,
+        admin_token=token,
+        scheduler=replace(cfg.scheduler, default_slo_ms=slo_ms),
+    )
     send_times = list(schedule(rate_rps, duration_s, "poisson", np.random.default_rng(seed)))
     classes = [RequestClass("demo", slo_ms=slo_ms)]
     data = np.ones((1, INPUT_WIDTH), dtype=np.float32)

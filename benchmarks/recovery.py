@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from api.config import GatewayConfig
+from api.config import from_options
 from api.embedded import INPUT_WIDTH, SIMNET
 from api.learning import learned_path
 from api.runtime import TABLES_VERSION
@@ -103,7 +103,7 @@ def profile_table(state_dir: Path, gpu: str, busy_processes: int, *, again: bool
         log.info("using the table profiled before: %s", table)
         return table
     table.unlink(missing_ok=True)
-    config = GatewayConfig(
+    config = from_options(
         port=0,
         grpc_port=0,
         device=f"sim:{gpu}",
@@ -193,7 +193,7 @@ def run_once(
     token = secrets.token_urlsafe(16)
     with tempfile.TemporaryDirectory(prefix="recovery-") as tmp:
         shutil.copy(table, Path(tmp) / "table.json")
-        config = GatewayConfig(
+        config = from_options(
             port=0,
             grpc_port=0,
             device=f"sim:{gpu}",

@@ -37,7 +37,7 @@ class SchedulerConfig:
     ``default_priority_level`` (default: N, the lowest), as in Triton's model configuration.
     """
 
-    max_inflight: int = 64
+    max_inflight: int = 256
     max_queue: int = 1000
     priority_levels: int = 2
     default_priority_level: int | None = None
@@ -138,6 +138,10 @@ class Scheduler(Generic[P]):
             return known
         table = self._tables.get(model)
         return ModelServing(max_batch=table.max_batch if table is not None else 1)
+
+    def serving_known(self, model: str) -> ModelServing | None:
+        """How Triton serves ``model``, if it was registered (None: not known yet)."""
+        return self._serving.get(model)
 
     def set_serving(self, model: str, serving: ModelServing) -> None:
         self._serving[model] = serving

@@ -18,7 +18,7 @@ import numpy.typing as npt
 from scipy.stats import gamma
 
 from scheduler.view import QueuedRequest, SchedulerView
-from time2clock.table import ModelTable
+from time2clock.table import TAIL_QUANTILES, ModelTable
 
 MIN_HOLD_S = 0.0005  # a hold shorter than this is not worth a timer
 BoolArray = npt.NDArray[np.bool_]
@@ -64,6 +64,14 @@ class ClockPolicy(ABC):
 
     def tables_changed(self) -> None:  # noqa: B027 (most policies derive nothing from tables)
         """A model's table or serving changed: forget anything derived from the old ones."""
+
+    def model_scale(self, model: str) -> float | None:
+        """The scale this policy puts on ``model``'s SLO, where it keeps one (a gauge)."""
+        return None
+
+    def state(self) -> list[dict[str, object]] | None:
+        """What this policy learned and holds, for the admin state (None: nothing)."""
+        return None
 
     def _snap_up(self, clock_mhz: float) -> int:
         """The lowest ladder clock at or above ``clock_mhz`` (the top one if none)."""
@@ -167,6 +175,20 @@ class SlackParams:
     change_delay_ms: float = 5.0
     arrival_quantile: float = 0.05
     phantom_margin: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.quantile not in ("mean", *TAIL_QUANTILES):
+            raise ValueError(
+                f"quantile must be one of mean, {', '.join(TAIL_QUANTILES)}, got {self.quantile!r}"
+            )
+        if not (0.0 < self.safety <= 1.0 and 0.0 <= self.batch_hold <= 1.0):
+            raise ValueError("need 0 < safety <= 1 and 0 <= batch_hold <= 1")
+        if not 0.0 < self.arrival_quantile < 1.0:
+            raise ValueError(f"arrival_quantile must be in (0, 1), got {self.arrival_quantile}")
+        if min(self.lookahead, self.phantoms) < 0 or min(self.hold_s, self.change_delay_ms) < 0:
+            raise ValueError("lookahead, phantoms, hold_s and change_delay_ms must be >= 0")
+        if not self.phantom_margin > 0:
+            raise ValueError(f"phantom_margin must be > 0, got {self.phantom_margin}")
 
 
 class ModelPlan:

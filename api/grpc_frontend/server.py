@@ -13,31 +13,75 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
+from api.admission import Inbound, Outcome, admit
+from api.dispatcher import Job
 from api.grpc_frontend.protocol import (
+    CHANNEL_OPTIONS,
     MODEL_INFER,
-    OPTIONS,
     SERVICE,
     STREAM_INFER,
     UNARY_METHODS,
     BadMessageError,
     Metadata,
+    check_infer_request,
     forwarded,
     method_path,
+    parameter_values,
     parse_infer_request,
+    server_options,
     stream_error,
     stream_has_error,
     text_metadata,
 )
-from api.grpc_frontend.schedule import GrpcAnswer, GrpcStatusError, schedule
 from api.runtime import Runtime
-from api.upstream import UpstreamUnavailableError
+from api.tensors import ModelLimits
+from api.upstream import Upstream, UpstreamUnavailableError
 
 log = logging.getLogger(__name__)
 Context = Any  # grpc.aio.ServicerContext (grpc ships no type information)
+PROTOCOL = "grpc"
+STATUS = {
+    Outcome.BAD_REQUEST: grpc.StatusCode.INVALID_ARGUMENT,
+    Outcome.UNAUTHORIZED: grpc.StatusCode.UNAUTHENTICATED,
+    Outcome.UNKNOWN_MODEL: grpc.StatusCode.NOT_FOUND,
+    Outcome.REJECTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    Outcome.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class GrpcAnswer:
+    """Triton's answer to one request: its status, and for a unary call the reply's bytes."""
+
+    code: grpc.StatusCode
+    details: str = ""
+    body: bytes = b""
+    trailing: tuple[tuple[str, str | bytes], ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.code == grpc.StatusCode.OK)
+
+
+class GrpcBody:
+    """A ``ModelInferRequest`` as admission reads it (decoded once, for its parameters and
+    tensor shapes; the bytes sent on are the client's own)."""
+
+    __slots__ = ("request",)
+
+    def __init__(self, request: Any) -> None:
+        self.request = request
+
+    def parameters(self) -> Any:
+        return parameter_values(self.request.parameters)
+
+    def check(self, *, max_elements: int, model: ModelLimits | None) -> None:
+        check_infer_request(self.request, max_elements=max_elements, model=model)
 
 
 class GrpcFrontend:
@@ -54,7 +98,9 @@ class GrpcFrontend:
 
     async def start(self) -> None:
         cfg = self.runtime.config
-        self._channel = grpc.aio.insecure_channel(self.runtime.triton_grpc_url, options=OPTIONS)
+        self._channel = grpc.aio.insecure_channel(
+            self.runtime.triton_grpc_url, options=CHANNEL_OPTIONS
+        )
         self._unary = {name: self._channel.unary_unary(method_path(name)) for name in UNARY_METHODS}
         self._stream = self._channel.stream_stream(method_path(STREAM_INFER))
         handlers = {
@@ -63,7 +109,7 @@ class GrpcFrontend:
         }
         handlers[MODEL_INFER] = grpc.unary_unary_rpc_method_handler(self._infer)
         handlers[STREAM_INFER] = grpc.stream_stream_rpc_method_handler(self._stream_infer)
-        self._server = grpc.aio.server(options=OPTIONS)
+        self._server = grpc.aio.server(options=server_options(cfg.max_body_bytes))
         self._server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(SERVICE, handlers),)
         )
@@ -113,22 +159,49 @@ class GrpcFrontend:
         deadline_s = None if remaining_s is None else arrival_s + remaining_s
         try:
             request = parse_infer_request(raw)
-            answer = await schedule(
-                self.runtime,
-                request,
-                text_metadata(metadata),
-                arrival_s,
-                lambda: self._upstream_infer(raw, metadata, deadline_s),
-            )
         except BadMessageError as err:
+            self.runtime.metrics.count("unknown", "", "", Outcome.BAD_REQUEST, PROTOCOL)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
             raise
-        except GrpcStatusError as err:
-            await context.abort(err.code, err.message)
-            raise
+        admission = await self._admit(
+            request, metadata, arrival_s, lambda _: self._upstream_infer(raw, metadata, deadline_s)
+        )
+        answer: GrpcAnswer | None = admission.answer
+        if answer is None:
+            await context.abort(STATUS[admission.outcome], admission.message)
+            raise AssertionError("abort raises")  # for the type checker
         if not answer.ok:
             await context.abort(answer.code, answer.details, answer.trailing)
         return answer.body
+
+    async def _admit(
+        self,
+        request: Any,
+        metadata: Metadata,
+        arrival_s: float,
+        send: Callable[[Upstream], Awaitable[GrpcAnswer]],
+    ) -> Any:
+        """One request through :func:`api.admission.admit`; a shutdown past its grace
+        cancels it, as it cancels HTTP's."""
+        task = asyncio.current_task()
+        rt = self.runtime
+        if task is not None:
+            rt.pending.add(task)
+        try:
+            return await admit(
+                rt,
+                Inbound(
+                    protocol=PROTOCOL,
+                    model=request.model_name,
+                    body=GrpcBody(request),
+                    headers=text_metadata(metadata),
+                    arrival_s=arrival_s,
+                    job=Job(send=send),
+                ),
+            )
+        finally:
+            if task is not None:
+                rt.pending.discard(task)
 
     async def _upstream_infer(
         self, raw: bytes, metadata: Metadata, deadline_s: float | None
@@ -152,18 +225,17 @@ class GrpcFrontend:
         pending: set[asyncio.Task[None]] = set()
 
         async def one(raw: bytes, arrival_s: float) -> None:
-            request = None
             try:
                 request = parse_infer_request(raw)
-                await schedule(
-                    self.runtime,
-                    request,
-                    text_metadata(metadata),
-                    arrival_s,
-                    lambda: self._upstream_stream(raw, metadata, out),
-                )
-            except (BadMessageError, GrpcStatusError) as err:
-                out.put_nowait(stream_error(str(err), request))
+            except BadMessageError as err:
+                self.runtime.metrics.count("unknown", "", "", Outcome.BAD_REQUEST, PROTOCOL)
+                out.put_nowait(stream_error(str(err), None))
+                return
+            admission = await self._admit(
+                request, metadata, arrival_s, lambda _: self._upstream_stream(raw, metadata, out)
+            )
+            if admission.answer is None:
+                out.put_nowait(stream_error(admission.message, request))
 
         async def read() -> None:
             try:

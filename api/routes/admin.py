@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field, ValidationError
 from api.runtime import Runtime
 from dvfs.errors import DeviceError
 from scheduler.policies import ClockPolicy, FixedPolicy
-from scheduler.registry import POLICIES, make_policy
+from scheduler.registry import POLICIES
 from time2clock.table import TableError, TableSet
 
 bearer = HTTPBearer(auto_error=False, description="the sidecar's --admin-token")
@@ -101,10 +101,9 @@ async def state(rt: Admin) -> dict[str, Any]:
 
 def _swap(rt: Runtime, build: Callable[[list[int]], ClockPolicy]) -> dict[str, Any]:
     assert rt.dispatcher is not None and rt.device is not None
-    scheduler = rt.dispatcher.scheduler
-    scheduler.set_policy(build(rt.device.supported_clocks_mhz()))
-    rt.dispatcher.change_policy()
-    return {"policy": scheduler.policy.name, "clock_target_mhz": scheduler.clock_target_mhz}
+    dispatcher = rt.dispatcher
+    dispatcher.set_policy(build(rt.device.supported_clocks_mhz()))
+    return {"policy": dispatcher.policy.name, "clock_target_mhz": dispatcher.clock_target_mhz}
 
 
 async def _json(request: Request, model: type[BodyT]) -> BodyT:
@@ -126,7 +125,7 @@ async def change_policy(request: Request, rt: Admin) -> dict[str, Any]:
         raise HTTPException(
             400, f"policy must be one of {', '.join(POLICIES)}, got {change.policy!r}"
         )
-    return _swap(rt, lambda clocks: make_policy(change.policy, clocks))
+    return _swap(rt, lambda clocks: rt.config.policy.build(clocks, change.policy))
 
 
 @router.put("/clock", openapi_extra=_body_schema(ClockForce))
@@ -134,7 +133,7 @@ async def force_clock(request: Request, rt: Admin) -> dict[str, Any]:
     """Hold one clock (the policy becomes ``fixed``); ``null`` goes back to ``--policy``."""
     force = await _json(request, ClockForce)
     if force.clock_mhz is None:
-        return _swap(rt, lambda clocks: make_policy(rt.config.policy, clocks))
+        return _swap(rt, rt.config.policy.build)
     clock = force.clock_mhz
     try:
         return _swap(rt, lambda clocks: FixedPolicy(clocks, clock))
@@ -151,16 +150,16 @@ async def reload_table(request: Request, rt: Admin) -> dict[str, Any]:
     except (TableError, OSError, ValueError) as err:
         raise HTTPException(400, str(err)) from None
     assert rt.dispatcher is not None
-    scheduler = rt.dispatcher.scheduler
-    tables = TableSet(scheduler.tables)
+    dispatcher = rt.dispatcher
+    tables = TableSet(dispatcher.tables)
     for table in loaded:
         tables.add(table)
-    scheduler.set_tables(tables)
-    name = scheduler.policy.name
+    dispatcher.set_tables(tables)
+    name = dispatcher.policy.name
     if name == "fixed":
-        name = rt.config.policy
+        name = rt.config.policy.name
     try:
-        swapped = _swap(rt, lambda clocks: make_policy(name, clocks))
+        swapped = _swap(rt, lambda clocks: rt.config.policy.build(clocks, name))
     except DeviceError as err:
         raise HTTPException(503, str(err)) from None
     return {**swapped, "table": reload.path, "models": loaded.models}

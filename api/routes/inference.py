@@ -16,90 +16,77 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from api.dispatcher import Job, RejectedError, UnavailableError
+from api.admission import Inbound, Outcome, admit
+from api.dispatcher import Job, post
 from api.errors import error_body
-from api.hints import HEADER_LENGTH, BadRequestError, json_header, parse_hints
+from api.hints import HEADER_LENGTH, json_header
 from api.runtime import Runtime
-from api.tenants import UnknownTokenError
-from api.tensors import check_request
-from scheduler.weights import weight_for_nice
+from api.tensors import ModelLimits, check_request
+from api.upstream import UpstreamResponse
 
 router = APIRouter(tags=["inference"])
 PASS_HEADERS = ("content-type", HEADER_LENGTH, "accept-encoding", "content-encoding")
 Reply = tuple[int, dict[str, str], bytes]
 
 
+class HttpBody:
+    """An HTTP inference body as admission reads it: the JSON (or the binary extension's JSON
+    header), parsed once."""
+
+    __slots__ = ("_body", "_headers", "_json")
+
+    def __init__(self, body: bytes, headers: Mapping[str, str]) -> None:
+        self._body = body
+        self._headers = headers
+        self._json: dict[str, Any] | None = None
+
+    def _parsed(self) -> dict[str, Any]:
+        if self._json is None:
+            self._json = json_header(self._body, self._headers)
+        return self._json
+
+    def parameters(self) -> Any:
+        return self._parsed().get("parameters")
+
+    def check(self, *, max_elements: int, model: ModelLimits | None) -> None:
+        header_length = self._headers.get(HEADER_LENGTH)
+        binary = len(self._body) - int(header_length) if header_length is not None else 0
+        check_request(self._parsed(), binary, max_elements=max_elements, model=model)
+
+
+STATUS = {
+    Outcome.BAD_REQUEST: 400,
+    Outcome.UNAUTHORIZED: 401,
+    Outcome.UNKNOWN_MODEL: 404,
+    Outcome.REJECTED: 429,
+    Outcome.UNAVAILABLE: 503,
+}
+
+
 async def infer(
     rt: Runtime, model: str, version: str | None, body: bytes, headers: Mapping[str, str]
 ) -> Reply:
     """Schedule one inference request and return Triton's reply (or the protocol's error)."""
-    arrival_s = time.monotonic()
-    metrics = rt.metrics
-    label = rt.models.label(model)
-    if rt.draining:
-        metrics.count(label, "", "", "unavailable")
-        return _retry_later(503, "the sidecar is shutting down")
-    if not rt.triton_up:
-        metrics.count(label, "", "", "unavailable")
-        return _retry_later(503, "Triton is unavailable (restarting or unreachable); retry later")
-    try:
-        request_json = json_header(body, headers)
-        hints = parse_hints(request_json, headers, rt.config.priority_levels)
-    except BadRequestError as err:
-        metrics.count(label, "", "", "bad_request")
-        return error_body(400, str(err))
-    if rt.tenants is not None:
-        try:
-            hints = rt.tenants.apply(hints, headers.get("authorization"))
-        except UnknownTokenError as err:
-            metrics.count(label, "", "", "unauthorized")
-            return error_body(401, str(err))
-    client = metrics.client_label(hints.client_id)
-    assert rt.dispatcher is not None
-    level = rt.dispatcher.scheduler.config.level_of(hints.priority)
-    priority = str(level)
-    metrics.client_weight.labels(client, priority).set(weight_for_nice(hints.nice))
-    if not await rt.models.exists(model):
-        metrics.count(label, priority, client, "unknown_model")
-        return error_body(404, f"Request for unknown model: '{model}' is not found")
-    label = rt.models.label(model)
-    header_length = headers.get(HEADER_LENGTH)
-    try:
-        check_request(
-            request_json,
-            len(body) - int(header_length) if header_length is not None else 0,
-            max_elements=rt.config.max_request_elements,
-            model=await rt.models.limits(model),
-        )
-    except BadRequestError as err:
-        metrics.count(label, priority, client, "bad_request")
-        return error_body(400, str(err))
     path = (
         f"/v2/models/{model}/versions/{version}/infer" if version else f"/v2/models/{model}/infer"
     )
-    job = Job(
-        path=path,
-        body=body,
-        timeout_us=hints.timeout_us,
-        headers={k: v for k in PASS_HEADERS if (v := headers.get(k)) is not None},
+    forward = {k: v for k in PASS_HEADERS if (v := headers.get(k)) is not None}
+    inbound = Inbound(
+        protocol="http",
+        model=model,
+        body=HttpBody(body, headers),
+        headers=headers,
+        arrival_s=time.monotonic(),
+        job=Job(send=post(path, body, forward)),
     )
-    request = hints.request(model, arrival_s, rt.config.slo_ms, job)
-    assert rt.dispatcher is not None
-    try:
-        upstream = await rt.dispatcher.submit(request)
-    except RejectedError as err:
-        metrics.count(label, priority, client, "rejected")
-        return _retry_later(429, str(err))
-    except UnavailableError as err:
-        metrics.count(label, priority, client, "unavailable")
-        return error_body(503, str(err))
-    metrics.count(label, priority, client, "ok" if upstream.status == 200 else "triton_error")
-    return upstream.status, upstream.headers, upstream.body
-
-
-def _retry_later(status: int, message: str) -> Reply:
-    status, headers, content = error_body(status, message)
-    return status, {**headers, "retry-after": "1"}, content
+    admission = await admit(rt, inbound)
+    if admission.answer is not None:
+        answer: UpstreamResponse = admission.answer
+        return answer.status, answer.headers, answer.body
+    status, out_headers, content = error_body(STATUS[admission.outcome], admission.message)
+    if admission.retry:
+        out_headers = {**out_headers, "retry-after": "1"}
+    return status, out_headers, content
 
 
 def _response(reply: Reply) -> Response:
@@ -184,7 +171,6 @@ class InferenceFastPath:
             work.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await work
-            rt.metrics.count(rt.models.label(model), "", "", "abandoned")
             return
         gone.cancel()
         if work.cancelled():

@@ -22,7 +22,7 @@ import tritonclient.http as httpclient
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
-from api.config import GatewayConfig
+from api.config import from_options
 from api.embedded import free_port
 from tests.api.live import LiveSidecar, embedded_config, timeout_in_queue
 
@@ -346,7 +346,7 @@ def test_the_default_policy_moves_the_clock_with_the_queue(sidecar: LiveSidecar)
 def test_triton_down_is_503_and_admin_can_be_disabled(tmp_path: Path) -> None:
     dead = f"127.0.0.1:{free_port()}"
     # slack with no table for any model: served at the top clock (a warning says so)
-    cfg = GatewayConfig(triton_url=dead, device="sim:v100", policy="slack", state_dir=tmp_path)
+    cfg = from_options(triton_url=dead, device="sim:v100", policy="slack", state_dir=tmp_path)
     with LiveSidecar(cfg) as sc:
         r = sc.post("/v2/models/simnet/infer", content=b'{"inputs": []}')
         assert r.status_code == 503 and "unavailable" in r.json()["error"]

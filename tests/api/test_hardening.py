@@ -17,7 +17,7 @@ import pytest
 import tritonclient.http as httpclient
 from prometheus_client.parser import text_string_to_metric_families
 
-from api.config import GatewayConfig
+from api.config import from_options
 from api.embedded import EmbeddedTriton, free_port
 from dvfs.simulated import SimulatedDevice
 from tests.api.live import LiveSidecar, embedded_config
@@ -103,7 +103,7 @@ def _binary(header: dict[str, object], tail: bytes) -> tuple[bytes, dict[str, st
             {"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "FP32",
                          "parameters": {"binary_data_size": 60}}]},
             b"\0" * 60,
-        ), "is 64 bytes, but binary_data_size is 60"),
+        ), "is 64 bytes, but 60 bytes were sent"),
         (*_binary(
             {"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "FP32",
                          "parameters": {"binary_data_size": 64}}]},
@@ -269,7 +269,7 @@ def test_triton_killed_is_restarted(tmp_path: Path) -> None:
 
 def test_liveness_fails_after_the_grace_period(tmp_path: Path) -> None:
     dead = f"127.0.0.1:{free_port()}"
-    cfg = GatewayConfig(
+    cfg = from_options(
         triton_url=dead,
         device="sim:v100",
         policy="max",
@@ -300,7 +300,7 @@ def test_an_external_triton_that_returns_is_served_again(tmp_path: Path) -> None
     triton = EmbeddedTriton(tmp_path / "gpu.state")
     SimulatedDevice("v100", state_path=tmp_path / "gpu.state").close()
     with triton:
-        cfg = GatewayConfig(
+        cfg = from_options(
             triton_url=triton.url,
             device="sim:v100",
             policy="max",

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import yaml
 
-from api.config import GatewayConfig
+from api.config import from_options
 from api.embedded import INPUT_WIDTH, SIMNET, free_port
 from api.server import SidecarServer
 from loadgen.classes import RequestClass
@@ -103,7 +103,7 @@ def monitored(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with contextlib.ExitStack() as stack:
         sc = stack.enter_context(SidecarServer(config))
         assert sc.runtime.embedded is not None
-        shadow = GatewayConfig(
+        shadow = from_options(
             **{
                 **config.__dict__,
                 "triton_url": sc.runtime.embedded.url,
