@@ -1,18 +1,21 @@
-"""How fast a badly profiled table heals under live traffic (issue 10's live "done when").
+"""How fast a badly profiled table heals under live traffic.
 
 ``python -m benchmarks.recovery`` profiles ``simnet`` twice on the embedded stack (real Triton,
 simulated V100): once on an idle machine (the clean table) and once while a busy loop runs on
-every core (the CPU-loaded table). It then sends ``make demo``'s load (40 req/s Poisson to
-``simnet``, SLO 40 ms, the same seeded arrivals every run) through a fresh sidecar per run:
+every core (the CPU-loaded table); ``--wrong energy`` instead takes the clean table with only its
+energy curve wrong (see :func:`wrong_energy`). It then sends ``make demo``'s load (40 req/s
+Poisson to ``simnet``, SLO 40 ms, the same seeded arrivals every run) through a fresh sidecar per
+run:
 
 * ``max`` (the baseline each saving is measured against),
 * the policy (``--policy``, default ``adaptive``) from the clean table, learning off,
-* the policy from the CPU-loaded table, learning off (before: what issue 10 measured),
-* the policy from the CPU-loaded table, learning on (after),
+* the policy from the wrong table, learning off,
+* the policy from the wrong table, learning the times only (the energy counter not read),
+* the policy from the wrong table, learning the times and the energy,
 
 and prints, per 10 s window, the energy per inference of each run as a saving against ``max``'s
-in the same window, and each run's p99 against the SLO. Done (issue 10) when the learning run is
-within 5 points of the clean one after at most 30 s.
+in the same window, each run's p99 against the SLO, and the learning runs' table errors (time,
+energy); with ``--out`` it also writes them, with the command, the git commit and the machine.
 """
 
 from __future__ import annotations
@@ -25,14 +28,16 @@ import logging
 import math
 import multiprocessing as mp
 import os
+import platform
 import secrets
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -61,6 +66,7 @@ class Window:
     energy_j: float
     p99_ms: float
     table_error: float | None
+    energy_error: float | None = None
 
     @property
     def j_per_inference(self) -> float:
@@ -171,6 +177,7 @@ async def _load(
                 energy_j=(energy_j(after) or 0.0) - (energy_j(before) or 0.0),
                 p99_ms=float(np.percentile(sent, 99)) if sent else math.nan,
                 table_error=after.get("sidecar_table_error_ratio"),
+                energy_error=after.get("sidecar_table_energy_error_ratio"),
             )
         )
     return out, state
@@ -188,8 +195,10 @@ def run_once(
     seed: int,
     window_s: float,
     record: Path | None = None,
+    learn_energy: bool = True,
 ) -> Run:
-    """One fresh sidecar (its own empty state dir: nothing learned before) under the load."""
+    """One fresh sidecar (its own empty state dir: nothing learned before) under the load;
+    with ``learn`` but not ``learn_energy``, only the times learn."""
     token = secrets.token_urlsafe(16)
     with tempfile.TemporaryDirectory(prefix="recovery-") as tmp:
         shutil.copy(table, Path(tmp) / "table.json")
@@ -208,6 +217,8 @@ def run_once(
             journal: list[ExecutionSample] = []
             if sc.runtime.learner is not None and record is not None:
                 sc.runtime.learner.journal = journal
+            if sc.runtime.learner is not None and not learn_energy:
+                sc.runtime.learner.energy = None  # before any request: the counter is ignored
             windows, state = asyncio.run(_load(sc.url, token, send_times, slo_ms, seed, window_s))
         if record is not None and journal:
             write_samples(journal, record)
@@ -244,7 +255,8 @@ def read_samples(path: Path) -> list[ExecutionSample]:
 
 
 def report(runs: Sequence[Run], slo_ms: float, window_s: float) -> str:
-    """Per window: each run's saving against ``max`` (first run) and its p99."""
+    """Per window: each run's saving against ``max`` (first run) and its p99; then the learning
+    runs' table errors (time · energy) per window."""
     base, others = runs[0], runs[1:]
     head = ["window"] + [f"{r.name}: saving / p99 ms" for r in others]
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
@@ -258,7 +270,76 @@ def report(runs: Sequence[Run], slo_ms: float, window_s: float) -> str:
         lines.append(" | ".join(cells))
     per_window = ", ".join(f"{w.j_per_inference:.3f}" for w in base.windows)
     lines.append(f"(max's J/inference per window: {per_window}; SLO {slo_ms:g} ms)")
+    learning = [r for r in others if any(w.table_error is not None for w in r.windows)]
+    if learning:
+        lines += ["", "table error at the end of each window (time · energy):", ""]
+        head = ["window"] + [r.name for r in learning]
+        lines += [" | ".join(head), " | ".join("---" for _ in head)]
+        for k, ref in enumerate(base.windows):
+            cells = [f"{ref.start_s:.0f}-{ref.start_s + window_s:.0f} s"]
+            cells += [
+                f"{_ratio(r.windows[k].table_error)} · {_ratio(r.windows[k].energy_error)}"
+                for r in learning
+            ]
+            lines.append(" | ".join(cells))
     return "\n".join(lines)
+
+
+def _ratio(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+def wrong_energy(tables: TableSet) -> TableSet:
+    """``tables`` with each curve's energy per inference scaled by top clock / clock: times
+    right, energy lowest at (or, with the profile's noise, near) the top clock: a table that puts
+    every energy floor there."""
+    out = []
+    for table in tables:
+        top = max(table.clocks_mhz)
+        curves = {
+            b: replace(
+                c,
+                points=tuple(
+                    replace(p, energy_per_inference_j=p.energy_per_inference_j * top / p.clock_mhz)
+                    if p.energy_per_inference_j is not None
+                    else p
+                    for p in c.points
+                ),
+            )
+            for b, c in table.curves.items()
+        }
+        out.append(replace(table, curves=curves))
+    return TableSet(out)
+
+
+def provenance(argv: Sequence[str]) -> str:
+    """The command, the git commit and the machine, for a results file."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=Path(__file__).parent,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=Path(__file__).parent,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit, dirty = "unknown", ""
+    return "\n".join(
+        [
+            f"command: python -m benchmarks.recovery {' '.join(argv)}",
+            f"commit: {commit}{' (with local changes)' if dirty else ''}",
+            f"machine: {platform.node()}, {os.cpu_count()} CPUs, {platform.platform()}, "
+            f"Python {platform.python_version()}",
+            f"date: {time.strftime('%Y-%m-%d %H:%M:%S %z')}",
+        ]
+    )
 
 
 def summary(path: Path) -> str:
@@ -295,26 +376,49 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--reprofile", action="store_true", help="profile both tables again (else: cached)"
     )
+    parser.add_argument(
+        "--wrong",
+        choices=("cpu-load", "energy"),
+        default="cpu-load",
+        help="the wrong table: profiled under CPU load, or the clean one with its energy curve "
+        "wrong (times right)",
+    )
+    parser.add_argument(
+        "--no-times-only", action="store_true", help="skip the run that learns only the times"
+    )
+    parser.add_argument("--out", type=Path, help="also write the results (and provenance) here")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     clean = profile_table(args.state_dir / "clean", args.gpu, 0, again=args.reprofile)
-    loaded = profile_table(
-        args.state_dir / "loaded", args.gpu, args.busy_processes, again=args.reprofile
-    )
-    log.info("tables: clean %s, CPU-loaded %s", summary(clean), summary(loaded))
+    if args.wrong == "cpu-load":
+        wrong = profile_table(
+            args.state_dir / "loaded", args.gpu, args.busy_processes, again=args.reprofile
+        )
+        label = "CPU-loaded table"
+    else:
+        wrong = args.state_dir / "wrong-energy" / "table.json"
+        wrong.parent.mkdir(parents=True, exist_ok=True)
+        wrong_energy(TableSet.load(clean)).save(wrong)
+        label = "wrong-energy table"
+    log.info("tables: clean %s; %s %s", summary(clean), label, summary(wrong))
     send_times = list(
         schedule(args.rate, args.duration_s, "poisson", np.random.default_rng(args.seed))
     )
     p = args.policy
     plan = [
-        ("max", "max", clean, False, None),
-        (f"{p}, clean table", p, clean, False, None),
-        (f"{p}, CPU-loaded table, no learning", p, loaded, False, None),
-        (f"{p}, CPU-loaded table, learning", p, loaded, True, args.record),
+        ("max", "max", clean, False, True),
+        (f"{p}, clean table", p, clean, False, True),
+        (f"{p}, {label}, no learning", p, wrong, False, True),
+        (f"{p}, {label}, learning times", p, wrong, True, False),
+        (f"{p}, {label}, learning times and energy", p, wrong, True, True),
     ]
+    if args.no_times_only:
+        del plan[3]
+    started = provenance(argv if argv is not None else sys.argv[1:])
+    load_before = os.getloadavg()[0]
     runs = []
-    for name, policy, table, learn, record in plan:
+    for name, policy, table, learn, learn_energy in plan:
         log.info("run: %s", name)
         runs.append(
             run_once(
@@ -322,7 +426,8 @@ def main(argv: list[str] | None = None) -> int:
                 policy=policy,
                 table=table,
                 learn=learn,
-                record=record,
+                learn_energy=learn_energy,
+                record=args.record if learn and learn_energy else None,
                 gpu=args.gpu,
                 send_times=send_times,
                 slo_ms=args.slo_ms,
@@ -330,10 +435,34 @@ def main(argv: list[str] | None = None) -> int:
                 window_s=args.window_s,
             )
         )
-    print(report(runs, args.slo_ms, args.window_s))
+    text = report(runs, args.slo_ms, args.window_s)
+    print(text)
     learning = runs[-1].admin_state.get("models", {})
     print("admin state of the learning run, at the end:", learning)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        floors = _floors(runs[-1].admin_state)
+        args.out.write_text(
+            f"{started}\nload average: {load_before:.2f} before, "
+            f"{os.getloadavg()[0]:.2f} after\ntables: clean {summary(clean)}; {label} "
+            f"{summary(wrong)}\n\n{text}\n\nenergy-optimal clocks learned by the last run, per "
+            f"batch: {floors}\n"
+        )
+        log.info("results written to %s", args.out)
     return 0
+
+
+def _floors(state: dict[str, object]) -> dict[str, object]:
+    """Per model, the energy-optimal clock per batch of its table at the end (admin state)."""
+    models = state.get("models")
+    out: dict[str, object] = {}
+    if isinstance(models, dict):
+        for name, entry in models.items():
+            learning = entry.get("learning") if isinstance(entry, dict) else None
+            energy = learning.get("energy") if isinstance(learning, dict) else None
+            if isinstance(energy, dict):
+                out[name] = energy.get("optimal_clock_mhz")
+    return out
 
 
 if __name__ == "__main__":
