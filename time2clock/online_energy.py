@@ -50,6 +50,7 @@ needs.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence, Sized
@@ -153,9 +154,10 @@ class ClockWindows:
         composition = tuple(sorted((m, len(v)) for m, v in inflight.items() if len(v)))
         if not self._busy or self._busy[-1][1] != composition:
             self._append(self._busy, now_s, composition)
-        if len(self._busy) > MAX_CHANGES:  # no counter value for a long while: start over
-            self._busy.popleft()
-            self._start = None
+        for log in (self._busy, self._clocks):
+            if len(log) > MAX_CHANGES:  # no counter value for a long while: start over
+                log.popleft()
+                self._start = None
 
     def forget(self) -> None:
         """The clock changed at a moment not known: no window spans it."""
@@ -257,6 +259,12 @@ class PowerLaw:
     def power_w(self, clock_mhz: float) -> float:
         return float(self.a_w + self.c_w * (clock_mhz / self.max_clock_mhz) ** self.exponent)
 
+    def power_array_w(self, clocks_mhz: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        watts: npt.NDArray[np.float64] = (
+            self.a_w + self.c_w * (clocks_mhz / self.max_clock_mhz) ** self.exponent
+        )
+        return watts
+
     def is_sound(self, clocks_mhz: Sequence[int]) -> bool:
         """Positive and finite over the ladder, never falling with the clock."""
         ends = (min(clocks_mhz), max(clocks_mhz))
@@ -295,27 +303,30 @@ def curve_power_w(curve: Time2ClockTable) -> dict[int, float]:
     return out
 
 
-def with_power(curve: Time2ClockTable, power: Mapping[int, float] | PowerLaw) -> Time2ClockTable:
+def with_power(
+    curve: Time2ClockTable, power: Mapping[int, float] | PowerLaw | Sequence[float]
+) -> Time2ClockTable:
     """``curve`` with energy per inference ``P(f)·t(f)/batch`` at each of its clocks (``power``
-    a law, or values at clocks, interpolated linearly in the clock between them)."""
+    a law; values at clocks, interpolated linearly in the clock between them; or one value per
+    clock of the curve)."""
+    clocks = np.asarray(curve.clocks_mhz, dtype=float)
     if isinstance(power, PowerLaw):
-        law = power
-
-        def watts(c: int) -> float:
-            return law.power_w(c)
-    else:
+        watts = power.power_array_w(clocks)
+    elif isinstance(power, Mapping):
         xs = sorted(power)
-        ys = [power[c] for c in xs]
-
-        def watts(c: int) -> float:
-            return float(np.interp(c, xs, ys))
-
-    points = []
-    for p in curve.points:
-        t_ms = curve.predict_ms(p.clock_mhz)
-        energy = watts(p.clock_mhz) * t_ms / 1000.0 / curve.batch
-        points.append(replace(p, energy_per_inference_j=energy if math.isfinite(energy) else None))
-    return replace(curve, points=tuple(points))
+        watts = np.interp(clocks, xs, [power[c] for c in xs])
+    else:
+        watts = np.asarray(power, dtype=float)
+    fit = curve.mean_fit
+    with np.errstate(divide="ignore", invalid="ignore"):
+        denom = fit.m * clocks + fit.b
+        t_ms = np.where(denom > 0, 1.0 / denom, np.inf)
+        energy = watts * t_ms / 1000.0 / curve.batch
+    points = tuple(
+        replace(p, energy_per_inference_j=float(e) if math.isfinite(e) else None)
+        for p, e in zip(curve.points, energy, strict=True)
+    )
+    return replace(curve, points=points)
 
 
 # -- the online fit -----------------------------------------------------------------------
@@ -358,6 +369,11 @@ class OnlineEnergy:
         self._last_probe_s = -math.inf
         self.probes = 0
         self._probe_ladder = select_clocks(self.clocks_mhz, self.params.probe_clocks)
+        self._evidence: dict[int, float] = {}  # busy seconds in the window, per probe clock
+        # each window's row of the least squares (parallel to _windows, a prefix of it), for
+        # the components of _layout: built once, not at every refit
+        self._rows: deque[npt.NDArray[np.float64]] = deque()
+        self._layout: tuple[tuple[str, int], ...] = ()
 
     # -- measurements ---------------------------------------------------------------------
 
@@ -378,9 +394,25 @@ class OnlineEnergy:
         self.windows_total += 1
         for model in {m for (m, _), _s in window.busy}:
             self._models.setdefault(model, _ModelEnergy()).windows_total += 1
+        bucket = self._bucket(window.clock_mhz)
+        self._evidence[bucket] = self._evidence.get(bucket, 0.0) + window.busy_s()
         while len(self._windows) > self.params.max_windows:
-            self._windows.popleft()
+            self._pop()
         del self._new[: -self.params.max_windows]
+
+    def _bucket(self, clock_mhz: int) -> int:
+        """The probe ladder's clock nearest ``clock_mhz``."""
+        ladder = self._probe_ladder
+        i = bisect.bisect_left(ladder, clock_mhz)
+        near = ladder[max(0, i - 1) : i + 1]
+        return min(near, key=lambda c: (abs(c - clock_mhz), c))
+
+    def _pop(self) -> None:
+        window = self._windows.popleft()
+        if self._rows:
+            self._rows.popleft()
+        bucket = self._bucket(window.clock_mhz)
+        self._evidence[bucket] = max(0.0, self._evidence.get(bucket, 0.0) - window.busy_s())
 
     def pending(self) -> bool:
         """Whether windows came since the last refit."""
@@ -389,7 +421,7 @@ class OnlineEnergy:
     def _prune(self, now_s: float) -> None:
         horizon = now_s - self.params.window_s
         while self._windows and self._windows[0].end_s < horizon:
-            self._windows.popleft()
+            self._pop()
 
     # -- the fit --------------------------------------------------------------------------
 
@@ -428,7 +460,7 @@ class OnlineEnergy:
     def _components(self, tables: TableSet) -> list[tuple[str, int]]:
         """Every curve of every model the windows saw busy (one for a model with no table)."""
         comps: set[tuple[str, int]] = set()
-        for m in {m for w in self._windows for (m, _), _s in w.busy}:
+        for m in self._models:
             table = tables.get(m)
             batches = table.batches if table is not None else [UNKNOWN_BATCH]
             comps.update((m, b) for b in batches)
@@ -442,28 +474,37 @@ class OnlineEnergy:
         index = {c: 2 + 2 * i for i, c in enumerate(comps)}
         f_max = float(self.clocks_mhz[-1])
         k = p.power_exponent
-        rows: list[npt.NDArray[np.float64]] = []
-        targets: list[float] = []
-        live: dict[tuple[str, int], float] = {}
-        clock_live: dict[tuple[str, int], dict[int, float]] = {}
         width = 2 + 2 * len(comps)
-        for w in self._windows:
+        if tuple(comps) != self._layout:
+            self._layout = tuple(comps)
+            self._rows.clear()
+        windows = list(self._windows)
+        for w in windows[len(self._rows) :]:
             x = (w.clock_mhz / f_max) ** k
             row = np.zeros(width)
             span = w.span_s
             row[0], row[1] = w.idle_s / span, w.idle_s * x / span
-            for (m, n), s in w.busy:
+            for (m, n), sec in w.busy:
                 table = tables.get(m)
                 shares = split_batch(n, table.batches) if table else [(UNKNOWN_BATCH, 1.0)]
                 for b, share in shares:
                     j = index[m, b]
-                    row[j] += share * s / span
-                    row[j + 1] += share * s * x / span
-                    live[m, b] = live.get((m, b), 0.0) + share * s
-                    per_clock = clock_live.setdefault((m, b), {})
-                    per_clock[w.clock_mhz] = per_clock.get(w.clock_mhz, 0.0) + share * s
-            rows.append(row)
-            targets.append(w.energy_j / span)
+                    row[j] += share * sec / span
+                    row[j + 1] += share * sec * x / span
+            self._rows.append(row)
+        windows_a = np.vstack(self._rows)
+        spans = np.array([w.span_s for w in windows])
+        clocks = np.array([w.clock_mhz for w in windows])
+        windows_y = np.array([w.energy_j for w in windows]) / spans
+        busy_s = windows_a[:, 2::2] * spans[:, None]  # per window, per component
+        live = {c: float(busy_s[:, i].sum()) for i, c in enumerate(comps)}
+        clock_live: dict[tuple[str, int], dict[int, float]] = {}
+        for i, c in enumerate(comps):
+            at = busy_s[:, i] > 0
+            if at.any():
+                seen, where = np.unique(clocks[at], return_inverse=True)
+                sums = np.bincount(where, weights=busy_s[at, i])
+                clock_live[c] = {int(f): float(v) for f, v in zip(seen, sums, strict=True)}
         prior_rows = []  # (row, target watts)
         ladder = self._probe_ladder
         for c in comps:
@@ -478,7 +519,6 @@ class OnlineEnergy:
                 watts = law.power_w(clock)
                 std = max(p.prior_uncertainty * watts, p.min_noise_w) * math.sqrt(len(ladder))
                 prior_rows.append((row / std, watts / std))
-        windows_a, windows_y = np.vstack(rows), np.asarray(targets)
         # How noisy the windows are, from a fit to them alone (the prior barely there): it sets
         # how much the prior counts against them, and which windows are outliers.
         faint = [(r * 1e-6, t * 1e-6) for r, t in prior_rows]
@@ -497,49 +537,43 @@ class OnlineEnergy:
             for c in comps
         }
         idle = PowerLaw(float(solution[0]), float(solution[1]), f_max, k)
-        return _Fit(idle, laws, live, clock_live)
+        return _Fit(idle, laws, {c: v for c, v in live.items() if v > 0}, clock_live)
 
     def _from_fit(
         self, table: ModelTable, prior: ModelTable | None, fit: _Fit
     ) -> ModelTable | None:
         """``table`` with the energy of the fit: each curve measured by its own law; each other
-        curve by its prior corrected, at every clock, by the median correction (fitted over
-        prior) of the measured ones there."""
+        curve by a measured one times the ratio of their powers in the prior (smoothed over the
+        clock), the median over the measured curves at each clock."""
         p = self.params
-        alone: dict[int, PowerLaw] = {}
+        priors: dict[int, dict[int, float]] = {}
         measured: dict[int, PowerLaw] = {}
         for b in table.batches:
+            priors[b] = _prior_power(prior, table, b)
             law = fit.laws.get((table.model, b))
-            if law is None:
-                continue
-            powers = _prior_power(prior, table, b)
-            through = _law_through(powers, law.max_clock_mhz, law.exponent)
-            if through is not None and through.is_sound(self.clocks_mhz):
-                alone[b] = through
-            if fit.live_s.get((table.model, b), 0.0) < p.min_curve_s:
+            if law is None or fit.live_s.get((table.model, b), 0.0) < p.min_curve_s:
                 continue
             if not law.is_sound(self.clocks_mhz):
                 continue
-            if not powers and len(fit.clock_live.get((table.model, b), {})) < 2:
+            if not priors[b] and len(fit.clock_live.get((table.model, b), {})) < 2:
                 continue  # no prior and one clock: the law's shape is not known
             measured[b] = law
         if not measured:
             return None
-        corrections = [(measured[b], alone[b]) for b in measured if b in alone]
         curves = {}
         for b, curve in table.curves.items():
             if b in measured:
                 curves[b] = with_power(curve, measured[b])
-            elif b in alone and corrections:
-                own = alone[b]
-                curves[b] = with_power(
-                    curve,
-                    {
-                        c: own.power_w(c)
-                        * float(np.median([m.power_w(c) / a.power_w(c) for m, a in corrections]))
-                        for c in curve.clocks_mhz
-                    },
-                )
+                continue
+            clocks = np.asarray(curve.clocks_mhz, dtype=float)
+            moved = [
+                law.power_array_w(clocks) * ratio
+                for m, law in measured.items()
+                if (ratio := _power_ratio(priors[b], priors[m], clocks)) is not None
+            ]
+            watts = np.median(moved, axis=0) if moved else None
+            if watts is not None and bool(np.all(np.isfinite(watts) & (watts > 0))):
+                curves[b] = with_power(curve, list(watts))
             else:
                 curves[b] = curve
         return replace(table, curves=curves)
@@ -547,26 +581,29 @@ class OnlineEnergy:
     def _error(
         self, model: str, windows: Sequence[EnergyWindow], prior: ModelTable | None, fit: _Fit
     ) -> float | None:
-        """Median ``|measured / predicted − 1|`` of the energy of the new windows that only
-        ``model`` kept busy, at least half the time, predicted from the table in force (its
-        power at each clock, interpolated) and the idle power fitted now."""
+        """Median ``|measured / predicted − 1|`` of the busy energy (the window's, less the idle
+        power fitted now over its idle time) of the new windows that only ``model`` kept busy, a
+        quarter of the time or more, predicted from the table in force (its power at each
+        clock, as :func:`table_power_w` gives it)."""
         if prior is None:
             return None
-        powers = {b: curve_power_w(c) for b, c in prior.curves.items()}
         ratios = []
         for w in windows:
-            if w.busy_s(model) < 0.5 * w.span_s or w.busy_s() > w.busy_s(model):
+            busy_s = w.busy_s(model)
+            if busy_s < 0.25 * w.span_s or w.busy_s() > busy_s:
                 continue
-            predicted = fit.idle.power_w(w.clock_mhz) * w.idle_s
-            for (_, n), s in w.busy:
+            predicted = 0.0
+            for (_, n), sec in w.busy:
                 for b, share in split_batch(n, prior.batches):
-                    at = powers.get(b)
-                    if not at:
+                    powers = table_power_w(prior, b)
+                    if not powers:
                         return None  # the table has no energy for this batch
-                    xs = sorted(at)
-                    predicted += share * s * float(np.interp(w.clock_mhz, xs, [at[c] for c in xs]))
+                    xs = sorted(powers)
+                    watts = float(np.interp(w.clock_mhz, xs, [powers[c] for c in xs]))
+                    predicted += share * sec * watts
+            measured = w.energy_j - fit.idle.power_w(w.clock_mhz) * w.idle_s
             if predicted > 0:
-                ratios.append(w.energy_j / predicted - 1.0)
+                ratios.append(measured / predicted - 1.0)
         return float(np.median(np.abs(ratios))) if ratios else None
 
     # -- probes ---------------------------------------------------------------------------
@@ -585,10 +622,7 @@ class OnlineEnergy:
         if now_s - self._last_probe_s < p.probe_every_s:
             return floor_mhz
         self._prune(now_s)
-        evidence: dict[int, float] = {}
-        for w in self._windows:
-            bucket = min(self._probe_ladder, key=lambda c: abs(c - w.clock_mhz))
-            evidence[bucket] = evidence.get(bucket, 0.0) + w.busy_s()
+        evidence = self._evidence
         below = [c for c in self._probe_ladder if c < floor_mhz]
         for clock in reversed(below):
             if evidence.get(clock, 0.0) < p.probe_min_s:
@@ -652,18 +686,43 @@ def _solve(
     return x if bool(np.all(np.isfinite(x))) else None
 
 
+def _power_ratio(
+    num: Mapping[int, float], den: Mapping[int, float], clocks_mhz: npt.NDArray[np.float64]
+) -> npt.NDArray[np.float64] | None:
+    """``num / den`` (powers of two curves in the prior) at ``clocks_mhz``, smoothed: a
+    quadratic in the clock fitted to the ratio at ``num``'s clocks (what a profile got wrong
+    for every batch alike, a clock-dependent bias, cancels in it; its noise is smoothed)."""
+    if not num or not den:
+        return None
+    xs = sorted(den)
+    at = np.array(sorted(num), dtype=float)
+    ratio = np.array([num[int(c)] for c in at]) / np.interp(at, xs, [den[c] for c in xs])
+    degree = min(2, len(at) - 1)
+    scale = float(clocks_mhz.max()) or 1.0
+    coef = np.polyfit(at / scale, ratio, degree) if degree > 0 else ratio[:1]
+    out: npt.NDArray[np.float64] = np.polyval(coef, clocks_mhz / scale)
+    return out
+
+
 def _law_through(
     powers: Mapping[int, float], max_clock_mhz: float, exponent: float
 ) -> PowerLaw | None:
-    """The law fitted to ``powers`` (watts at clocks) alone, by bounded least squares."""
+    """The law fitted to ``powers`` (watts at clocks) alone: least squares with ``a, c >= 0``
+    (two parameters: in closed form, the bound taken where the free optimum breaks it)."""
     if not powers:
         return None
-    clocks = sorted(powers)
-    x = np.array([(c / max_clock_mhz) ** exponent for c in clocks])
-    design = np.column_stack([np.ones_like(x), x])
-    y = np.array([powers[c] for c in clocks])
-    result = lsq_linear(design, y, bounds=(0.0, np.inf), method="bvls")
-    return PowerLaw(float(result.x[0]), float(result.x[1]), max_clock_mhz, exponent)
+    x = np.array([(c / max_clock_mhz) ** exponent for c in powers])
+    y = np.array(list(powers.values()))
+    if len(x) >= 2 and float(np.var(x)) > 0:
+        c = float(np.cov(x, y, bias=True)[0, 1] / np.var(x))
+        a = float(y.mean() - c * x.mean())
+    else:
+        a, c = float(y.mean()), 0.0
+    if c < 0:
+        a, c = float(y.mean()), 0.0
+    if a < 0:
+        a, c = 0.0, float(x @ y / (x @ x)) if float(x @ x) > 0 else 0.0
+    return PowerLaw(max(a, 0.0), max(c, 0.0), max_clock_mhz, exponent)
 
 
 def _moved_with_times(table: ModelTable, before: ModelTable) -> ModelTable | None:
@@ -699,8 +758,31 @@ def _prior_power(
 ) -> dict[int, float]:
     """The power of ``batch``'s curve in the table in force (else in the refitted one)."""
     for source in (prior, table):
-        if source is not None and batch in source.curves:
-            powers = curve_power_w(source.curves[batch])
+        if source is not None:
+            powers = table_power_w(source, batch)
             if powers:
                 return powers
     return {}
+
+
+def table_power_w(table: ModelTable, batch: int) -> dict[int, float]:
+    """The power at ``batch`` that ``table``'s energy implies, per clock: its curve's own, or,
+    for a curve without energy (a batch only the traffic formed), linearly between the curves
+    around it that have some (at the clocks of the nearer one)."""
+    own = table.curves.get(batch)
+    powers = curve_power_w(own) if own is not None else {}
+    if powers:
+        return powers
+    known = {b: p for b, c in table.curves.items() if (p := curve_power_w(c))}
+    if not known:
+        return {}
+    shares = split_batch(batch, sorted(known))
+    nearest = max(shares, key=lambda bs: bs[1])[0]
+    out = {}
+    for clock in known[nearest]:
+        total = 0.0
+        for b, share in shares:
+            xs = sorted(known[b])
+            total += share * float(np.interp(clock, xs, [known[b][c] for c in xs]))
+        out[clock] = total
+    return out

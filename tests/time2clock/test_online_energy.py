@@ -354,13 +354,13 @@ def test_the_floor_is_probed_one_clock_down_when_nothing_was_measured_there() ->
 
 
 def run_sim(
-    tables: TableSet, *, learn: bool, learn_energy: bool = True
+    tables: TableSet, policy: str, duration_s: float, *, learn: bool, learn_energy: bool = True
 ) -> tuple[float, OnlineTables | None]:
     cfg = SimConfig(
         gpu="v100",
-        policy="slack",
+        policy=policy,
         slo_ms=40.0,
-        duration_s=60.0,
+        duration_s=duration_s,
         seed=3,
         load=None,
         rate_rps=40.0,
@@ -373,41 +373,40 @@ def run_sim(
     return float(result["energy_per_inference_j"]), learner
 
 
-def test_simulated_traffic_heals_a_wrong_energy_curve() -> None:
-    """slack (its floor: batch 1's energy-optimal clock) on the simulated V100 at 40 req/s, SLO
-    40 ms, 60 s, from a table whose energy curve puts the floor at the top clock: learning the
-    times alone leaves the saving against max at a third of the clean table's; learning the
-    energy too brings it within 2 points of it, the floor within 60 MHz of the clean table's, and
-    the table's energy error under 1%."""
+@pytest.mark.parametrize(
+    ("policy", "duration_s", "floor_batch", "within"),
+    [("slack", 60.0, 1, 0.02), ("adaptive", 120.0, 32, 0.03)],
+)
+def test_simulated_traffic_heals_a_wrong_energy_curve(
+    policy: str, duration_s: float, floor_batch: int, within: float
+) -> None:
+    """On the simulated V100 at 40 req/s, SLO 40 ms, from a table whose energy curve puts every
+    floor at or near the top clock (times right): learning the times alone leaves the saving
+    against ``max`` more than 8 points under the clean table's; learning the energy too brings
+    it within ``within`` of it over the run (healing included), the policy's floor (slack: batch
+    1's energy-optimal clock; adaptive: the full batch's, a batch the traffic never forms)
+    within 60 MHz of the clean table's, and the table's energy error under 1%."""
     clean = profiled_tables("v100")
     wrong = wrong_energy(clean)
-    cfg_max = SimConfig(
-        gpu="v100",
-        policy="max",
-        slo_ms=40.0,
-        duration_s=60.0,
-        seed=3,
-        load=None,
-        rate_rps=40.0,
-        with_oracle=False,
-    )
-    at_max = float(simulate(cfg_max, clean).to_json()["energy_per_inference_j"])
-    clean_j, _ = run_sim(clean, learn=False)
-    times_j, _ = run_sim(wrong, learn=True, learn_energy=False)
-    healed_j, learner = run_sim(wrong, learn=True)
+    at_max, _ = run_sim(clean, "max", duration_s, learn=False)
+    clean_j, _ = run_sim(clean, policy, duration_s, learn=False)
+    times_j, _ = run_sim(wrong, policy, duration_s, learn=True, learn_energy=False)
+    healed_j, learner = run_sim(wrong, policy, duration_s, learn=True)
     saving = {
         name: 1 - j / at_max
         for name, j in (("clean", clean_j), ("times", times_j), ("healed", healed_j))
     }
     assert saving["clean"] > 0.15
-    assert saving["times"] < saving["clean"] / 3
-    assert saving["healed"] >= saving["clean"] - 0.02
+    assert saving["times"] < saving["clean"] - 0.08
+    assert saving["healed"] >= saving["clean"] - within
     assert learner is not None and learner.energy is not None and learner.latest is not None
     learned = learner.latest.get(CNN)
-    assert abs(floor_of(learned, 1) - floor_of(clean.get(CNN), 1)) <= 60
+    clean_floor = floor_of(clean.get(CNN), floor_batch)
+    assert floor_of(wrong.get(CNN), floor_batch) > clean_floor + 200
+    assert abs(floor_of(learned, floor_batch) - clean_floor) <= 60
     assert learner.energy.refits(CNN) >= 5 and learner.energy.probes >= 1
     error = learner.energy.error(CNN)
     assert error is not None and error < 0.01
-    state = learner.state(CNN, 60.0)
+    state = learner.state(CNN, duration_s)
     assert state is not None and isinstance(state["energy"], dict)
     assert state["energy"]["refits"] == learner.energy.refits(CNN)
