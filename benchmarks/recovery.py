@@ -47,11 +47,13 @@ from api.embedded import INPUT_WIDTH, SIMNET
 from api.learning import learned_path
 from api.runtime import TABLES_VERSION
 from api.server import SidecarServer
+from dvfs.profiles import get_profile
 from loadgen.classes import RequestClass
 from loadgen.engine import Recorder, Target, build_payloads, new_session, open_loop, schedule
 from loadgen.metrics import energy_j, scrape, scrape_values
 from scheduler.registry import DEFAULT_POLICY
-from time2clock.online import ExecutionSample
+from simulator.simulate import SimConfig, profiled_tables, simulate
+from time2clock.online import ExecutionSample, OnlineTables
 from time2clock.table import TableSet
 
 log = logging.getLogger(__name__)
@@ -387,9 +389,26 @@ def main(argv: list[str] | None = None) -> int:
         "--no-times-only", action="store_true", help="skip the run that learns only the times"
     )
     parser.add_argument("--out", type=Path, help="also write the results (and provenance) here")
+    parser.add_argument(
+        "--simulate",
+        action="store_true",
+        help="the same runs in the simulator (virtual time, the simulator's profiled table; "
+        "--wrong energy only), totals over the run",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    if args.simulate:
+        if args.wrong != "energy":
+            parser.error("--simulate needs --wrong energy (the simulator profiles no CPU load)")
+        text = simulated(args.policy, args.gpu, args.rate, args.slo_ms, args.duration_s, args.seed)
+        print(text)
+        if args.out is not None:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(
+                provenance(argv if argv is not None else sys.argv[1:]) + "\n\n" + text + "\n"
+            )
+        return 0
     clean = profile_table(args.state_dir / "clean", args.gpu, 0, again=args.reprofile)
     if args.wrong == "cpu-load":
         wrong = profile_table(
@@ -450,6 +469,55 @@ def main(argv: list[str] | None = None) -> int:
         )
         log.info("results written to %s", args.out)
     return 0
+
+
+def simulated(
+    policy: str, gpu: str, rate_rps: float, slo_ms: float, duration_s: float, seed: int
+) -> str:
+    """The runs of :func:`main` in the simulator, from its profiled table (clean) and that
+    table with its energy curve wrong: energy per inference, saving against ``max``, p99, and
+    the energy-optimal clocks the table has at the end, per batch."""
+    clean = profiled_tables(gpu)
+    wrong = wrong_energy(clean)
+    base = SimConfig(
+        gpu=gpu,
+        slo_ms=slo_ms,
+        duration_s=duration_s,
+        seed=seed,
+        load=None,
+        rate_rps=rate_rps,
+        with_oracle=False,
+    )
+    plan = [
+        ("max", "max", clean, None),
+        (f"{policy}, clean table", policy, clean, None),
+        (f"{policy}, wrong-energy table, no learning", policy, wrong, None),
+        (f"{policy}, wrong-energy table, learning times", policy, wrong, False),
+        (f"{policy}, wrong-energy table, learning times and energy", policy, wrong, True),
+    ]
+    lines = [
+        f"simulated {gpu}, {rate_rps:g} req/s Poisson, SLO {slo_ms:g} ms, {duration_s:g} s, "
+        f"seed {seed}",
+        "",
+        "run | J/inference | vs max | p99 ms | energy-optimal clock per batch at the end",
+        "--- | --- | --- | --- | ---",
+    ]
+    at_max = math.nan
+    for name, pol, tables, energy in plan:
+        learner = None
+        if energy is not None:
+            clocks = get_profile(gpu).clocks_mhz
+            learner = OnlineTables(list(clocks), gpu=gpu, learn_energy=energy)
+        cfg = replace(base, policy=pol, learn=learner is not None)
+        result = simulate(cfg, tables, learner=learner).to_json()
+        j = float(result["energy_per_inference_j"])
+        at_max = j if pol == "max" else at_max
+        final = learner.latest if learner is not None and learner.latest is not None else tables
+        floors = {b: t.energy_optimal_clock_mhz(b) for t in final for b in t.batches}
+        lines.append(
+            f"{name} | {j:.4f} | {j / at_max - 1:+.1%} | {result['p99_ms']:.1f} | {floors}"
+        )
+    return "\n".join(lines)
 
 
 def _floors(state: dict[str, object]) -> dict[str, object]:
