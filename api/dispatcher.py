@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Protocol
 
 from api.metrics import GatewayMetrics
@@ -58,6 +59,9 @@ class Job:
     future: asyncio.Future[Any] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
+    # A stream (tokens of a generative model): when its client leaves after it was sent, the
+    # send is cut short and its place at the upstream freed at once.
+    stream: bool = False
 
 
 def post(
@@ -148,6 +152,7 @@ class GpuDispatcher:
                 gpu=gpu, device=device, tables=lambda: scheduler.tables, metrics=metrics
             )
         self._sends: set[asyncio.Task[None]] = set()
+        self._streams: dict[int, asyncio.Task[None]] = {}  # in-flight streams by request seq
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._closed = False
@@ -250,7 +255,8 @@ class GpuDispatcher:
         try:
             return await job.future
         except asyncio.CancelledError:  # the client went away: its place in the queue goes too
-            self._forget(request)
+            if not self._forget(request) and (stream := self._streams.get(request.seq)):
+                stream.cancel()  # already sent: the upstream stops generating for nobody
             raise
         finally:
             if timer is not None:
@@ -287,8 +293,14 @@ class GpuDispatcher:
             task = asyncio.create_task(self._send(request, now))
             self._sends.add(task)
             task.add_done_callback(self._sends.discard)
+            if job.stream:
+                self._streams[request.seq] = task
+                task.add_done_callback(partial(self._stream_done, request.seq))
         self._gauges()
         self._arm_timer()
+
+    def _stream_done(self, seq: int, _: asyncio.Task[None]) -> None:
+        self._streams.pop(seq, None)
 
     async def _send(self, request: Request[Job], sent_s: float) -> None:
         job = _job(request)
@@ -296,9 +308,16 @@ class GpuDispatcher:
         response: Any = None
         try:
             response = await job.send(self.upstream)
-        except asyncio.CancelledError:  # shutting down with Triton not answering
-            self._fail(request, UnavailableError("the sidecar is shutting down"))
-            raise
+        except asyncio.CancelledError:
+            if self._closed:  # shutting down with Triton not answering
+                self._fail(request, UnavailableError("the sidecar is shutting down"))
+                raise
+            # A stream whose client left: its place at the upstream is free now.
+            done = self.scheduler.on_complete(request, self._now() - sent_s, self._now(),
+                                              measured=False)  # fmt: skip
+            self._apply(done.clock_mhz)
+            self._pump()
+            return
         except UpstreamUnavailableError as err:
             error = UnavailableError(str(err))
         except Exception as err:  # answered below, never silently dropped
@@ -307,7 +326,10 @@ class GpuDispatcher:
         now = self._now()
         service_s = now - sent_s
         served = error is None and response is not None and bool(response.ok)
-        done = self.scheduler.on_complete(request, service_s, now, measured=served)
+        # A stream's length is its output's, not an execution time: tables do not learn from it.
+        done = self.scheduler.on_complete(
+            request, service_s, now, measured=served and not job.stream
+        )
         self._apply(done.clock_mhz)
         scale = self.scheduler.policy.model_scale(request.model)
         if scale is not None:

@@ -60,6 +60,7 @@ class Runtime:
         self.device: Device | None = None
         self.embedded: EmbeddedTriton | None = None
         self.upstream: Upstream | None = None
+        self.openai: Upstream | None = None  # an OpenAI-compatible engine, when configured
         self.dispatcher: GpuDispatcher | None = None
         self.models = ModelIndex(lambda: self.upstream, on_config=self._model_config)
         metrics.model_label = self.models.label
@@ -84,6 +85,11 @@ class Runtime:
                 self.triton_url, max_connections=self.config.scheduler.max_inflight + 16
             )
             await self.upstream.open()
+            if self.config.openai_url is not None:
+                self.openai = Upstream(
+                    self.config.openai_url, max_connections=self.config.scheduler.max_inflight + 16
+                )
+                await self.openai.open()
             self.watch = TritonWatch(
                 self.upstream,
                 embedded=self.embedded,
@@ -305,6 +311,8 @@ class Runtime:
             await self.saver.stop()
         if self.upstream is not None:
             await self.upstream.close()
+        if self.openai is not None:
+            await self.openai.close()
         await asyncio.to_thread(self._close_blocking)
 
     def _close_blocking(self) -> None:

@@ -40,6 +40,7 @@ from loadgen.engine import (
     new_session,
 )
 from loadgen.grpc_client import GrpcClient, grpc_payloads
+from simulator.results import DEFAULT_DIR, markdown_table, write_results
 
 
 @dataclass(frozen=True)
@@ -205,12 +206,73 @@ def independent(url: str, concurrency: int, duration_s: float) -> tuple[float, f
     return len(latencies) / (time.monotonic() - start), float(np.mean(latencies))
 
 
+def _units(medians: dict[str, float]) -> dict[str, float]:
+    """Medians with their units in their names, for the JSON results."""
+    return {
+        "infer_per_s": medians["throughput"],
+        "p50_us": medians["p50_us"],
+        "p99_us": medians["p99_us"],
+    }
+
+
+def _report(
+    summary: list[tuple[str, int, dict[str, float], dict[str, float]]],
+    checks: list[tuple[int, Run, float, float]],
+    args: argparse.Namespace,
+) -> str:
+    """The results file's body: the cost per protocol and concurrency, then loadgen's check."""
+    rows = [
+        (
+            p,
+            c,
+            f"{s['throughput'] / d['throughput']:.0%} "
+            f"({s['throughput']:.0f} vs {d['throughput']:.0f} infer/s)",
+            f"+{(s['p50_us'] - d['p50_us']) / 1000:.2f} ms ({s['p50_us'] / d['p50_us']:.2f}×)",
+            f"+{(s['p99_us'] - d['p99_us']) / 1000:.2f} ms ({s['p99_us'] / d['p99_us']:.2f}×)",
+        )
+        for p, c, d, s in summary
+    ]
+    check_rows = [
+        (c, f"{lg.throughput:.0f}", f"{lg.mean_us:.0f}", f"{tput:.0f}", f"{mean:.0f}")
+        for c, lg, tput, mean in checks
+    ]
+    return "\n\n".join(
+        [
+            f"The sidecar (policy max, its own process) in front of the embedded Triton's `noop`, "
+            f"against Triton's own endpoint of the same protocol; closed loops of "
+            f"{args.duration_s:g} s, direct and sidecar alternating; medians over rounds "
+            f"(rounds: {args.rounds}).",
+            markdown_table(
+                ["protocol", "concurrency", "throughput kept", "p50 added", "p99 added"], rows
+            ),
+            "loadgen against an independent client (NVIDIA's tritonclient in threads), straight "
+            "to Triton over HTTP:",
+            markdown_table(
+                [
+                    "concurrency",
+                    "loadgen infer/s",
+                    "loadgen mean µs",
+                    "tritonclient infer/s",
+                    "tritonclient mean µs",
+                ],
+                check_rows,
+            ),
+        ]
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench", description=__doc__)
     parser.add_argument("--concurrency", default="1,16")
     parser.add_argument("--duration-s", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=2, help="A/B alternations per concurrency")
     parser.add_argument("--protocols", default="http,grpc")
+    parser.add_argument(
+        "--results-dir",
+        type=Path,
+        default=DEFAULT_DIR,
+        help="where bench.md and bench.json are written (default: results)",
+    )
     args = parser.parse_args(argv)
     levels = [int(c) for c in args.concurrency.split(",")]
     protocols = args.protocols.split(",")
@@ -254,14 +316,46 @@ def main(argv: list[str] | None = None) -> int:
                 f"p99 +{s['p99_us'] - d['p99_us']:.0f} µs ({s['p99_us'] / d['p99_us']:.2f}×)"
             )
         print("\nloadgen against an independent client (tritonclient threads), straight to Triton:")
+        checks = []
         for c in (1, 4):
             lg = measure(ends.triton["http"], c, args.duration_s, "direct")
             tput, mean = independent(ends.triton["http"], c, args.duration_s)
+            checks.append((c, lg, tput, mean))
             print(
                 f"  concurrency {c}: loadgen {lg.throughput:.0f} infer/s, "
                 f"mean {lg.mean_us:.0f} µs; "
                 f"tritonclient {tput:.0f} infer/s, mean {mean:.0f} µs"
             )
+    md, _ = write_results(
+        "bench",
+        title="What the sidecar costs (python -m benchmarks.bench)",
+        markdown=_report(summary, checks, args),
+        data={
+            "settings": {**vars(args), "model": NOOP, "policy": "max"},
+            "cost": [
+                {
+                    "protocol": p,
+                    "concurrency": c,
+                    "direct": _units(d),
+                    "sidecar": _units(s),
+                    "throughput_kept": s["throughput"] / d["throughput"],
+                }
+                for p, c, d, s in summary
+            ],
+            "loadgen_check": [
+                {
+                    "concurrency": c,
+                    "loadgen_infer_per_s": lg.throughput,
+                    "loadgen_mean_us": lg.mean_us,
+                    "tritonclient_infer_per_s": tput,
+                    "tritonclient_mean_us": mean,
+                }
+                for c, lg, tput, mean in checks
+            ],
+        },
+        directory=args.results_dir,
+    )
+    print(f"\nwritten to {md} (and .json)")
     return 0
 
 
