@@ -15,7 +15,8 @@ run:
 
 and prints, per 10 s window, the energy per inference of each run as a saving against ``max``'s
 in the same window, each run's p99 against the SLO, and the learning runs' table errors (time,
-energy); with ``--out`` it also writes them, with the command, the git commit and the machine.
+energy). The results go to ``<results-dir>/recovery-<policy>-<wrong>.md`` and ``.json`` (with
+the command, the git commit and the machine); ``--simulate`` runs the same in the simulator.
 """
 
 from __future__ import annotations
@@ -28,16 +29,14 @@ import logging
 import math
 import multiprocessing as mp
 import os
-import platform
 import secrets
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -52,6 +51,7 @@ from loadgen.classes import RequestClass
 from loadgen.engine import Recorder, Target, build_payloads, new_session, open_loop, schedule
 from loadgen.metrics import energy_j, scrape, scrape_values
 from scheduler.registry import DEFAULT_POLICY
+from simulator.results import DEFAULT_DIR, write_results
 from simulator.simulate import SimConfig, profiled_tables, simulate
 from time2clock.online import ExecutionSample, OnlineTables
 from time2clock.table import TableSet
@@ -314,36 +314,6 @@ def wrong_energy(tables: TableSet) -> TableSet:
     return TableSet(out)
 
 
-def provenance(argv: Sequence[str]) -> str:
-    """The command, the git commit and the machine, for a results file."""
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-            cwd=Path(__file__).parent,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            check=True,
-            cwd=Path(__file__).parent,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit, dirty = "unknown", ""
-    return "\n".join(
-        [
-            f"command: python -m benchmarks.recovery {' '.join(argv)}",
-            f"commit: {commit}{' (with local changes)' if dirty else ''}",
-            f"machine: {platform.node()}, {os.cpu_count()} CPUs, {platform.platform()}, "
-            f"Python {platform.python_version()}",
-            f"date: {time.strftime('%Y-%m-%d %H:%M:%S %z')}",
-        ]
-    )
-
-
 def summary(path: Path) -> str:
     """Batch 1 at the top clock, and the pooled p99 residual, of the table at ``path``."""
     table = next(iter(TableSet.load(path)))
@@ -388,7 +358,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-times-only", action="store_true", help="skip the run that learns only the times"
     )
-    parser.add_argument("--out", type=Path, help="also write the results (and provenance) here")
+    parser.add_argument(
+        "--results-dir",
+        type=Path,
+        default=DEFAULT_DIR,
+        help="where recovery-<policy>-<wrong>[-simulated].md and .json are written "
+        "(default: results)",
+    )
     parser.add_argument(
         "--simulate",
         action="store_true",
@@ -401,13 +377,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.simulate:
         if args.wrong != "energy":
             parser.error("--simulate needs --wrong energy (the simulator profiles no CPU load)")
-        text = simulated(args.policy, args.gpu, args.rate, args.slo_ms, args.duration_s, args.seed)
+        text, rows = simulated(
+            args.policy, args.gpu, args.rate, args.slo_ms, args.duration_s, args.seed
+        )
         print(text)
-        if args.out is not None:
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(
-                provenance(argv if argv is not None else sys.argv[1:]) + "\n\n" + text + "\n"
-            )
+        md, _ = write_results(
+            f"recovery-{args.policy}-energy-simulated",
+            title="A wrong energy curve heals, in the simulator (python -m benchmarks.recovery)",
+            markdown=text,
+            data={"settings": vars(args), "runs": rows},
+            directory=args.results_dir,
+        )
+        log.info("written to %s (and .json)", md)
         return 0
     clean = profile_table(args.state_dir / "clean", args.gpu, 0, again=args.reprofile)
     if args.wrong == "cpu-load":
@@ -434,7 +415,6 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if args.no_times_only:
         del plan[3]
-    started = provenance(argv if argv is not None else sys.argv[1:])
     load_before = os.getloadavg()[0]
     runs = []
     for name, policy, table, learn, learn_energy in plan:
@@ -458,22 +438,30 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     learning = runs[-1].admin_state.get("models", {})
     print("admin state of the learning run, at the end:", learning)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        floors = _floors(runs[-1].admin_state)
-        args.out.write_text(
-            f"{started}\nload average: {load_before:.2f} before, "
-            f"{os.getloadavg()[0]:.2f} after\ntables: clean {summary(clean)}; {label} "
-            f"{summary(wrong)}\n\n{text}\n\nenergy-optimal clocks learned by the last run, per "
-            f"batch: {floors}\n"
-        )
-        log.info("results written to %s", args.out)
+    floors = _floors(runs[-1].admin_state)
+    md, _ = write_results(
+        f"recovery-{args.policy}-{args.wrong}",
+        title="How fast a wrong table heals, live (python -m benchmarks.recovery)",
+        markdown=(
+            f"tables: clean {summary(clean)}; {label} {summary(wrong)}\n\n"
+            f"load average {load_before:.2f} before the runs, {os.getloadavg()[0]:.2f} after\n\n"
+            f"{text}\n\nenergy-optimal clocks of the last run's table at the end, per batch: "
+            f"{floors}\n"
+        ),
+        data={
+            "settings": vars(args),
+            "runs": [{"name": r.name, "windows": [asdict(w) for w in r.windows]} for r in runs],
+            "final_floors": floors,
+        },
+        directory=args.results_dir,
+    )
+    log.info("written to %s (and .json)", md)
     return 0
 
 
 def simulated(
     policy: str, gpu: str, rate_rps: float, slo_ms: float, duration_s: float, seed: int
-) -> str:
+) -> tuple[str, list[dict[str, object]]]:
     """The runs of :func:`main` in the simulator, from its profiled table (clean) and that
     table with its energy curve wrong: energy per inference, saving against ``max``, p99, and
     the energy-optimal clocks the table has at the end, per batch."""
@@ -503,6 +491,7 @@ def simulated(
         "--- | --- | --- | --- | ---",
     ]
     at_max = math.nan
+    rows: list[dict[str, object]] = []
     for name, pol, tables, energy in plan:
         learner = None
         if energy is not None:
@@ -517,7 +506,16 @@ def simulated(
         lines.append(
             f"{name} | {j:.4f} | {j / at_max - 1:+.1%} | {result['p99_ms']:.1f} | {floors}"
         )
-    return "\n".join(lines)
+        rows.append(
+            {
+                "name": name,
+                "energy_per_inference_j": j,
+                "vs_max": j / at_max - 1,
+                "p99_ms": result["p99_ms"],
+                "energy_optimal_clock_mhz": floors,
+            }
+        )
+    return "\n".join(lines), rows
 
 
 def _floors(state: dict[str, object]) -> dict[str, object]:
