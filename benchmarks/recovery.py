@@ -57,6 +57,7 @@ from time2clock.online import ExecutionSample, OnlineTables
 from time2clock.table import TableSet
 
 log = logging.getLogger(__name__)
+STARTS = 3  # a run whose sidecar fails to start is started again, up to this many times
 
 
 @dataclass(frozen=True)
@@ -419,21 +420,28 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     for name, policy, table, learn, learn_energy in plan:
         log.info("run: %s", name)
-        runs.append(
-            run_once(
-                name,
-                policy=policy,
-                table=table,
-                learn=learn,
-                learn_energy=learn_energy,
-                record=args.record if learn and learn_energy else None,
-                gpu=args.gpu,
-                send_times=send_times,
-                slo_ms=args.slo_ms,
-                seed=args.seed,
-                window_s=args.window_s,
-            )
-        )
+        for attempt in range(1, STARTS + 1):
+            try:
+                run = run_once(
+                    name,
+                    policy=policy,
+                    table=table,
+                    learn=learn,
+                    learn_energy=learn_energy,
+                    record=args.record if learn and learn_energy else None,
+                    gpu=args.gpu,
+                    send_times=send_times,
+                    slo_ms=args.slo_ms,
+                    seed=args.seed,
+                    window_s=args.window_s,
+                )
+            except RuntimeError as err:  # the sidecar did not start (a loaded machine)
+                if attempt == STARTS:
+                    raise
+                log.warning("%s: %s; starting it again", name, err)
+                continue
+            runs.append(run)
+            break
     text = report(runs, args.slo_ms, args.window_s)
     print(text)
     learning = runs[-1].admin_state.get("models", {})
