@@ -238,18 +238,18 @@ class LearningCollector(Collector):
             error.add_metric([self.gpu, label], value)
         for label, count in sorted(counts.items()):
             refits.add_metric([self.gpu, label], count)
-        windows = CounterMetricFamily(
-            "sidecar_energy_windows",
-            "Clock windows the GPU's energy counter was attributed to (kept, or dropped: a clock "
-            "change inside, or an unknown clock).",
+        attributed = CounterMetricFamily(
+            "sidecar_energy_attributed_seconds",
+            "Time of the GPU's energy counter attributed to clock windows (kept), or not (dropped: "
+            "a clock change inside, or a clock the sidecar did not set).",
             labels=["gpu", "outcome"],
         )
-        windows.add_metric([self.gpu, "kept"], energy.windows_total)
-        windows.add_metric([self.gpu, "dropped"], energy.attribution.dropped)
+        attributed.add_metric([self.gpu, "kept"], energy.attribution.kept_s)
+        attributed.add_metric([self.gpu, "dropped"], energy.attribution.dropped_s)
         probes = CounterMetricFamily(
             "sidecar_energy_probes",
             "Times the energy floor was lowered for a while to measure a clock under it.",
             labels=["gpu"],
         )
         probes.add_metric([self.gpu], energy.probes)
-        yield from (error, refits, windows, probes)
+        yield from (error, refits, attributed, probes)

@@ -21,24 +21,26 @@ with every power on the law ``P(x) = a + c·x^k`` (``a, c >= 0``; ``k`` = ``powe
 dynamic power goes as ``C·V²·f`` and voltage rises about linearly with the clock over the DVFS
 range, the law the simulated GPUs follow, see :mod:`dvfs.profiles`). A model's batch sizes are
 its table's curves; ``n`` of its requests at Triton count as a batch of ``n``, shared linearly
-between the two curves around it. The law is linear in ``(a, c)``, so one weighted least squares
-over every window in the last ``window_s`` (bounded: no power below zero, none falling with the
-clock) fits every model and the idle power at once; then the ``trim`` share of windows that fit
-worst is dropped and it is fitted again (a burst of host noise, a counter read late).
+between the two curves around it. The law is linear in ``(a, c)``, so one bounded least squares
+over every window of the last ``window_s`` fits every model and the idle power at once. A first
+fit of the windows alone measures their noise (``min_noise_w`` at least); windows more than
+``outlier_sigmas`` of it off (a counter value late, a burst of host work) are left out of the
+second, which weighs the windows by that noise against the prior.
 
 **The prior.** Each curve's power at its clocks, from the table in force: its energy per
-inference times its batch over its predicted time (the power the profile measured while that
-batch ran, host time included, as the time it measured includes it). Each curve's prior weighs
-``prior_weight`` windows in all, so a curve that the traffic measures is soon its measurement's,
-and the law carries the rest: clocks not measured move with the measured ones, the way the law
-moves them. Curves of a measured model that the traffic never formed move by the median factor
-(fitted over prior, at the clocks measured) of its measured curves. The idle power has no prior.
+inference times its batch over its predicted time (the power the profile saw while that batch
+ran, host time included, as the time it measured includes it), put on the law and trusted to
+``prior_uncertainty``. Where the traffic measures a curve the measurement wins; elsewhere the
+law and the prior hold the shape. The idle power has no prior.
 
 **The refit.** A model whose curves saw at least ``min_live_s`` of busy time in the window gets,
 for every curve, energy per inference ``P(f)·t(f)/batch`` at each of its clocks, with ``t`` the
-(refitted) mean time of its table; every other model's energy moves only with its times (the
-power of its table, at each clock, times its new time). A fit that is not sound (power not
-positive and finite over the whole ladder) keeps the prior's energy.
+(refitted) mean time of its table: a curve busy for ``min_curve_s`` by its own law; a batch the
+traffic never forms by a measured curve times the two curves' power ratio in the prior, smoothed
+over the clock (a bias the profile had at a clock for every batch alike cancels in it). Every
+other model's energy moves only with its times (its table's power at each clock, times its new
+time). A law that is not positive and finite over the whole ladder is not used; a curve with no
+energy in its prior and busy time at one clock only is not written (the law's shape is unknown).
 
 **Probes.** A floor set too high by a wrong table is never measured below: the policy never runs
 there. So while there is traffic, every ``probe_every_s`` the floor may be lowered for
@@ -144,7 +146,8 @@ class ClockWindows:
         self._clocks: deque[tuple[float, int | None]] = deque()  # (since_s, clock target)
         self._busy: deque[tuple[float, Composition]] = deque()  # (since_s, what is at Triton)
         self._start: EnergyReading | None = None
-        self.dropped = 0  # windows lost to a clock change, an unknown clock or a counter reset
+        self.kept_s = 0.0  # counter time attributed to windows
+        self.dropped_s = 0.0  # and lost: a clock change inside, or a clock not known
 
     def occupancy(self, now_s: float, clock_mhz: int | None, inflight: Mapping[str, Sized]) -> None:
         """From ``now_s`` the clock target is ``clock_mhz`` (None: the GPU's own) and
@@ -164,7 +167,6 @@ class ClockWindows:
         self._clocks.clear()
         self._busy.clear()
         self._start = None
-        self.dropped += 1
 
     @staticmethod
     def _append(log: deque[tuple[float, _T]], now_s: float, value: _T) -> None:
@@ -187,7 +189,7 @@ class ClockWindows:
             return None
         clock = self._steady_clock(start.as_of_s - self.params.settle_s, end_s)
         if clock is None:
-            self.dropped += 1
+            self.dropped_s += end_s - start.as_of_s
             self._restart(reading)
             return None
         shortest = self.params.min_window_s
@@ -197,6 +199,7 @@ class ClockWindows:
         if end_s - start.as_of_s < shortest:
             return None
         window = self._window(start, reading, clock)
+        self.kept_s += window.span_s
         self._restart(reading)
         return window
 

@@ -211,8 +211,9 @@ def test_energy_refits_show_in_the_admin_state_and_the_metrics(tmp_path: Path) -
         kept = [
             float(line.split()[-1])
             for line in text.splitlines()
-            if line.startswith("sidecar_energy_windows_total") and 'outcome="kept"' in line
+            if line.startswith("sidecar_energy_attributed_seconds_total")
+            and 'outcome="kept"' in line
         ]
-        assert kept and kept[0] >= energy["windows_in_window"]
+        assert kept and kept[0] >= energy["busy_s_in_window"]
     saved = TableSet.load(learned_path(tmp_path, "v100", TABLES_VERSION)).get("simnet")
     assert floor_of(saved) < top - 60  # kept on disk
