@@ -40,7 +40,9 @@ traffic never forms by a measured curve times the two curves' power ratio in the
 over the clock (a bias the profile had at a clock for every batch alike cancels in it). Every
 other model's energy moves only with its times (its table's power at each clock, times its new
 time). A law that is not positive and finite over the whole ladder is not used; a curve with no
-energy in its prior and busy time at one clock only is not written (the law's shape is unknown).
+energy in its prior and busy time at one clock only is not written (the law's shape is unknown),
+and neither is a curve whose power above idle at the top clock is under ``min_busy_share`` of
+its prior's (requests waiting at the host with the GPU idle: see :meth:`OnlineEnergy._diluted`).
 
 **Probes.** A floor set too high by a wrong table is never measured below: the policy never runs
 there. So while there is traffic, every ``probe_every_s`` the floor may be lowered for
@@ -82,6 +84,7 @@ class EnergyParams:
     settle_s: float = 0.02
     min_live_s: float = 2.0
     min_curve_s: float = 0.5
+    min_busy_share: float = 0.25
     prior_uncertainty: float = 0.1
     min_noise_w: float = 0.5
     outlier_sigmas: float = 4.0
@@ -337,6 +340,7 @@ def with_power(
 
 @dataclass
 class _ModelEnergy:
+    diluted: int = 0  # refits where a curve's busy power was too close to idle to be used
     refits: int = 0
     last_refit_s: float | None = None
     last_error: float | None = None
@@ -560,6 +564,9 @@ class OnlineEnergy:
                 continue
             if not priors[b] and len(fit.clock_live.get((table.model, b), {})) < 2:
                 continue  # no prior and one clock: the law's shape is not known
+            if self._diluted(law, priors[b], fit.idle):
+                self._models.setdefault(table.model, _ModelEnergy()).diluted += 1
+                continue
             measured[b] = law
         if not measured:
             return None
@@ -580,6 +587,21 @@ class OnlineEnergy:
             else:
                 curves[b] = curve
         return replace(table, curves=curves)
+
+    def _diluted(self, law: PowerLaw, prior: Mapping[int, float], idle: PowerLaw) -> bool:
+        """Whether the power measured while the curve's requests were at Triton is barely above
+        idle: under ``min_busy_share`` of the prior's excess over idle at the top clock. Then the
+        requests mostly waited with the GPU idle (host contention: the sidecar sees requests at
+        Triton, not the GPU running them), and multiplying that power by an execution's time
+        would count the execution at little more than idle power."""
+        if not prior:
+            return False
+        top = self.clocks_mhz[-1]
+        xs = sorted(prior)
+        expected = float(np.interp(top, xs, [prior[c] for c in xs])) - idle.power_w(top)
+        return expected > 0 and law.power_w(top) - idle.power_w(top) < (
+            self.params.min_busy_share * expected
+        )
 
     def _error(
         self, model: str, windows: Sequence[EnergyWindow], prior: ModelTable | None, fit: _Fit
@@ -660,6 +682,7 @@ class OnlineEnergy:
             "windows_in_window": len(recent),
             "busy_s_in_window": round(sum(w.busy_s(model) for w in recent), 3),
             "refits": state.refits,
+            "diluted": state.diluted,
             "last_refit_age_s": (
                 None if state.last_refit_s is None else round(now_s - state.last_refit_s, 3)
             ),

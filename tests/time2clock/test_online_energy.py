@@ -298,6 +298,29 @@ def test_a_model_without_a_prior_needs_two_clocks_before_its_energy_is_learned()
     assert energy_at(table, 1000, 1) == pytest.approx(true_energy_j(table, 1, 1000), rel=0.03)
 
 
+def test_requests_waiting_with_the_gpu_idle_are_not_taken_for_cheap_executions() -> None:
+    """Requests at Triton for ten times an execution's time (host contention: the GPU idle most
+    of it): the power measured while they are there is barely above idle, and multiplying it
+    by an execution's time would make every execution look cheap, most at the top clock. The
+    curve is left as the prior has it, and the admin state counts it."""
+    clean = TableSet([cnn_table()])
+    honest = synthetic_windows([1200, 1530], 300)
+    diluted = [
+        replace(
+            w,
+            energy_j=IDLE.power_w(w.clock_mhz) * w.span_s
+            + 0.1 * (w.energy_j - IDLE.power_w(w.clock_mhz) * w.span_s),
+        )
+        for w in honest
+    ]
+    energy = OnlineEnergy(V100_CLOCKS)
+    for w in diluted:
+        energy.add(w)
+    assert CNN not in energy.refit(clean, clean, diluted[-1].end_s)
+    state = energy.state(CNN, diluted[-1].end_s, clean.get(CNN))
+    assert state["diluted"] == 2 and state["refits"] == 0  # batches 1 and 2
+
+
 def test_energy_moves_with_the_times_where_it_was_not_measured() -> None:
     """Times refitted 20% slower and no energy window: the energy per inference is 20% more at
     every clock (the same power for longer)."""
