@@ -13,7 +13,13 @@ from api.config import GatewayConfig
 from api.dispatcher import GpuDispatcher, Job
 from api.embedded import EMULATED, NOOP, EmbeddedTriton
 from api.embedded_llm import SIMLLM, engine_prior
-from api.learning import LearnedTableSaver, LearningCollector, learned_path, load_learned
+from api.learning import (
+    EnergyReader,
+    LearnedTableSaver,
+    LearningCollector,
+    learned_path,
+    load_learned,
+)
 from api.metrics import GatewayMetrics
 from api.models import ModelIndex
 from api.tenants import Tenants
@@ -82,6 +88,7 @@ class Runtime:
         self.gpu_name = ""
         self.learner: OnlineTables | None = None
         self.saver: LearnedTableSaver | None = None
+        self.energy_reader: EnergyReader | None = None
         self.learned_models: list[str] = []  # loaded from the learned file at start
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
 
@@ -135,6 +142,11 @@ class Runtime:
                     keep=self.learned_models,
                 )
                 self.saver.start()
+                if self.learner.energy is not None:  # energy that learns: read the counter
+                    self.energy_reader = EnergyReader(
+                        self.device, scheduler.on_energy, poll_s=self.learner.energy.params.poll_s
+                    )
+                    self.energy_reader.start()
             self.watch.start()
             for model in tables.models:  # how each profiled model batches, before any request
                 await self.models.limits(model)
@@ -318,6 +330,8 @@ class Runtime:
             await self.watch.stop()
         if self.dispatcher is not None:
             await self.dispatcher.stop()
+        if self.energy_reader is not None:
+            await self.energy_reader.stop()
         if self.saver is not None:
             await self.saver.stop()
         if self.upstream is not None:

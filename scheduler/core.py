@@ -9,6 +9,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic
 
+from dvfs.energy import EnergyReading
 from scheduler.observe import ExecutionObserver
 from scheduler.policies import ClockPolicy
 from scheduler.queue import PriorityCfsQueue
@@ -123,6 +124,8 @@ class Scheduler(Generic[P]):
         policy.attach(self)
         self.clock_target_mhz = policy.initial_clock_mhz()
         self._observer.clock_changed(None)
+        if self.learner is not None:
+            self.learner.clock_unknown()
 
     # -- tables and serving ---------------------------------------------------------------
 
@@ -245,6 +248,7 @@ class Scheduler(Generic[P]):
             return None
         self.clock_target_mhz = proposed
         self._observer.clock_changed(now_s)
+        self._occupancy(now_s)
         return proposed
 
     def enqueue(self, request: Request[P], now_s: float) -> EnqueueResult:
@@ -324,6 +328,7 @@ class Scheduler(Generic[P]):
             self.serving(request.model).max_batch,
             now_s,
         )
+        self._occupancy(now_s)
         clock = self._clock(self.policy.on_dispatch(self, request, now_s), now_s)
         return Dispatch(request=request, clock_mhz=clock)
 
@@ -379,6 +384,7 @@ class Scheduler(Generic[P]):
                 del levels[request.level]
         self.queue.settle(request, service_s * 1000.0)
         self._last_completion_s[request.model] = now_s
+        self._occupancy(now_s)
         sample = self._observer.on_complete(request.seq, now_s, measured=measured)
         if sample is not None and self.learner is not None:
             self.learner.observe(sample, self._tables.get(sample.model))
@@ -394,6 +400,23 @@ class Scheduler(Generic[P]):
     def on_token(self, request: Request[P], now_s: float) -> int | None:
         """A token of ``request``'s stream went by; a clock to set, if any."""
         return self._clock(self.policy.on_token(self, request, now_s), now_s)
+
+    # -- energy (what the online fit attributes the GPU's energy counter to) ------------------
+
+    def _occupancy(self, now_s: float) -> None:
+        if self.learner is not None:
+            self.learner.occupancy(now_s, self.clock_target_mhz, self._inflight_by_model)
+
+    def on_energy(self, reading: EnergyReading, update_interval_s: float | None) -> None:
+        """A new value of the GPU's energy counter (whoever reads the device hands it here, in
+        order, with the counter's refresh interval as learned)."""
+        if self.learner is not None:
+            self.learner.on_energy(reading, update_interval_s)
+
+    def energy_floor_mhz(self, floor_mhz: int, now_s: float) -> int:
+        """The energy floor a policy should hold now: ``floor_mhz``, or a lower clock while
+        the energy fit probes one (the deadlines still set the clock above it)."""
+        return floor_mhz if self.learner is None else self.learner.floor_mhz(floor_mhz, now_s)
 
     def cancel(self, request: Request[P]) -> bool:
         """Forget a waiting ``request`` (abandoned by its client, or timed out); True if it was

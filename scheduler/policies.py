@@ -358,7 +358,7 @@ class SlackPolicy(ClockPolicy):
         """The clock the requests need now (before hysteresis)."""
         inflight = s.inflight_by_model()
         if not s.queue_len and not inflight:
-            return self._floor(s, s.tables.models)
+            return s.energy_floor_mhz(self._floor(s, s.tables.models), now_s)
         queued = list(s.iter_queue(self.params.lookahead))
         models = list(dict.fromkeys([*inflight, *(r.model for r in queued)]))
         plans = {m: self._plan(s, m) for m in models}
@@ -371,7 +371,8 @@ class SlackPolicy(ClockPolicy):
                 plans[m] = self._plan(s, m)
         feasible = self._feasible(s, now_s, models, plans, inflight, queued, rates)
         clock = self._first(feasible)
-        return max(clock, self._floor(s, models))
+        # the energy fit may lower the floor for a while, to measure a clock under it
+        return max(clock, s.energy_floor_mhz(self._floor(s, models), now_s))
 
     def _floor_of(self, plan: ModelPlan) -> int | None:
         """The clock a model is never run below: its energy-optimal clock at batch 1."""

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from dvfs.energy import EnergyCounter
 from dvfs.profiles import CNN, GpuProfile, ModelProfile, get_profile
 from dvfs.simulated import SimulatedDevice, shared_time_ms
 from dvfs.timesource import VirtualTime
@@ -42,8 +43,8 @@ from time2clock.online import OnlineTables
 from time2clock.profile import SimulatedMeasurer, sweep
 from time2clock.table import TableSet
 
-# At equal times: clock changes land, then completions, timers, arrivals.
-_CLOCK, _COMPLETE, _TIMER, _ARRIVAL = 0, 1, 2, 3
+# At equal times: clock changes land, then completions, timers, arrivals, energy counter reads.
+_CLOCK, _COMPLETE, _TIMER, _ARRIVAL, _ENERGY = 0, 1, 2, 3, 4
 
 
 @dataclass(frozen=True)
@@ -520,6 +521,12 @@ def simulate(
         heapq.heappush(heap, (t, kind, seq, payload))
         seq += 1
 
+    # Learning: the device's energy counter is read every ``poll_s``, as the live reader does.
+    energy = sched.learner.energy if sched.learner is not None else None
+    counter = EnergyCounter(device.energy_j, vt) if energy is not None else None
+    if energy is not None:
+        push(0.0, _ENERGY, None)
+
     def after_clock_request(now: float) -> None:
         """Schedule the moment a requested clock change lands, so running work speeds up."""
         pending = device.pending_change()
@@ -553,6 +560,12 @@ def simulate(
     while heap:
         now, kind, idx, payload = heapq.heappop(heap)
         vt.advance_to(now)
+        if kind == _ENERGY:
+            assert counter is not None and energy is not None
+            sched.on_energy(counter.read(), counter.update_interval_s)
+            if heap:  # while anything else is to come
+                push(now + energy.params.poll_s, _ENERGY, None)
+            continue
         events += 1
         if kind == _ARRIVAL:
             client = cfg.clients[who[idx]]
