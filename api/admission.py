@@ -57,6 +57,10 @@ class Inbound:
     headers: Mapping[str, str]  # text headers or metadata: hint fallbacks, authorization
     arrival_s: float
     job: Job
+    # Whether the model must be one Triton serves (checked, and its config's bounds applied);
+    # False when another engine serves it (the OpenAI upstream answers for its own models).
+    resolve: bool = True
+    prompt_tokens: int = 0  # a generative request: its prompt's length, as the edge estimates it
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,15 +135,16 @@ async def _admit(rt: Runtime, inbound: Inbound, tally: _Tally) -> Admission:
     tally.client = metrics.client_label(hints.client_id)
     tally.priority = str(dispatcher.level_of(hints.priority))
     metrics.client_weight.labels(tally.client, tally.priority).set(weight_for_nice(hints.nice))
-    if not await rt.models.exists(model):
+    if inbound.resolve and not await rt.models.exists(model):
         return done(Outcome.UNKNOWN_MODEL, f"Request for unknown model: '{model}' is not found")
     try:
-        limits = await rt.models.limits(model)
+        limits = await rt.models.limits(model) if inbound.resolve else None
         inbound.body.check(max_elements=rt.config.max_request_elements, model=limits)
     except BadRequestError as err:
         return done(Outcome.BAD_REQUEST, str(err))
     inbound.job.timeout_us = hints.timeout_us
     request = hints.request(model, inbound.arrival_s, rt.config.slo_ms, inbound.job)
+    request.prompt_tokens = inbound.prompt_tokens
     target = rt.place(request)  # the GPU that takes it (the only one, on a node of one)
     try:
         answer = await target.submit(request)

@@ -45,6 +45,7 @@ class GatewayConfig:
     grpc_port: int = 8001
     triton_url: str | None = None
     triton_grpc_url: str | None = None
+    upstream: str | None = None
     device: str | None = None
     table: tuple[Path, ...] = ()
     admin_token: str | None = None
@@ -77,6 +78,8 @@ class GatewayConfig:
             raise ValueError(
                 f"--grpc-port must be in 0..65535 (0: any free port), got {self.grpc_port}"
             )
+        if self.upstream is not None and not self.upstream.startswith("openai=http"):
+            raise ValueError(f"--upstream must be openai=http://host:port, got {self.upstream!r}")
         if not self.scheduler.default_slo_ms > 0:
             raise ValueError(f"--slo-ms must be > 0, got {self.scheduler.default_slo_ms}")
         for name in (
@@ -124,6 +127,11 @@ class GatewayConfig:
     def triton_grpc_urls(self) -> list[str] | None:
         """Their gRPC endpoints (None: each Triton's HTTP port + 1)."""
         return _split(self.triton_grpc_url)
+
+    @property
+    def openai_url(self) -> str | None:
+        """The OpenAI-compatible engine's base URL, if one is configured."""
+        return None if self.upstream is None else self.upstream.removeprefix("openai=")
 
     @property
     def slo_ms(self) -> float:
@@ -180,6 +188,8 @@ _GATEWAY_HELP = {
     "in the same order; omitted: start the embedded default (one Triton per simulated GPU)",
     "triton_grpc_url": "those Tritons' gRPC (host:port, comma-separated); omitted: each "
     "--triton-url's host, port + 1",
+    "upstream": "an OpenAI-compatible engine for /v1/* (openai=http://host:port: vLLM, "
+    "TensorRT-LLM, Triton's OpenAI front end); omitted: /v1/* speaks to Triton's generate",
     "device": "the GPU(s) to drive: sim:<profile> or nvml:<index>, or several, comma-separated "
     "(nvml:0,1,2,3; sim:v100x2; sim:v100,sim:a100) (default: NVML GPU 0 if present, else "
     "sim:v100)",
@@ -226,6 +236,12 @@ _SCHEDULER_FLAGS = {
     "default_priority_level": (
         "default-priority-level",
         "the level of a request with priority 0 (default: the lowest)",
+    ),
+    # priority: the release depth (scheduler/core.py)
+    "triton_batches": (
+        "triton-batches",
+        "full batches of each model kept at Triton; the rest waits in the sidecar's queue, "
+        "where priority, nice weights and cancellation apply (more: throughput over isolation)",
     ),
 }
 _PLACEMENT_FLAGS = {
@@ -294,8 +310,14 @@ def _options() -> tuple[Option, ...]:
         out.append(Option(("placement", f.name), flag, text, str(f.type), _builtin(f)))
     out.append(
         Option(("policy", "name"), "policy", "clock policy: " + ", ".join(POLICIES) +
-               ", or fixed:MHZ", "str", PolicyConfig().name)
+               ", tokens (a GPU serving an LLM engine), or fixed:MHZ", "str", PolicyConfig().name)
     )  # fmt: skip
+    for name, text in (
+        ("ttft_ms", "tokens: the p99 time to first token it holds, ms"),
+        ("tpot_ms", "tokens: the p99 time per output token it holds, ms"),
+    ):
+        out.append(Option(("policy", name), name.replace("_", "-"), text, "float",
+                          getattr(PolicyConfig(), name)))  # fmt: skip
     for cls, section, texts in ((SlackParams, "slack", _SLACK_HELP),
                                 (FeedbackParams, "feedback", _FEEDBACK_HELP)):  # fmt: skip
         for f in fields(cls):
@@ -438,7 +460,7 @@ def build(leaves: Mapping[tuple[str, ...], Any]) -> GatewayConfig:
     if values.get("admin_token_file") is not None and values.get("admin_token") is None:
         values["admin_token"] = read_token(values["admin_token_file"])
     policy = PolicyConfig(
-        name=leaves.get(("policy", "name"), PolicyConfig().name),
+        **{p[1]: v for p, v in leaves.items() if len(p) == 2 and p[0] == "policy"},
         slack=part(SlackParams, ("policy", "slack")),
         feedback=part(FeedbackParams, ("policy", "feedback")),
     )

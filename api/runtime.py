@@ -20,7 +20,14 @@ from typing import Any
 from api.config import GatewayConfig
 from api.dispatcher import GpuDispatcher, Job
 from api.embedded import EMULATED, NOOP, EmbeddedTriton
-from api.learning import LearnedTableSaver, LearningCollector, learned_path, load_learned
+from api.embedded_llm import SIMLLM, engine_prior
+from api.learning import (
+    EnergyReader,
+    LearnedTableSaver,
+    LearningCollector,
+    learned_path,
+    load_learned,
+)
 from api.metrics import GatewayMetrics
 from api.models import ModelIndex
 from api.tenants import Tenants
@@ -29,11 +36,13 @@ from api.watch import TritonWatch
 from dvfs.device import Device
 from dvfs.errors import DeviceError
 from dvfs.factory import default_device_spec, open_device, parse_device_list, parse_device_spec
+from dvfs.llm_profiles import LLM_GPUS
 from dvfs.lockrecord import GpuLockRecord
 from dvfs.profiles import get_profile
 from dvfs.readonly import ReadOnlyDevice
 from scheduler.core import Scheduler
 from scheduler.placement import Placer
+from scheduler.policies import ClockPolicy
 from scheduler.queue import VruntimeLedger
 from scheduler.request import Request
 from scheduler.view import ModelServing
@@ -43,17 +52,29 @@ from time2clock.profile import TritonMeasurer, select_clocks, sweep
 from time2clock.table import TableError, TableSet
 
 log = logging.getLogger(__name__)
+# A decoupled model's engine batches on its own: as many sequences as vLLM runs by default
+# (max_num_seqs); the token policy may hold fewer.
+ENGINE_SEQUENCES = 256
 TABLES_VERSION = 2  # in the cache's file names: a new table format never reads an old cache
 
 
 def serving_from_config(config: dict[str, Any]) -> ModelServing:
     """How Triton serves a model, from its ``/v2/models/{m}/config``: batches of up to
     ``max_batch_size`` when its dynamic batcher is on (else Triton runs requests one by one),
-    on as many instances as its instance groups count."""
+    on as many instances as its instance groups count, with its batcher's priority levels."""
     instances = sum(int(g.get("count", 1)) for g in config.get("instance_group", [])) or 1
+    if config.get("model_transaction_policy", {}).get("decoupled"):
+        return ModelServing(streams=ENGINE_SEQUENCES)
     batching = "dynamic_batching" in config and int(config.get("max_batch_size", 0)) > 0
+    # priority: the batcher's priority levels, where the sidecar's level is sent (docs/priority.md)
+    batcher = config.get("dynamic_batching") or {}
+    levels = int(batcher.get("priority_levels", 0)) if batching else 0
+    default_level = int(batcher.get("default_priority_level", 0)) if levels else 0
     return ModelServing(
-        max_batch=int(config["max_batch_size"]) if batching else 1, instances=max(1, instances)
+        max_batch=int(config["max_batch_size"]) if batching else 1,
+        instances=max(1, instances),
+        priority_levels=levels,
+        default_priority_level=default_level,
     )
 
 
@@ -73,6 +94,7 @@ class Gpu:
     lock: GpuLockRecord | None = None
     learner: OnlineTables | None = None
     saver: LearnedTableSaver | None = None
+    energy_reader: EnergyReader | None = None
     learned_models: list[str] = field(default_factory=list)  # loaded from its learned file
     name: str = ""  # the profile (simulated) or the GPU's name, for tables
     learned_key: str = ""  # what its learned tables are filed under
@@ -110,6 +132,7 @@ class Runtime:
         self.config = config
         self.metrics = metrics
         self.gpus: list[Gpu] = []
+        self.openai: Upstream | None = None  # an OpenAI-compatible engine, when configured
         self.models = ModelIndex(self.upstream_up, on_config=self._model_config)
         metrics.model_label = self.models.label
         self.tenants = None if config.tenants is None else Tenants.load(config.tenants)
@@ -187,6 +210,11 @@ class Runtime:
     async def start(self) -> None:
         try:
             tables = await asyncio.to_thread(self._open_blocking)
+            if self.config.openai_url is not None:
+                self.openai = Upstream(
+                    self.config.openai_url, max_connections=self.config.scheduler.max_inflight + 16
+                )
+                await self.openai.open()
             for gpu, gpu_tables in zip(self.gpus, tables, strict=True):
                 await self._start_gpu(gpu, gpu_tables)
             self.placer.idle_w = [g.idle_w for g in self.gpus]
@@ -210,7 +238,7 @@ class Runtime:
             liveness_grace_s=self.config.liveness_grace_s,
         )
         clocks = gpu.device.supported_clocks_mhz()
-        policy = self.config.policy.build(clocks)
+        policy = self.build_policy(gpu=gpu)
         if self.learning:
             gpu.learner = OnlineTables(clocks, gpu=tables.gpu or gpu.name)
         scheduler: Scheduler[Job] = Scheduler(
@@ -241,7 +269,20 @@ class Runtime:
                 keep=gpu.learned_models,
             )
             gpu.saver.start()
+            if gpu.learner.energy is not None:  # energy that learns: read the counter
+                gpu.energy_reader = EnergyReader(
+                    gpu.device, scheduler.on_energy, poll_s=gpu.learner.energy.params.poll_s
+                )
+                gpu.energy_reader.start()
         gpu.watch.start()
+
+    def build_policy(self, name: str | None = None, gpu: Gpu | None = None) -> ClockPolicy:
+        """The configured policy (or ``name``, with the configured parameters) for ``gpu``
+        (default GPU 0); ``tokens`` gets the embedded engine's profile."""
+        gpu = gpu or self._first()
+        assert gpu.device is not None
+        engine = engine_prior(gpu.name) if gpu.embedded is not None else None
+        return self.config.policy.build(gpu.device.supported_clocks_mhz(), name, engine)
 
     @property
     def learning(self) -> bool:
@@ -323,6 +364,8 @@ class Runtime:
             assert state_path is not None
             gpu.embedded = EmbeddedTriton(state_path)
         gpu.name = arg if kind == "sim" else device.identity.name
+        if cfg.embedded and arg in LLM_GPUS:
+            self.models.known.add(SIMLLM)
         if len(parse_device_list(cfg.device or default_device_spec())) > 1:
             gpu.learned_key = f"{gpu.name}-{device.identity.uuid}"
         gpu.idle_w = _idle_power_w(device, kind, arg)
@@ -458,10 +501,11 @@ class Runtime:
         for dispatcher in self.dispatchers:
             dispatcher.set_serving(model, serving)
         log.info(
-            "model %s: batches of up to %d on %d instance(s)",
+            "model %s: batches of up to %d on %d instance(s), %d priority level(s) at Triton",
             model,
             serving.max_batch,
             serving.instances,
+            serving.priority_levels,
         )
 
     async def _triton_restarted(self) -> None:
@@ -484,10 +528,14 @@ class Runtime:
             if gpu.dispatcher is not None:
                 await gpu.dispatcher.stop()
         for gpu in self.gpus:
+            if gpu.energy_reader is not None:
+                await gpu.energy_reader.stop()
             if gpu.saver is not None:
                 await gpu.saver.stop()
             if gpu.upstream is not None:
                 await gpu.upstream.close()
+        if self.openai is not None:
+            await self.openai.close()
         await asyncio.to_thread(self._close_blocking)
 
     def _close_blocking(self) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import aiohttp
@@ -12,6 +14,9 @@ FORWARD_HEADERS = (
     "accept-encoding",
     "content-encoding",
 )
+
+
+STREAM_HEADERS = ("content-type", "cache-control")
 
 
 class UpstreamUnavailableError(Exception):
@@ -29,6 +34,15 @@ class UpstreamResponse:
         return self.status == 200
 
 
+@dataclass(frozen=True, slots=True)
+class UpstreamStream:
+    """A reply that arrives in pieces (server-sent events): its status, headers, and chunks."""
+
+    status: int
+    headers: dict[str, str]
+    chunks: AsyncIterator[bytes]
+
+
 class Upstream:
     """A Triton server at ``host:port``."""
 
@@ -36,6 +50,8 @@ class Upstream:
         self.url = url if url.startswith("http") else f"http://{url}"
         self._max_connections = max_connections
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        # A stream may last minutes: bounded between chunks, not in total.
+        self._stream_timeout = aiohttp.ClientTimeout(total=None, sock_read=timeout_s)
         self._session: aiohttp.ClientSession | None = None
 
     async def open(self) -> None:
@@ -91,3 +107,23 @@ class Upstream:
                 return UpstreamResponse(resp.status, content, out)
         except (aiohttp.ClientConnectionError, aiohttp.ServerTimeoutError, TimeoutError) as err:
             raise UpstreamUnavailableError(f"Triton at {self.url} is unavailable: {err}") from err
+
+    @asynccontextmanager
+    async def stream(
+        self, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None
+    ) -> AsyncIterator[UpstreamStream]:
+        """Send one request whose reply streams: chunks as they come; leaving the block closes
+        the connection, which tells the upstream that nobody reads any more."""
+        if self._session is None:
+            raise UpstreamUnavailableError("the connection to Triton is closed")
+        try:
+            async with self._session.request(
+                method, path, data=body or None, headers=headers, timeout=self._stream_timeout
+            ) as resp:
+                out = {k.lower(): v for k, v in resp.headers.items() if k.lower() in STREAM_HEADERS}
+                try:
+                    yield UpstreamStream(resp.status, out, resp.content.iter_any())
+                finally:
+                    resp.close()  # not back to the pool: a stream cut short must end upstream
+        except (aiohttp.ClientConnectionError, aiohttp.ServerTimeoutError, TimeoutError) as err:
+            raise UpstreamUnavailableError(f"{self.url} is unavailable: {err}") from err

@@ -13,10 +13,7 @@ import argparse
 import asyncio
 import contextlib
 import itertools
-import os
 import secrets
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -25,11 +22,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import numpy as np
 import tritonclient.http as httpclient
 
-from api.embedded import INPUT_WIDTH, NOOP, free_port
+from api.embedded import INPUT_WIDTH, NOOP
+from benchmarks.sidecar import running
 from loadgen.classes import RequestClass
 from loadgen.engine import (
     InputTensor,
@@ -40,6 +37,7 @@ from loadgen.engine import (
     new_session,
 )
 from loadgen.grpc_client import GrpcClient, grpc_payloads
+from simulator.results import DEFAULT_DIR, markdown_table, write_results
 
 
 @dataclass(frozen=True)
@@ -54,10 +52,11 @@ class Run:
 
 @dataclass(frozen=True)
 class Endpoints:
-    """Where the sidecar and its Triton listen, per protocol."""
+    """Where the sidecar and its Triton listen, per protocol; the sidecar's pid."""
 
     sidecar: dict[str, str]
     triton: dict[str, str]
+    pid: int
 
 
 @contextlib.contextmanager
@@ -68,64 +67,25 @@ def sidecar_process(
     token: str | None = None,
     start_timeout_s: float = 180.0,
 ) -> Iterator[Endpoints]:
-    """Start ``python -m api serve`` (embedded default, policy max, ``extra`` flags after the
-    others); yield its endpoints."""
-    token = token or secrets.token_urlsafe(12)
-    port, grpc_port = free_port(), free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "api",
-        "serve",
-        "--port",
-        str(port),
-        "--grpc-port",
-        str(grpc_port),
-        "--policy",
-        "max",
-        "--max-inflight",
-        str(max_inflight),
-        "--max-queue",
-        "10000",
-        "--device",
-        "sim:v100",
-        "--admin-token",
-        token,
-        "--state-dir",
-        str(state_dir),
-        "--log-level",
-        "warning",
-        *extra,
-    ]
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-    )
-    url = f"127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + start_timeout_s
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the sidecar exited during start-up (code {proc.returncode})")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"http://{url}/v2/health/ready", timeout=2).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise TimeoutError("the sidecar did not become ready")
-            time.sleep(0.2)
-        state = httpx.get(
-            f"http://{url}/admin/state", headers={"Authorization": f"Bearer {token}"}
-        ).json()
+    """``python -m api serve`` in a process of its own (:mod:`benchmarks.sidecar`): the embedded
+    default on a simulated V100, policy max, room for everything queued, ``extra`` flags after
+    the others; yields its endpoints and its Triton's."""
+    flags = [
+        "--policy", "max", "--max-inflight", str(max_inflight), "--max-queue", "10000",
+        "--device", "sim:v100", "--log-level", "warning", *extra,
+    ]  # fmt: skip
+    with running(
+        flags,
+        state_dir=state_dir,
+        admin_token=token or secrets.token_urlsafe(12),
+        start_timeout_s=start_timeout_s,
+    ) as sc:
+        state = sc.admin("/admin/state")
         yield Endpoints(
-            {"http": url, "grpc": f"127.0.0.1:{grpc_port}"},
+            {"http": sc.url, "grpc": sc.grpc_url},
             {"http": state["triton_url"], "grpc": state["triton_grpc_url"]},
+            sc.pid,
         )
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
 
 
 def measure(
@@ -205,12 +165,73 @@ def independent(url: str, concurrency: int, duration_s: float) -> tuple[float, f
     return len(latencies) / (time.monotonic() - start), float(np.mean(latencies))
 
 
+def _units(medians: dict[str, float]) -> dict[str, float]:
+    """Medians with their units in their names, for the JSON results."""
+    return {
+        "infer_per_s": medians["throughput"],
+        "p50_us": medians["p50_us"],
+        "p99_us": medians["p99_us"],
+    }
+
+
+def _report(
+    summary: list[tuple[str, int, dict[str, float], dict[str, float]]],
+    checks: list[tuple[int, Run, float, float]],
+    args: argparse.Namespace,
+) -> str:
+    """The results file's body: the cost per protocol and concurrency, then loadgen's check."""
+    rows = [
+        (
+            p,
+            c,
+            f"{s['throughput'] / d['throughput']:.0%} "
+            f"({s['throughput']:.0f} vs {d['throughput']:.0f} infer/s)",
+            f"+{(s['p50_us'] - d['p50_us']) / 1000:.2f} ms ({s['p50_us'] / d['p50_us']:.2f}×)",
+            f"+{(s['p99_us'] - d['p99_us']) / 1000:.2f} ms ({s['p99_us'] / d['p99_us']:.2f}×)",
+        )
+        for p, c, d, s in summary
+    ]
+    check_rows = [
+        (c, f"{lg.throughput:.0f}", f"{lg.mean_us:.0f}", f"{tput:.0f}", f"{mean:.0f}")
+        for c, lg, tput, mean in checks
+    ]
+    return "\n\n".join(
+        [
+            f"The sidecar (policy max, its own process) in front of the embedded Triton's `noop`, "
+            f"against Triton's own endpoint of the same protocol; closed loops of "
+            f"{args.duration_s:g} s, direct and sidecar alternating; medians over rounds "
+            f"(rounds: {args.rounds}).",
+            markdown_table(
+                ["protocol", "concurrency", "throughput kept", "p50 added", "p99 added"], rows
+            ),
+            "loadgen against an independent client (NVIDIA's tritonclient in threads), straight "
+            "to Triton over HTTP:",
+            markdown_table(
+                [
+                    "concurrency",
+                    "loadgen infer/s",
+                    "loadgen mean µs",
+                    "tritonclient infer/s",
+                    "tritonclient mean µs",
+                ],
+                check_rows,
+            ),
+        ]
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench", description=__doc__)
     parser.add_argument("--concurrency", default="1,16")
     parser.add_argument("--duration-s", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=2, help="A/B alternations per concurrency")
     parser.add_argument("--protocols", default="http,grpc")
+    parser.add_argument(
+        "--results-dir",
+        type=Path,
+        default=DEFAULT_DIR,
+        help="where bench.md and bench.json are written (default: results)",
+    )
     args = parser.parse_args(argv)
     levels = [int(c) for c in args.concurrency.split(",")]
     protocols = args.protocols.split(",")
@@ -254,14 +275,46 @@ def main(argv: list[str] | None = None) -> int:
                 f"p99 +{s['p99_us'] - d['p99_us']:.0f} µs ({s['p99_us'] / d['p99_us']:.2f}×)"
             )
         print("\nloadgen against an independent client (tritonclient threads), straight to Triton:")
+        checks = []
         for c in (1, 4):
             lg = measure(ends.triton["http"], c, args.duration_s, "direct")
             tput, mean = independent(ends.triton["http"], c, args.duration_s)
+            checks.append((c, lg, tput, mean))
             print(
                 f"  concurrency {c}: loadgen {lg.throughput:.0f} infer/s, "
                 f"mean {lg.mean_us:.0f} µs; "
                 f"tritonclient {tput:.0f} infer/s, mean {mean:.0f} µs"
             )
+    md, _ = write_results(
+        "bench",
+        title="What the sidecar costs (python -m benchmarks.bench)",
+        markdown=_report(summary, checks, args),
+        data={
+            "settings": {**vars(args), "model": NOOP, "policy": "max"},
+            "cost": [
+                {
+                    "protocol": p,
+                    "concurrency": c,
+                    "direct": _units(d),
+                    "sidecar": _units(s),
+                    "throughput_kept": s["throughput"] / d["throughput"],
+                }
+                for p, c, d, s in summary
+            ],
+            "loadgen_check": [
+                {
+                    "concurrency": c,
+                    "loadgen_infer_per_s": lg.throughput,
+                    "loadgen_mean_us": lg.mean_us,
+                    "tritonclient_infer_per_s": tput,
+                    "tritonclient_mean_us": mean,
+                }
+                for c, lg, tput, mean in checks
+            ],
+        },
+        directory=args.results_dir,
+    )
+    print(f"\nwritten to {md} (and .json)")
     return 0
 
 

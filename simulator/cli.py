@@ -1,4 +1,4 @@
-"""The simulator's commands: ``simulate | compare | tune | bench``."""
+"""The simulator's commands: ``simulate | compare | tune | bench | generative``."""
 
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ from simulator.compare import (
     tune,
     write_csv,
 )
+from simulator.generative import add_parser as add_generative_parser
 from simulator.node import run
 from simulator.simulate import SimConfig, parse_models
 
@@ -171,8 +172,12 @@ def _cmd_simulate(args: argparse.Namespace, console: Console) -> int:
                 )
             console.print(per_model)
         if len(out["clients"]) > 1:
-            per = Table(title="per client")
-            for col in ("client", "completed", "rejected", "p99 ms", "SLO met", "GPU time s"):
+            per = Table(
+                title="per client (DCT/ideal: completion time over ideal CFS's, seed 000; "
+                f"worst pair {_deviation(out['isolation_deviation'])} from ideal)"
+            )
+            cols = ("client", "completed", "rejected", "p99 ms", "SLO met", "GPU time s")
+            for col in (*cols, "DCT/ideal"):
                 per.add_column(col, justify="right")
             for name, c in out["clients"].items():
                 per.add_row(
@@ -182,6 +187,7 @@ def _cmd_simulate(args: argparse.Namespace, console: Console) -> int:
                     f"{c['p99_ms']:.1f}",
                     f"{c['slo_attainment']:.2%}",
                     f"{c['service_ms'] / 1000:.2f}",
+                    "-" if not math.isfinite(c["dct_over_ideal"]) else f"{c['dct_over_ideal']:.3f}",
                 )
             console.print(per)
         if "per_gpu" in out:
@@ -191,8 +197,13 @@ def _cmd_simulate(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _deviation(value: float) -> str:
+    """Seed 000's isolation metric: the worst pair of clients' distance from ideal CFS."""
+    return "-" if not math.isfinite(value) else f"{value:.1%}"
+
+
 def print_node(out: dict[str, Any], console: Console) -> None:
-    """A node's run: what each GPU did, and the clients' shares against their weights."""
+    """A node's run: what each GPU did."""
     per = Table(title=f"per GPU ({out['placement']} placement)")
     for col in ("GPU", "placed", "completed", "mean batch", "busy", "mean MHz", "energy J"):
         per.add_column(col, justify="right")
@@ -207,21 +218,6 @@ def print_node(out: dict[str, Any], console: Console) -> None:
             f"{g['energy_j']:.0f}",
         )
     console.print(per)
-    isolation = out["isolation"]
-    if len(out["clients"]) > 1 and isolation["pairs"]:
-        shares = Table(title="GPU time against the weights, over the node (seed 000's metric)")
-        for col in ("client", "GPU share", "vs its weight's share"):
-            shares.add_column(col, justify="right")
-        for name, error in isolation["share_error"].items():
-            share = out["clients"][name]["gpu_share"]
-            shares.add_row(name, f"{share:.2%}", f"{error:+.1%}")
-        console.print(shares)
-        worst = max(isolation["pairs"].items(), key=lambda kv: abs(kv[1] - 1.0))
-        console.print(
-            f"isolation metric (completion-time ratio over the ideal CFS ratio, 1 = ideal): "
-            f"worst pair {worst[0]} {worst[1]:.3f}, {isolation['max_error']:.1%} from ideal "
-            "(meaningful when every client asks for more than its share)"
-        )
 
 
 def print_placements(rows: Sequence[Row], console: Console) -> None:
@@ -253,6 +249,7 @@ def _matrix(args: argparse.Namespace, **extra: object) -> Matrix:
     kinds = args.gpu or (args.gpus if isinstance(args.gpus, tuple) else Matrix.gpus)
     for mode in getattr(args, "placements", ()):
         PlacementParams(mode)  # a ValueError names the modes
+    clients = tuple(parse_clients(args.clients)) if args.clients else (ClientSpec("default"),)
     return Matrix(
         gpus=kinds,
         mixes=args.mixes,
@@ -262,6 +259,7 @@ def _matrix(args: argparse.Namespace, **extra: object) -> Matrix:
         node_gpus=node,
         placements=getattr(args, "placements", (DEFAULT_PLACEMENT,)),
         pack_slo_share=getattr(args, "pack_slo_share", PlacementParams.pack_slo_share),
+        clients=clients,
         **extra,  # type: ignore[arg-type]
     )
 
@@ -292,6 +290,7 @@ def _cmd_compare(args: argparse.Namespace, console: Console) -> int:
         "p99/SLO",
         "SLO met",
         "MHz",
+        "isolation",
     ):
         view.add_column(col, justify="right")
     for r in rows:
@@ -312,6 +311,7 @@ def _cmd_compare(args: argparse.Namespace, console: Console) -> int:
             f"[red]{r['p99_over_slo']:.2f}[/red]" if miss else f"{r['p99_over_slo']:.2f}",
             f"{r['slo_attainment']:.1%}",
             f"{r['mean_clock_mhz']:.0f}",
+            _deviation(r["isolation_deviation"]),
         )
     console.print(view)
     if BEST_FIXED in args.policies:
@@ -449,6 +449,12 @@ def build_parser() -> argparse.ArgumentParser:
             help="each model's SLO as a multiple of its full batch's time at the top clock",
         )
         p.add_argument("--duration-s", type=float, default=30.0)
+        p.add_argument(
+            "--clients",
+            default=None,
+            help="client classes in every cell, as simulate's (the isolation column compares "
+            "their service with ideal CFS's)",
+        )
         p.add_argument("--jobs", type=int, default=None, help="processes (default: all cores)")
         if name == "compare":
             p.add_argument(
@@ -470,6 +476,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="the core's cost per decision and the simulator's speed")
     p.set_defaults(run=_cmd_bench)
+    add_generative_parser(sub)
     return parser
 
 

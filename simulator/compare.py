@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from dvfs.profiles import CNN, TRANSFORMER, get_profile
+from scheduler.clients import ClientSpec
 from scheduler.placement import DEFAULT_PLACEMENT, PlacementParams
 from scheduler.policies import SlackParams
 from simulator.bestfixed import BEST_FIXED, best_fixed
@@ -48,6 +49,7 @@ COLUMNS = (
     "mean_clock_mhz",
     "clock_changes",
     "fixed_mhz",
+    "isolation_deviation",
     "gpus",
     "placement",
     "gpus_used",
@@ -73,6 +75,7 @@ class Matrix:
     duration_s: float = 30.0
     seeds: tuple[int, ...] = (0,)
     slack: SlackParams = field(default_factory=SlackParams)
+    clients: tuple[ClientSpec, ...] = (ClientSpec("default"),)
     node_gpus: int = 1  # GPUs per node; load is then a fraction of the node's capacity
     placements: tuple[str, ...] = (DEFAULT_PLACEMENT,)
     pack_slo_share: float = PlacementParams.pack_slo_share
@@ -90,6 +93,7 @@ class Matrix:
                 duration_s=self.duration_s,
                 seed=seed,
                 slack=self.slack,
+                clients=self.clients,
             )
             for gpu in self.gpus
             for mix in self.mixes

@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 
 from api.admission import Inbound, Outcome, admit
-from api.dispatcher import Job
+from api.dispatcher import Job, Send
 from api.grpc_frontend.protocol import (
     CHANNEL_OPTIONS,
     MODEL_INFER,
@@ -35,11 +35,13 @@ from api.grpc_frontend.protocol import (
     parse_infer_request,
     server_options,
     stream_error,
-    stream_has_error,
+    stream_reply,
     text_metadata,
 )
 from api.runtime import Runtime
+from api.streaming import TokenMeter, token_slos
 from api.tensors import ModelLimits
+from api.triton_priority import grpc_with_priority
 from api.upstream import Upstream, UpstreamUnavailableError
 
 log = logging.getLogger(__name__)
@@ -188,12 +190,13 @@ class GrpcFrontend:
             self.runtime.metrics.count("unknown", "", "", Outcome.BAD_REQUEST, PROTOCOL)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
             raise
-        admission = await self._admit(
-            request,
-            metadata,
-            arrival_s,
-            lambda upstream: self._upstream_infer(raw, metadata, deadline_s, self._to(upstream)),
-        )
+
+        def unary(message: bytes) -> Send:
+            return lambda upstream: self._upstream_infer(
+                message, metadata, deadline_s, self._to(upstream)
+            )
+
+        admission = await self._admit(request, metadata, arrival_s, unary, raw)
         answer: GrpcAnswer | None = admission.answer
         if answer is None:
             await context.abort(STATUS[admission.outcome], admission.message)
@@ -209,10 +212,14 @@ class GrpcFrontend:
         request: Any,
         metadata: Metadata,
         arrival_s: float,
-        send: Callable[[Upstream], Awaitable[GrpcAnswer]],
+        sender: Callable[[bytes], Send],
+        raw: bytes,
+        *,
+        tokens: TokenMeter | None = None,
     ) -> Any:
-        """One request through :func:`api.admission.admit`; a shutdown past its grace
-        cancels it, as it cancels HTTP's."""
+        """One request through :func:`api.admission.admit` (``sender(raw)`` sends it; with
+        the sidecar's level as Triton's priority, a map entry appended); a shutdown past its
+        grace cancels it, as it cancels HTTP's."""
         task = asyncio.current_task()
         rt = self.runtime
         if task is not None:
@@ -226,7 +233,12 @@ class GrpcFrontend:
                     body=GrpcBody(request),
                     headers=text_metadata(metadata),
                     arrival_s=arrival_s,
-                    job=Job(send=send),
+                    job=Job(
+                        send=sender(raw),
+                        stream=tokens is not None,
+                        tokens=tokens,
+                        at_level=lambda level: sender(grpc_with_priority(raw, level)),
+                    ),
                 ),
             )
         finally:
@@ -261,12 +273,19 @@ class GrpcFrontend:
                 self.runtime.metrics.count("unknown", "", "", Outcome.BAD_REQUEST, PROTOCOL)
                 out.put_nowait(stream_error(str(err), None))
                 return
-            admission = await self._admit(
-                request,
-                metadata,
-                arrival_s,
-                lambda upstream: self._upstream_stream(raw, metadata, out, self._to(upstream)),
+            meter = TokenMeter(
+                arrival_s=arrival_s,
+                metrics=self.runtime.metrics,
+                model_label=self.runtime.models.label(request.model_name),
+                slos=token_slos(parameter_values(request.parameters)),
             )
+
+            def streamed(message: bytes) -> Send:
+                return lambda upstream: self._upstream_stream(
+                    message, metadata, out, meter, self._to(upstream)
+                )
+
+            admission = await self._admit(request, metadata, arrival_s, streamed, raw, tokens=meter)
             if admission.answer is None:
                 out.put_nowait(stream_error(admission.message, request))
 
@@ -295,6 +314,7 @@ class GrpcFrontend:
         raw: bytes,
         metadata: Metadata,
         out: asyncio.Queue[bytes | None],
+        meter: TokenMeter,
         triton: _TritonChannel,
     ) -> GrpcAnswer:
         """One request on its own stream to ``triton``, which ends the stream after its last
@@ -306,7 +326,10 @@ class GrpcFrontend:
             await call.done_writing()
             async for reply in call:
                 out.put_nowait(reply)
-                ok = ok and not stream_has_error(reply)
+                failed, tokens = stream_reply(reply)
+                ok = ok and not failed
+                if tokens:
+                    meter.on_token(time.monotonic())
         except grpc.aio.AioRpcError as err:
             answer = _failed(err)
             out.put_nowait(stream_error(answer.details, parse_infer_request(raw)))
@@ -314,6 +337,8 @@ class GrpcFrontend:
         finally:
             with contextlib.suppress(Exception):
                 call.cancel()
+        if ok:
+            meter.finish()
         return GrpcAnswer(grpc.StatusCode.OK if ok else grpc.StatusCode.UNKNOWN)
 
 

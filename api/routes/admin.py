@@ -16,8 +16,9 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field, ValidationError
 
-from api.runtime import Runtime
+from api.runtime import Gpu, Runtime
 from dvfs.errors import DeviceError
+from scheduler.config import TOKENS
 from scheduler.policies import ClockPolicy, FixedPolicy
 from scheduler.registry import POLICIES
 from time2clock.table import TableError, TableSet
@@ -101,9 +102,6 @@ async def state(rt: Admin) -> dict[str, Any]:
                 "triton_url": gpu.url,
                 "triton_grpc_url": gpu.grpc_url,
                 "triton_up": gpu.up,
-                "placed": rt.placer.placed[int(gpu.index)]
-                if len(rt.placer.placed) > int(gpu.index)
-                else 0,
             }
         )
     return {
@@ -117,14 +115,22 @@ async def state(rt: Admin) -> dict[str, Any]:
     }
 
 
-def _swap(rt: Runtime, build: Callable[[list[int]], ClockPolicy]) -> dict[str, Any]:
-    """Every GPU runs the policy ``build`` makes for its clocks; GPU 0's answer (with one GPU,
-    the only one), and with several each GPU's under ``gpus``."""
-    out = []
+def _swap(rt: Runtime, build: Callable[[Gpu], ClockPolicy]) -> dict[str, Any]:
+    """Every GPU runs the policy ``build`` makes for it; GPU 0's answer (with one GPU, the only
+    one), and with several each GPU's under ``gpus``. A policy a GPU cannot run (tokens
+    without an engine profile) is a 400."""
+    policies = []
     for gpu in rt.gpus:
         assert gpu.dispatcher is not None and gpu.device is not None
+        try:
+            policies.append(build(gpu))
+        except ValueError as err:
+            raise HTTPException(400, str(err)) from None
+    out = []
+    for gpu, policy in zip(rt.gpus, policies, strict=True):
         dispatcher = gpu.dispatcher
-        dispatcher.set_policy(build(gpu.device.supported_clocks_mhz()))
+        assert dispatcher is not None
+        dispatcher.set_policy(policy)
         out.append(
             {
                 "gpu": gpu.index,
@@ -134,6 +140,11 @@ def _swap(rt: Runtime, build: Callable[[list[int]], ClockPolicy]) -> dict[str, A
         )
     first = {"policy": out[0]["policy"], "clock_target_mhz": out[0]["clock_target_mhz"]}
     return first if len(out) == 1 else {**first, "gpus": out}
+
+
+def _clocks(gpu: Gpu) -> list[int]:
+    assert gpu.device is not None
+    return gpu.device.supported_clocks_mhz()
 
 
 async def _json(request: Request, model: type[BodyT]) -> BodyT:
@@ -151,11 +162,11 @@ async def _json(request: Request, model: type[BodyT]) -> BodyT:
 async def change_policy(request: Request, rt: Admin) -> dict[str, Any]:
     """Switch every GPU's clock policy now."""
     change = await _json(request, PolicyChange)
-    if change.policy not in POLICIES:
+    if change.policy not in (*POLICIES, TOKENS):
         raise HTTPException(
-            400, f"policy must be one of {', '.join(POLICIES)}, got {change.policy!r}"
+            400, f"policy must be one of {', '.join((*POLICIES, TOKENS))}, got {change.policy!r}"
         )
-    return _swap(rt, lambda clocks: rt.config.policy.build(clocks, change.policy))
+    return _swap(rt, lambda gpu: rt.build_policy(change.policy, gpu))
 
 
 @router.put("/clock", openapi_extra=_body_schema(ClockForce))
@@ -164,10 +175,10 @@ async def force_clock(request: Request, rt: Admin) -> dict[str, Any]:
     ``--policy``."""
     force = await _json(request, ClockForce)
     if force.clock_mhz is None:
-        return _swap(rt, rt.config.policy.build)
+        return _swap(rt, lambda gpu: rt.build_policy(gpu=gpu))
     clock = force.clock_mhz
     try:
-        return _swap(rt, lambda clocks: FixedPolicy(clocks, clock))
+        return _swap(rt, lambda gpu: FixedPolicy(_clocks(gpu), clock))
     except ValueError as err:
         raise HTTPException(400, str(err)) from None
 
@@ -190,7 +201,7 @@ async def reload_table(request: Request, rt: Admin) -> dict[str, Any]:
     if name == "fixed":
         name = rt.config.policy.name
     try:
-        swapped = _swap(rt, lambda clocks: rt.config.policy.build(clocks, name))
+        swapped = _swap(rt, lambda gpu: rt.build_policy(name, gpu))
     except DeviceError as err:
         raise HTTPException(503, str(err)) from None
     return {**swapped, "table": reload.path, "models": loaded.models}
