@@ -106,6 +106,8 @@ def test_cli_simulate_and_compare_a_node(
     assert len(lines) == 1 + 3  # one row per placement
     assert {line.split(",")[-2] for line in lines[1:]} == {"spread", "energy", "round-robin"}
     assert "placements on the node" in capsys.readouterr().out
+    results = (tmp_path / "placements.md").read_text()
+    assert "- commit: " in results and "| round-robin |" in results
     # The older spelling: --gpus with profile names is still the list of GPUs.
     argv = ["compare", "--gpus", "v100", "--mixes", "resnet50:1", "--loads", "0.2",
             "--slo-multipliers", "3", "--policies", "max", "--duration-s", "1", "--jobs", "1",
