@@ -1,5 +1,8 @@
 """``python -m loadgen -m MODEL -u HOST:PORT``: perf_analyzer's options and CSV, plus joules per
-inference, the GPU clock and SLO attainment per client class."""
+inference, the GPU clock and SLO attainment per client class.
+
+``python -m loadgen generative -m MODEL -u HOST:PORT``: streamed load on a generative model,
+measured as aiperf measures it (see :mod:`loadgen.genai`)."""
 
 from __future__ import annotations
 
@@ -253,6 +256,11 @@ def _summary(console: Console, steps: Sequence[StepResult], mode: str, batch: in
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["generative"]:
+        from loadgen.genai import main as generative
+
+        return generative(argv[1:])
     args = build_parser().parse_args(argv)
     console = Console(width=None if sys.stdout.isatty() else PIPE_WIDTH)
     for name, value in (
