@@ -22,7 +22,7 @@ from loadgen.engine import arrival_times, new_session, schedule
 from loadgen.generative import StreamRecord, TokenSloSpec, summarize
 from loadgen.metrics import energy_j, scrape
 from loadgen.stream import GenTarget, TimedStream, stream_once
-from loadgen.synthetic import RequestSource
+from loadgen.synthetic import GenRequest, RequestSource
 
 ARRIVALS = ("poisson", "constant")
 
@@ -99,7 +99,7 @@ Tick = Callable[[int], None]
 async def closed_loop(
     session: aiohttp.ClientSession,
     target: GenTarget,
-    source: RequestSource,
+    next_request: Callable[[], GenRequest],
     *,
     concurrency: int,
     request_count: int | None,
@@ -116,7 +116,7 @@ async def closed_loop(
         nonlocal sent
         while (request_count is None or sent < request_count) and clock() < deadline:
             sent += 1
-            out.append(await stream_once(session, target, source.next(), clock=clock))
+            out.append(await stream_once(session, target, next_request(), clock=clock))
             if on_done is not None:
                 on_done(len(out))
 
@@ -127,13 +127,14 @@ async def closed_loop(
 async def open_loop(
     session: aiohttp.ClientSession,
     target: GenTarget,
-    source: RequestSource,
+    requests: Sequence[GenRequest],
     send_times_s: Sequence[float],
     *,
     on_done: Tick | None = None,
     clock: Callable[[], float] = time.perf_counter,
 ) -> list[TimedStream]:
-    """Each request at its send time (s from now), as its own task; waits for them all."""
+    """``requests[i]`` at ``send_times_s[i]`` (s from now), each as its own task; waits for
+    them all."""
     out: list[TimedStream] = []
 
     async def one(request_index: int) -> None:
@@ -141,7 +142,6 @@ async def open_loop(
         if on_done is not None:
             on_done(len(out))
 
-    requests = source.take(len(send_times_s))
     start = clock()
     tasks: list[asyncio.Task[None]] = []
     for i, at in enumerate(send_times_s):
@@ -176,11 +176,12 @@ async def send_load(
 ) -> list[TimedStream]:
     """The measured requests of ``load`` (no warmup)."""
     if load.open_loop:
-        return await open_loop(session, target, source, send_times(load), on_done=on_done)
+        times = send_times(load)
+        return await open_loop(session, target, source.take(len(times)), times, on_done=on_done)
     return await closed_loop(
         session,
         target,
-        source,
+        source.next,
         concurrency=load.concurrency or 1,
         request_count=load.request_count,
         duration_s=load.duration_s,
@@ -210,7 +211,7 @@ async def run_generative(
             await closed_loop(
                 session,
                 target,
-                source,
+                source.next,
                 concurrency=warm,
                 request_count=load.warmup_count,
                 duration_s=None,

@@ -1,0 +1,342 @@
+"""``python -m benchmarks.genai_agreement``: does loadgen's generative mode measure what an
+independent client measures, on the same run?
+
+Two clients stream chat completions into one server at the same time: loadgen's client (this
+process) and the ``openai`` Python SDK timing its own chunks (:mod:`benchmarks.sdk_client`, a
+process of its own, with its own HTTP stack, SSE parsing and statistics). One seeded list of
+synthetic requests is dealt between them, even ones to loadgen and odd ones to the SDK, so
+neither always sends just before the other (two clients sending the same requests in lockstep
+would queue one behind the other at every step). With ``--load rate`` (the default) the
+requests leave on one seeded Poisson schedule, each client at its own requests' times; with
+``--load concurrency`` each client keeps half the streams in flight. Both start together and
+stop sending after the same duration. Their time to first token (mean, median) and
+throughputs (output tokens/s, requests/s) must agree within the tolerance (10%). The sidecar's
+own means (its ``sidecar_time_to_first_token_seconds`` and ``sidecar_inter_token_seconds``
+histograms, over both clients' streams) are shown beside them: its clock starts when a request
+reaches the sidecar and stops when a token leaves it, so a client's figure above it is that
+client's own overhead; a client whose inter-token latency is well above the sidecar's is
+short of CPU to read its streams, and measures itself more than the server.
+
+Without ``--url`` it starts the embedded default on a simulated GPU (``--gpu``, A100 by default:
+its slower tokens leave the two clients CPU to read them on a small machine) serving ``simllm``
+in a process of its own, at the ``max`` policy. Writes ``results/genai_agreement.{md,json}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import sys
+import tempfile
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from benchmarks.sidecar import running
+from dvfs.__main__ import PIPE_WIDTH
+from loadgen.engine import new_session, schedule
+from loadgen.genrun import ARRIVALS, GenRun, closed_loop, open_loop
+from loadgen.metrics import histogram_totals
+from loadgen.stream import OPENAI_CHAT, GenTarget
+from loadgen.synthetic import GenRequest, LengthSpec, RequestSource
+from simulator.results import DEFAULT_DIR, SOURCE_ROOT, markdown_table, write_results
+
+TTFT_FAMILY = "sidecar_time_to_first_token_seconds"
+ITL_FAMILY = "sidecar_inter_token_seconds"
+LOADS = ("rate", "concurrency")
+WORKLOAD_SIZE = 512  # requests for the closed loops, cycled
+# (key, shown as, in the verdict)
+FIGURES = (
+    ("ttft_mean_ms", "TTFT mean (ms)", True),
+    ("ttft_p50_ms", "TTFT p50 (ms)", True),
+    ("ttft_p90_ms", "TTFT p90 (ms)", False),
+    ("itl_mean_ms", "inter-token latency mean (ms)", False),
+    ("output_token_throughput", "output tokens/s", True),
+    ("request_throughput", "requests/s", True),
+    ("request_count", "requests", False),
+)
+
+
+@dataclass(frozen=True)
+class Settings:
+    model: str = "simllm"
+    load: str = "rate"
+    request_rate: float = 2.0  # both clients together
+    arrival: str = "constant"
+    concurrency_each: int = 2
+    duration_s: float = 30.0
+    input_tokens_mean: int = 500
+    input_tokens_stddev: float = 100.0
+    output_tokens_mean: int = 100
+    output_tokens_stddev: float = 0.0
+    warmup_requests: int = 4
+    seed: int = 0
+    tolerance: float = 0.10
+
+
+@dataclass(frozen=True)
+class Agreement:
+    settings: Settings
+    loadgen: dict[str, float]
+    sdk: dict[str, float]
+    sidecar_ttft_mean_ms: float | None
+    sidecar_itl_mean_ms: float | None
+
+    def difference(self, key: str) -> float:
+        """loadgen's figure relative to the SDK's (+0.05: 5% higher)."""
+        ours, theirs = self.loadgen.get(key, math.nan), self.sdk.get(key, math.nan)
+        return ours / theirs - 1.0 if theirs else math.nan
+
+    @property
+    def agrees(self) -> bool:
+        return all(
+            abs(self.difference(key)) <= self.settings.tolerance
+            for key, _, judged in FIGURES
+            if judged
+        )
+
+
+def loadgen_figures(report: Mapping[str, Any]) -> dict[str, float]:
+    """The compared figures from loadgen's aiperf-shaped report."""
+    return {
+        "ttft_mean_ms": report["time_to_first_token"]["avg"],
+        "ttft_p50_ms": report["time_to_first_token"]["p50"],
+        "ttft_p90_ms": report["time_to_first_token"]["p90"],
+        "itl_mean_ms": report["inter_token_latency"]["avg"],
+        "output_token_throughput": report["output_token_throughput"]["avg"],
+        "request_throughput": report["request_throughput"]["avg"],
+        "request_count": report["request_count"]["avg"],
+    }
+
+
+def workload(settings: Settings, n: int) -> list[GenRequest]:
+    source = RequestSource(
+        LengthSpec(settings.input_tokens_mean, settings.input_tokens_stddev),
+        LengthSpec(settings.output_tokens_mean, settings.output_tokens_stddev),
+        seed=settings.seed,
+    )
+    return source.take(n)
+
+
+def arrivals(settings: Settings) -> list[float]:
+    """The open loop's send times (s), both clients' together."""
+    rng = np.random.default_rng(settings.seed)
+    times = schedule(settings.request_rate, settings.duration_s, settings.arrival, rng)
+    return [float(t) for t in times]
+
+
+async def _histogram_means_ms(url: str) -> dict[str, tuple[float, float]]:
+    async with new_session() as session, session.get(f"http://{url}/metrics") as resp:
+        text = await resp.text()
+    return {f: histogram_totals(text, f) for f in (TTFT_FAMILY, ITL_FAMILY)}
+
+
+def _mean_ms(
+    before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]], family: str
+) -> float | None:
+    total = after[family][0] - before[family][0]
+    count = after[family][1] - before[family][1]
+    return total / count * 1000.0 if count else None
+
+
+def _sdk_entry(request: GenRequest, at_s: float | None = None) -> dict[str, object]:
+    entry: dict[str, object] = {"prompt": request.prompt, "max_tokens": request.output_tokens}
+    if at_s is not None:
+        entry["at_s"] = at_s
+    return entry
+
+
+async def measure(url: str, settings: Settings, work_dir: Path) -> Agreement:
+    """Both clients on the sidecar (or OpenAI-compatible server) at ``url`` (``host:port``)."""
+    if settings.load not in LOADS:
+        raise ValueError(f"load must be one of {', '.join(LOADS)}, got {settings.load!r}")
+    times = arrivals(settings) if settings.load == "rate" else []
+    requests = workload(settings, len(times) if times else WORKLOAD_SIZE)
+    ours, theirs = requests[0::2], requests[1::2]
+    sdk_work = [_sdk_entry(r, times[2 * i + 1] if times else None) for i, r in enumerate(theirs)]
+    workload_path = work_dir / "workload.json"
+    workload_path.write_text(json.dumps(sdk_work))
+    sdk_out = work_dir / "sdk.json"
+    target = GenTarget(f"http://{url}", OPENAI_CHAT, settings.model, {"client_id": "loadgen"})
+    index = 0
+
+    def next_request() -> GenRequest:
+        nonlocal index
+        index += 1
+        return ours[(index - 1) % len(ours)]
+
+    closed = ["--concurrency", str(settings.concurrency_each), "--duration-s",
+              str(settings.duration_s)] if not times else []  # fmt: skip
+    async with new_session(timeout_s=600.0) as session:
+        warm = settings.warmup_requests
+        if warm:
+            await closed_loop(
+                session, target, next_request, concurrency=min(warm, 4), request_count=warm,
+                duration_s=None,
+            )  # fmt: skip
+            index = 0
+        sdk = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "benchmarks.sdk_client",
+            "--base-url", f"http://{url}/v1", "-m", settings.model,
+            "--workload", str(workload_path), "--warmup", str(warm), "-o", str(sdk_out), *closed,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, cwd=SOURCE_ROOT,
+        )  # fmt: skip
+        assert sdk.stdin is not None and sdk.stdout is not None
+        try:
+            ready = await asyncio.wait_for(sdk.stdout.readline(), 300.0)
+            if ready.strip() != b"ready":
+                raise RuntimeError(f"the SDK client did not start: {ready!r}")
+            before = await _histogram_means_ms(url)
+            sdk.stdin.write(b"go\n")
+            await sdk.stdin.drain()
+            if times:
+                streams = await open_loop(session, target, ours, times[0::2])
+            else:
+                streams = await closed_loop(
+                    session, target, next_request, concurrency=settings.concurrency_each,
+                    request_count=None, duration_s=settings.duration_s,
+                )  # fmt: skip
+            if await sdk.wait() != 0:
+                raise RuntimeError(f"the SDK client failed (exit {sdk.returncode})")
+        finally:
+            if sdk.returncode is None:
+                sdk.kill()
+                await sdk.wait()
+        after = await _histogram_means_ms(url)
+    return Agreement(
+        settings,
+        loadgen_figures(GenRun(streams).report()),
+        json.loads(sdk_out.read_text())["summary"],
+        _mean_ms(before, after, TTFT_FAMILY),
+        _mean_ms(before, after, ITL_FAMILY),
+    )
+
+
+def run_embedded(settings: Settings, state_dir: Path, gpu: str = "a100") -> Agreement:
+    """Start the embedded default on a simulated GPU (``max`` policy) and measure."""
+    flags = ["--device", f"sim:{gpu}", "--profile-models", "", "--policy", "max", "--max-queue",
+             "1024"]  # fmt: skip
+    with running(flags, state_dir=state_dir) as sc:
+        return asyncio.run(measure(sc.url, settings, state_dir))
+
+
+def _num(value: float | None, digits: int = 1) -> str:
+    return "—" if value is None or not math.isfinite(value) else f"{value:,.{digits}f}"
+
+
+def rows(result: Agreement) -> list[list[str]]:
+    out = []
+    for key, name, judged in FIGURES:
+        diff = result.difference(key)
+        within = abs(diff) <= result.settings.tolerance
+        verdict = ("yes" if within else "NO") if judged else "(shown)"
+        server = {
+            "ttft_mean_ms": _num(result.sidecar_ttft_mean_ms, 2),
+            "itl_mean_ms": _num(result.sidecar_itl_mean_ms, 2),
+        }.get(key, "")
+        out.append(
+            [
+                name,
+                _num(result.loadgen.get(key), 2),
+                _num(result.sdk.get(key), 2),
+                f"{diff:+.1%}" if math.isfinite(diff) else "—",
+                verdict,
+                server,
+            ]
+        )
+    return out
+
+
+HEAD = ["figure", "loadgen", "openai SDK", "loadgen vs SDK", "within 10%", "sidecar"]
+
+
+def describe(s: Settings) -> str:
+    load = (
+        f"{s.request_rate:g} requests/s ({s.arrival}), alternately"
+        if s.load == "rate"
+        else f"{s.concurrency_each} streams each"
+    )
+    return (
+        f"{load}, {s.duration_s:g} s, prompts {s.input_tokens_mean}±{s.input_tokens_stddev:g} "
+        f"words, {s.output_tokens_mean}±{s.output_tokens_stddev:g} output tokens"
+    )
+
+
+def console_table(result: Agreement) -> Table:
+    s = result.settings
+    table = Table(title=f"same run, two clients: {describe(s)}")
+    for col in HEAD:
+        table.add_column(col, justify="right")
+    for row in rows(result):
+        table.add_row(*row)
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.genai_agreement", description=__doc__)
+    p.add_argument("--url", default=None, help="host:port of a running server (default: start one)")
+    p.add_argument("-m", "--model", default=Settings.model)
+    p.add_argument("--load", choices=LOADS, default=Settings.load, help="(rate)")
+    p.add_argument("--request-rate", type=float, default=Settings.request_rate,
+                   help="--load rate: requests/s of both clients together")  # fmt: skip
+    p.add_argument("--arrival-pattern", choices=ARRIVALS, default=Settings.arrival,
+                   help="--load rate: how the requests are spaced (constant)")  # fmt: skip
+    p.add_argument("--concurrency", type=int, default=2 * Settings.concurrency_each,
+                   help="--load concurrency: streams in flight, half each")  # fmt: skip
+    p.add_argument("--gpu", default="a100", help="without --url: the simulated GPU (a100)")
+    p.add_argument("--duration-s", type=float, default=Settings.duration_s)
+    p.add_argument("--input-tokens-mean", type=int, default=Settings.input_tokens_mean)
+    p.add_argument("--input-tokens-stddev", type=float, default=Settings.input_tokens_stddev)
+    p.add_argument("--output-tokens-mean", type=int, default=Settings.output_tokens_mean)
+    p.add_argument("--output-tokens-stddev", type=float, default=Settings.output_tokens_stddev)
+    p.add_argument("--seed", type=int, default=Settings.seed)
+    p.add_argument("--results-dir", type=Path, default=DEFAULT_DIR)
+    args = p.parse_args(argv)
+    if args.concurrency < 2 or args.concurrency % 2:
+        print(
+            f"error: --concurrency must be even and >= 2, got {args.concurrency}", file=sys.stderr
+        )
+        return 2
+    settings = Settings(
+        model=args.model,
+        load=args.load,
+        request_rate=args.request_rate,
+        arrival=args.arrival_pattern,
+        concurrency_each=args.concurrency // 2,
+        duration_s=args.duration_s,
+        input_tokens_mean=args.input_tokens_mean,
+        input_tokens_stddev=args.input_tokens_stddev,
+        output_tokens_mean=args.output_tokens_mean,
+        output_tokens_stddev=args.output_tokens_stddev,
+        seed=args.seed,
+    )
+    console = Console(width=None if sys.stdout.isatty() else PIPE_WIDTH)
+    with tempfile.TemporaryDirectory(prefix="genai-agreement-") as tmp:
+        if args.url is None:
+            console.print(f"starting the embedded default (simulated {args.gpu}, simllm) …")
+            result = run_embedded(settings, Path(tmp), args.gpu)
+        else:
+            result = asyncio.run(measure(args.url, settings, Path(tmp)))
+    console.print(console_table(result))
+    verdict = "agree" if result.agrees else "DO NOT agree"
+    console.print(f"loadgen and the openai SDK {verdict} within {settings.tolerance:.0%}")
+    md, _ = write_results(
+        "genai_agreement",
+        title="loadgen's generative mode against the openai SDK, same run",
+        markdown=markdown_table(HEAD, rows(result)) + f"\n\nVerdict: {verdict}.\n",
+        data={**asdict(result), "agrees": result.agrees},
+        directory=args.results_dir,
+    )
+    console.print(f"wrote {md}")
+    return 0 if result.agrees else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
