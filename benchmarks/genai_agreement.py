@@ -17,6 +17,12 @@ reaches the sidecar and stops when a token leaves it, so a client's figure above
 client's own overhead; a client whose inter-token latency is well above the sidecar's is
 short of CPU to read its streams, and measures itself more than the server.
 
+Then (unless ``--no-alone``) each client runs alone on its own half of the requests, at the
+same times, with the sidecar's TTFT histogram read around it: the client's mean TTFT minus the
+sidecar's for the same requests is what that client adds by itself (sending, receiving and its
+own work per request), which tells a disagreement in the shared run that comes from a client
+apart from one that comes from the measurement.
+
 Without ``--url`` it starts the embedded default on a simulated GPU (``--gpu``, A100 by default:
 its slower tokens leave the two clients CPU to read them on a small machine) serving ``simllm``
 in a process of its own, at the ``max`` policy. Writes ``results/genai_agreement.{md,json}``.
@@ -31,10 +37,11 @@ import math
 import sys
 import tempfile
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import numpy as np
 from rich.console import Console
 from rich.table import Table
@@ -44,7 +51,7 @@ from dvfs.__main__ import PIPE_WIDTH
 from loadgen.engine import new_session, schedule
 from loadgen.genrun import ARRIVALS, GenRun, closed_loop, open_loop
 from loadgen.metrics import histogram_totals
-from loadgen.stream import OPENAI_CHAT, GenTarget
+from loadgen.stream import OPENAI_CHAT, GenTarget, TimedStream
 from loadgen.synthetic import GenRequest, LengthSpec, RequestSource
 from simulator.results import DEFAULT_DIR, SOURCE_ROOT, markdown_table, write_results
 
@@ -71,14 +78,31 @@ class Settings:
     request_rate: float = 2.0  # both clients together
     arrival: str = "constant"
     concurrency_each: int = 2
-    duration_s: float = 30.0
-    input_tokens_mean: int = 500
-    input_tokens_stddev: float = 100.0
-    output_tokens_mean: int = 100
-    output_tokens_stddev: float = 0.0
+    duration_s: float = 40.0
+    input_tokens_mean: int = 1000
+    input_tokens_stddev: float = 200.0
+    output_tokens_mean: int = 128
+    output_tokens_stddev: float = 32.0
     warmup_requests: int = 4
     seed: int = 0
     tolerance: float = 0.10
+    alone: bool = True  # then each client alone on its own requests: its own overhead
+
+
+@dataclass(frozen=True)
+class Overhead:
+    """A client alone on its own requests: its mean TTFT and the sidecar's for the same
+    requests (from the request's arrival at the sidecar to its first token leaving it)."""
+
+    client_ttft_ms: float
+    sidecar_ttft_ms: float | None
+
+    @property
+    def overhead_ms(self) -> float | None:
+        """What the client adds to the server's TTFT: sending, receiving, its own work."""
+        if self.sidecar_ttft_ms is None:
+            return None
+        return self.client_ttft_ms - self.sidecar_ttft_ms
 
 
 @dataclass(frozen=True)
@@ -88,6 +112,7 @@ class Agreement:
     sdk: dict[str, float]
     sidecar_ttft_mean_ms: float | None
     sidecar_itl_mean_ms: float | None
+    alone: dict[str, Overhead] = field(default_factory=dict)
 
     def difference(self, key: str) -> float:
         """loadgen's figure relative to the SDK's (+0.05: 5% higher)."""
@@ -153,69 +178,127 @@ def _sdk_entry(request: GenRequest, at_s: float | None = None) -> dict[str, obje
     return entry
 
 
-async def measure(url: str, settings: Settings, work_dir: Path) -> Agreement:
-    """Both clients on the sidecar (or OpenAI-compatible server) at ``url`` (``host:port``)."""
-    if settings.load not in LOADS:
-        raise ValueError(f"load must be one of {', '.join(LOADS)}, got {settings.load!r}")
-    times = arrivals(settings) if settings.load == "rate" else []
-    requests = workload(settings, len(times) if times else WORKLOAD_SIZE)
-    ours, theirs = requests[0::2], requests[1::2]
-    sdk_work = [_sdk_entry(r, times[2 * i + 1] if times else None) for i, r in enumerate(theirs)]
-    workload_path = work_dir / "workload.json"
-    workload_path.write_text(json.dumps(sdk_work))
-    sdk_out = work_dir / "sdk.json"
-    target = GenTarget(f"http://{url}", OPENAI_CHAT, settings.model, {"client_id": "loadgen"})
-    index = 0
+class _Clients:
+    """The two clients of one comparison, each with its half of the requests."""
 
-    def next_request() -> GenRequest:
-        nonlocal index
-        index += 1
-        return ours[(index - 1) % len(ours)]
+    def __init__(self, url: str, settings: Settings, work_dir: Path) -> None:
+        if settings.load not in LOADS:
+            raise ValueError(f"load must be one of {', '.join(LOADS)}, got {settings.load!r}")
+        self.url = url
+        self.settings = settings
+        self.times = arrivals(settings) if settings.load == "rate" else []
+        requests = workload(settings, len(self.times) if self.times else WORKLOAD_SIZE)
+        self.ours, theirs = requests[0::2], requests[1::2]
+        odd = self.times[1::2]
+        sdk_work = [_sdk_entry(r, odd[i] if odd else None) for i, r in enumerate(theirs)]
+        self.workload_path = work_dir / "workload.json"
+        self.workload_path.write_text(json.dumps(sdk_work))
+        self.sdk_out = work_dir / "sdk.json"
+        self.target = GenTarget(
+            f"http://{url}", OPENAI_CHAT, settings.model, {"client_id": "loadgen"}
+        )
+        self._index = 0
 
-    closed = ["--concurrency", str(settings.concurrency_each), "--duration-s",
-              str(settings.duration_s)] if not times else []  # fmt: skip
-    async with new_session(timeout_s=600.0) as session:
-        warm = settings.warmup_requests
-        if warm:
-            await closed_loop(
-                session, target, next_request, concurrency=min(warm, 4), request_count=warm,
-                duration_s=None,
-            )  # fmt: skip
-            index = 0
+    def _next(self) -> GenRequest:
+        self._index += 1
+        return self.ours[(self._index - 1) % len(self.ours)]
+
+    async def warm(self, session: aiohttp.ClientSession) -> None:
+        n = self.settings.warmup_requests
+        if n:
+            await closed_loop(session, self.target, self._next, concurrency=min(n, 4),
+                              request_count=n, duration_s=None)  # fmt: skip
+
+    async def loadgen(self, session: aiohttp.ClientSession) -> list[TimedStream]:
+        self._index = 0
+        if self.times:
+            return await open_loop(session, self.target, self.ours, self.times[0::2])
+        return await closed_loop(
+            session, self.target, self._next, concurrency=self.settings.concurrency_each,
+            request_count=None, duration_s=self.settings.duration_s,
+        )  # fmt: skip
+
+    async def start_sdk(self) -> asyncio.subprocess.Process:
+        """The SDK client's process, warm and waiting for "go"."""
+        s = self.settings
+        closed = [] if self.times else ["--concurrency", str(s.concurrency_each),
+                                        "--duration-s", str(s.duration_s)]  # fmt: skip
         sdk = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "benchmarks.sdk_client",
-            "--base-url", f"http://{url}/v1", "-m", settings.model,
-            "--workload", str(workload_path), "--warmup", str(warm), "-o", str(sdk_out), *closed,
+            "--base-url", f"http://{self.url}/v1", "-m", s.model,
+            "--workload", str(self.workload_path), "--warmup", str(s.warmup_requests),
+            "-o", str(self.sdk_out), *closed,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, cwd=SOURCE_ROOT,
         )  # fmt: skip
-        assert sdk.stdin is not None and sdk.stdout is not None
+        assert sdk.stdout is not None
         try:
             ready = await asyncio.wait_for(sdk.stdout.readline(), 300.0)
-            if ready.strip() != b"ready":
-                raise RuntimeError(f"the SDK client did not start: {ready!r}")
+        except BaseException:
+            await _stop(sdk)
+            raise
+        if ready.strip() != b"ready":
+            await _stop(sdk)
+            raise RuntimeError(f"the SDK client did not start: {ready!r}")
+        return sdk
+
+    async def sdk_done(self, sdk: asyncio.subprocess.Process) -> dict[str, float]:
+        if await sdk.wait() != 0:
+            raise RuntimeError(f"the SDK client failed (exit {sdk.returncode})")
+        summary: dict[str, float] = json.loads(self.sdk_out.read_text())["summary"]
+        return summary
+
+
+async def _stop(sdk: asyncio.subprocess.Process) -> None:
+    if sdk.returncode is None:
+        sdk.kill()
+        await sdk.wait()
+
+
+async def _go(sdk: asyncio.subprocess.Process) -> None:
+    assert sdk.stdin is not None
+    sdk.stdin.write(b"go\n")
+    await sdk.stdin.drain()
+
+
+async def measure(url: str, settings: Settings, work_dir: Path) -> Agreement:
+    """Both clients on the sidecar (or OpenAI-compatible server) at ``url`` (``host:port``);
+    then, with ``settings.alone``, each client alone on its own requests."""
+    clients = _Clients(url, settings, work_dir)
+    overheads: dict[str, Overhead] = {}
+    async with new_session(timeout_s=600.0) as session:
+        await clients.warm(session)
+        sdk = await clients.start_sdk()
+        try:
             before = await _histogram_means_ms(url)
-            sdk.stdin.write(b"go\n")
-            await sdk.stdin.drain()
-            if times:
-                streams = await open_loop(session, target, ours, times[0::2])
-            else:
-                streams = await closed_loop(
-                    session, target, next_request, concurrency=settings.concurrency_each,
-                    request_count=None, duration_s=settings.duration_s,
-                )  # fmt: skip
-            if await sdk.wait() != 0:
-                raise RuntimeError(f"the SDK client failed (exit {sdk.returncode})")
+            await _go(sdk)
+            streams = await clients.loadgen(session)
+            theirs = await clients.sdk_done(sdk)
         finally:
-            if sdk.returncode is None:
-                sdk.kill()
-                await sdk.wait()
+            await _stop(sdk)
         after = await _histogram_means_ms(url)
+        if settings.alone:
+            sdk = await clients.start_sdk()
+            try:
+                start = await _histogram_means_ms(url)
+                await _go(sdk)
+                alone = await clients.sdk_done(sdk)
+            finally:
+                await _stop(sdk)
+            end = await _histogram_means_ms(url)
+            overheads["openai SDK"] = Overhead(alone["ttft_mean_ms"],
+                                               _mean_ms(start, end, TTFT_FAMILY))  # fmt: skip
+            start = await _histogram_means_ms(url)
+            ours_alone = loadgen_figures(GenRun(await clients.loadgen(session)).report())
+            end = await _histogram_means_ms(url)
+            overheads["loadgen"] = Overhead(ours_alone["ttft_mean_ms"],
+                                            _mean_ms(start, end, TTFT_FAMILY))  # fmt: skip
     return Agreement(
         settings,
         loadgen_figures(GenRun(streams).report()),
-        json.loads(sdk_out.read_text())["summary"],
+        theirs,
         _mean_ms(before, after, TTFT_FAMILY),
         _mean_ms(before, after, ITL_FAMILY),
+        overheads,
     )
 
 
@@ -255,6 +338,15 @@ def rows(result: Agreement) -> list[list[str]]:
 
 
 HEAD = ["figure", "loadgen", "openai SDK", "loadgen vs SDK", "within 10%", "sidecar"]
+ALONE_HEAD = ["client alone", "its TTFT mean (ms)", "sidecar's, same requests (ms)",
+              "client's own overhead (ms)"]  # fmt: skip
+
+
+def alone_rows(result: Agreement) -> list[list[str]]:
+    return [
+        [name, _num(o.client_ttft_ms, 2), _num(o.sidecar_ttft_ms, 2), _num(o.overhead_ms, 2)]
+        for name, o in result.alone.items()
+    ]
 
 
 def describe(s: Settings) -> str:
@@ -269,12 +361,11 @@ def describe(s: Settings) -> str:
     )
 
 
-def console_table(result: Agreement) -> Table:
-    s = result.settings
-    table = Table(title=f"same run, two clients: {describe(s)}")
-    for col in HEAD:
+def console_table(title: str, head: list[str], body: list[list[str]]) -> Table:
+    table = Table(title=title)
+    for col in head:
         table.add_column(col, justify="right")
-    for row in rows(result):
+    for row in body:
         table.add_row(*row)
     return table
 
@@ -297,6 +388,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output-tokens-mean", type=int, default=Settings.output_tokens_mean)
     p.add_argument("--output-tokens-stddev", type=float, default=Settings.output_tokens_stddev)
     p.add_argument("--seed", type=int, default=Settings.seed)
+    p.add_argument("--no-alone", action="store_true",
+                   help="skip the runs of each client alone (its own overhead)")  # fmt: skip
     p.add_argument("--results-dir", type=Path, default=DEFAULT_DIR)
     args = p.parse_args(argv)
     if args.concurrency < 2 or args.concurrency % 2:
@@ -316,6 +409,7 @@ def main(argv: list[str] | None = None) -> int:
         output_tokens_mean=args.output_tokens_mean,
         output_tokens_stddev=args.output_tokens_stddev,
         seed=args.seed,
+        alone=not args.no_alone,
     )
     console = Console(width=None if sys.stdout.isatty() else PIPE_WIDTH)
     with tempfile.TemporaryDirectory(prefix="genai-agreement-") as tmp:
@@ -324,13 +418,23 @@ def main(argv: list[str] | None = None) -> int:
             result = run_embedded(settings, Path(tmp), args.gpu)
         else:
             result = asyncio.run(measure(args.url, settings, Path(tmp)))
-    console.print(console_table(result))
+    console.print(console_table(f"same run, two clients: {describe(settings)}", HEAD,
+                                rows(result)))  # fmt: skip
     verdict = "agree" if result.agrees else "DO NOT agree"
     console.print(f"loadgen and the openai SDK {verdict} within {settings.tolerance:.0%}")
+    markdown = f"Same run, two clients: {describe(settings)}.\n\n" + markdown_table(
+        HEAD, rows(result)
+    )
+    markdown += f"\n\nVerdict: {verdict}.\n"
+    if result.alone:
+        title = "then each client alone on its own requests (the same arrivals)"
+        console.print(console_table(title, ALONE_HEAD, alone_rows(result)))
+        markdown += f"\n{title[0].upper()}{title[1:]}:\n\n"
+        markdown += markdown_table(ALONE_HEAD, alone_rows(result)) + "\n"
     md, _ = write_results(
         "genai_agreement",
         title="loadgen's generative mode against the openai SDK, same run",
-        markdown=markdown_table(HEAD, rows(result)) + f"\n\nVerdict: {verdict}.\n",
+        markdown=markdown,
         data={**asdict(result), "agrees": result.agrees},
         directory=args.results_dir,
     )

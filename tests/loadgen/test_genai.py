@@ -255,7 +255,7 @@ def test_loadgen_and_the_openai_sdk_agree_on_a_scripted_server(load: str, tmp_pa
     settings = Settings(
         model="m", load=load, request_rate=8.0, concurrency_each=2, duration_s=2.0,
         input_tokens_mean=20, input_tokens_stddev=5.0, output_tokens_mean=10,
-        output_tokens_stddev=0.0, warmup_requests=2,
+        output_tokens_stddev=0.0, warmup_requests=2, alone=load == "rate",
     )  # fmt: skip
     with serving(script) as url:
         result = asyncio.run(measure(url, settings, tmp_path))
@@ -272,3 +272,8 @@ def test_loadgen_and_the_openai_sdk_agree_on_a_scripted_server(load: str, tmp_pa
     assert clients == {"loadgen", "openai-sdk"}
     if load == "rate":  # 16 arrivals in 2 s, dealt alternately, after 2 warm-ups each
         assert result.loadgen["request_count"] == 8 and result.sdk["request_count"] == 8
+        # then each alone: no sidecar histogram here, so no overhead, but the client's TTFT
+        assert set(result.alone) == {"loadgen", "openai SDK"}
+        for alone in result.alone.values():
+            assert alone.client_ttft_ms == pytest.approx(200, rel=0.1)
+            assert alone.overhead_ms is None
