@@ -197,6 +197,12 @@ _SCHEDULER_FLAGS = {
         "default-priority-level",
         "the level of a request with priority 0 (default: the lowest)",
     ),
+    # priority: the release depth (scheduler/core.py)
+    "triton_batches": (
+        "triton-batches",
+        "full batches of each model kept at Triton; the rest waits in the sidecar's queue, "
+        "where priority, nice weights and cancellation apply (more: throughput over isolation)",
+    ),
 }
 _SLACK_HELP = {
     "batch_hold": "slack: how long a model may hold for a fuller batch, as a share of its room",

@@ -43,13 +43,20 @@ TABLES_VERSION = 2  # in the cache's file names: a new table format never reads 
 def serving_from_config(config: dict[str, Any]) -> ModelServing:
     """How Triton serves a model, from its ``/v2/models/{m}/config``: batches of up to
     ``max_batch_size`` when its dynamic batcher is on (else Triton runs requests one by one),
-    on as many instances as its instance groups count."""
+    on as many instances as its instance groups count, with its batcher's priority levels."""
     instances = sum(int(g.get("count", 1)) for g in config.get("instance_group", [])) or 1
     if config.get("model_transaction_policy", {}).get("decoupled"):
         return ModelServing(streams=ENGINE_SEQUENCES)
     batching = "dynamic_batching" in config and int(config.get("max_batch_size", 0)) > 0
+    # priority: the batcher's priority levels, where the sidecar's level is sent (docs/priority.md)
+    batcher = config.get("dynamic_batching") or {}
+    levels = int(batcher.get("priority_levels", 0)) if batching else 0
+    default_level = int(batcher.get("default_priority_level", 0)) if levels else 0
     return ModelServing(
-        max_batch=int(config["max_batch_size"]) if batching else 1, instances=max(1, instances)
+        max_batch=int(config["max_batch_size"]) if batching else 1,
+        instances=max(1, instances),
+        priority_levels=levels,
+        default_priority_level=default_level,
     )
 
 
@@ -292,10 +299,11 @@ class Runtime:
             serving = ModelServing()
         self.dispatcher.set_serving(model, serving)
         log.info(
-            "model %s: batches of up to %d on %d instance(s)",
+            "model %s: batches of up to %d on %d instance(s), %d priority level(s) at Triton",
             model,
             serving.max_batch,
             serving.instances,
+            serving.priority_levels,
         )
 
     async def _triton_restarted(self) -> None:

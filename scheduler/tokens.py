@@ -703,6 +703,7 @@ class TokenClockPolicy(ClockPolicy):
     runs this policy (the engine owns the GPU's clock)."""
 
     name = "tokens"
+    DECIDE_EVERY_S = 0.01  # between periods, tokens check the waiting prompts this often
 
     def __init__(
         self,
@@ -713,31 +714,38 @@ class TokenClockPolicy(ClockPolicy):
     ) -> None:
         super().__init__(clocks_mhz)
         self.tokens = TokenPolicy(clocks_mhz, slo, prior, params)
+        self._decided_s = -math.inf
 
     def initial_clock_mhz(self) -> int | None:
         return self.tokens.clock_mhz
 
     def release_limit(self, s: SchedulerView, model: str, now_s: float) -> int:
-        serving = s.serving(model)
-        if not serving.streams:
-            return serving.depth
-        return min(serving.depth, self.tokens.admission_limit)
+        depth = s.release_depth(model)
+        if not s.serving(model).streams:
+            return depth
+        return min(depth, self.tokens.admission_limit)
 
     def on_dispatch(self, s: SchedulerView, request: QueuedRequest, now_s: float) -> int | None:
         if s.serving(request.model).streams:
             self.tokens.on_release(request.seq, now_s, request.arrival_s, request.prompt_tokens)
-        return self.tokens.decide(now_s)
+        return self._decide(now_s)
 
     def on_token(self, s: SchedulerView, request: QueuedRequest, now_s: float) -> int | None:
         self.tokens.on_token(request.seq, now_s)
-        return None
+        if now_s - self._decided_s < self.DECIDE_EVERY_S:
+            return None  # a boost for waiting prompts need not be checked at every token
+        return self._decide(now_s)
+
+    def _decide(self, now_s: float) -> int | None:
+        self._decided_s = now_s
+        return self.tokens.decide(now_s)
 
     def on_complete(self, s: SchedulerView, request: QueuedRequest, now_s: float) -> int | None:
         self.tokens.on_finish(request.seq, now_s)
-        return self.tokens.decide(now_s)
+        return self._decide(now_s)
 
     def poll(self, s: SchedulerView, now_s: float) -> int | None:
-        return self.tokens.decide(now_s)
+        return self._decide(now_s)
 
     def wake_at_s(self) -> float | None:
         return self.tokens.wake_at_s()

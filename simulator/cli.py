@@ -122,8 +122,12 @@ def _cmd_simulate(args: argparse.Namespace, console: Console) -> int:
                 )
             console.print(per_model)
         if len(out["clients"]) > 1:
-            per = Table(title="per client")
-            for col in ("client", "completed", "rejected", "p99 ms", "SLO met", "GPU time s"):
+            per = Table(
+                title="per client (DCT/ideal: completion time over ideal CFS's, seed 000; "
+                f"worst pair {_deviation(out['isolation_deviation'])} from ideal)"
+            )
+            cols = ("client", "completed", "rejected", "p99 ms", "SLO met", "GPU time s")
+            for col in (*cols, "DCT/ideal"):
                 per.add_column(col, justify="right")
             for name, c in out["clients"].items():
                 per.add_row(
@@ -133,6 +137,7 @@ def _cmd_simulate(args: argparse.Namespace, console: Console) -> int:
                     f"{c['p99_ms']:.1f}",
                     f"{c['slo_attainment']:.2%}",
                     f"{c['service_ms'] / 1000:.2f}",
+                    "-" if not math.isfinite(c["dct_over_ideal"]) else f"{c['dct_over_ideal']:.3f}",
                 )
             console.print(per)
     if args.json:
@@ -140,14 +145,21 @@ def _cmd_simulate(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _deviation(value: float) -> str:
+    """Seed 000's isolation metric: the worst pair of clients' distance from ideal CFS."""
+    return "-" if not math.isfinite(value) else f"{value:.1%}"
+
+
 def _matrix(args: argparse.Namespace, **extra: object) -> Matrix:
     """The matrix the shared ``compare``/``tune`` options describe."""
+    clients = tuple(parse_clients(args.clients)) if args.clients else (ClientSpec("default"),)
     return Matrix(
         gpus=args.gpus,
         mixes=args.mixes,
         loads=args.loads,
         slo_multipliers=args.slo_multipliers,
         duration_s=args.duration_s,
+        clients=clients,
         **extra,  # type: ignore[arg-type]
     )
 
@@ -178,6 +190,7 @@ def _cmd_compare(args: argparse.Namespace, console: Console) -> int:
         "p99/SLO",
         "SLO met",
         "MHz",
+        "isolation",
     ):
         view.add_column(col, justify="right")
     for r in rows:
@@ -198,6 +211,7 @@ def _cmd_compare(args: argparse.Namespace, console: Console) -> int:
             f"[red]{r['p99_over_slo']:.2f}[/red]" if miss else f"{r['p99_over_slo']:.2f}",
             f"{r['slo_attainment']:.1%}",
             f"{r['mean_clock_mhz']:.0f}",
+            _deviation(r["isolation_deviation"]),
         )
     console.print(view)
     if BEST_FIXED in args.policies:
@@ -313,6 +327,12 @@ def build_parser() -> argparse.ArgumentParser:
             help="each model's SLO as a multiple of its full batch's time at the top clock",
         )
         p.add_argument("--duration-s", type=float, default=30.0)
+        p.add_argument(
+            "--clients",
+            default=None,
+            help="client classes in every cell, as simulate's (the isolation column compares "
+            "their service with ideal CFS's)",
+        )
         p.add_argument("--jobs", type=int, default=None, help="processes (default: all cores)")
         if name == "compare":
             p.add_argument(

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from dvfs.profiles import CNN, TRANSFORMER, get_profile
+from scheduler.clients import ClientSpec
 from scheduler.policies import SlackParams
 from simulator.bestfixed import BEST_FIXED, best_fixed
 from simulator.simulate import ModelMix, SimConfig, parse_models, simulate
@@ -46,6 +47,7 @@ COLUMNS = (
     "mean_clock_mhz",
     "clock_changes",
     "fixed_mhz",
+    "isolation_deviation",
 )
 DEFAULT_MIX = f"{CNN}:0.7,{TRANSFORMER}:0.3"
 
@@ -68,6 +70,7 @@ class Matrix:
     duration_s: float = 30.0
     seeds: tuple[int, ...] = (0,)
     slack: SlackParams = field(default_factory=SlackParams)
+    clients: tuple[ClientSpec, ...] = (ClientSpec("default"),)
 
     def configs(self) -> list[SimConfig]:
         return [
@@ -80,6 +83,7 @@ class Matrix:
                 duration_s=self.duration_s,
                 seed=seed,
                 slack=self.slack,
+                clients=self.clients,
             )
             for gpu in self.gpus
             for mix in self.mixes

@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 
 from api.admission import Inbound, Outcome, admit
-from api.dispatcher import Job
+from api.dispatcher import Job, Send
 from api.grpc_frontend.protocol import (
     CHANNEL_OPTIONS,
     MODEL_INFER,
@@ -41,7 +41,8 @@ from api.grpc_frontend.protocol import (
 from api.runtime import Runtime
 from api.streaming import TokenMeter, token_slos
 from api.tensors import ModelLimits
-from api.upstream import Upstream, UpstreamUnavailableError
+from api.triton_priority import grpc_with_priority
+from api.upstream import UpstreamUnavailableError
 
 log = logging.getLogger(__name__)
 Context = Any  # grpc.aio.ServicerContext (grpc ships no type information)
@@ -164,9 +165,11 @@ class GrpcFrontend:
             self.runtime.metrics.count("unknown", "", "", Outcome.BAD_REQUEST, PROTOCOL)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
             raise
-        admission = await self._admit(
-            request, metadata, arrival_s, lambda _: self._upstream_infer(raw, metadata, deadline_s)
-        )
+
+        def unary(message: bytes) -> Send:
+            return lambda _: self._upstream_infer(message, metadata, deadline_s)
+
+        admission = await self._admit(request, metadata, arrival_s, unary, raw)
         answer: GrpcAnswer | None = admission.answer
         if answer is None:
             await context.abort(STATUS[admission.outcome], admission.message)
@@ -180,12 +183,14 @@ class GrpcFrontend:
         request: Any,
         metadata: Metadata,
         arrival_s: float,
-        send: Callable[[Upstream], Awaitable[GrpcAnswer]],
+        sender: Callable[[bytes], Send],
+        raw: bytes,
         *,
         tokens: TokenMeter | None = None,
     ) -> Any:
-        """One request through :func:`api.admission.admit`; a shutdown past its grace
-        cancels it, as it cancels HTTP's."""
+        """One request through :func:`api.admission.admit` (``sender(raw)`` sends it; with
+        the sidecar's level as Triton's priority, a map entry appended); a shutdown past its
+        grace cancels it, as it cancels HTTP's."""
         task = asyncio.current_task()
         rt = self.runtime
         if task is not None:
@@ -199,7 +204,12 @@ class GrpcFrontend:
                     body=GrpcBody(request),
                     headers=text_metadata(metadata),
                     arrival_s=arrival_s,
-                    job=Job(send=send, stream=tokens is not None, tokens=tokens),
+                    job=Job(
+                        send=sender(raw),
+                        stream=tokens is not None,
+                        tokens=tokens,
+                        at_level=lambda level: sender(grpc_with_priority(raw, level)),
+                    ),
                 ),
             )
         finally:
@@ -240,13 +250,11 @@ class GrpcFrontend:
                 model_label=self.runtime.models.label(request.model_name),
                 slos=token_slos(parameter_values(request.parameters)),
             )
-            admission = await self._admit(
-                request,
-                metadata,
-                arrival_s,
-                lambda _: self._upstream_stream(raw, metadata, out, meter),
-                tokens=meter,
-            )
+
+            def streamed(message: bytes) -> Send:
+                return lambda _: self._upstream_stream(message, metadata, out, meter)
+
+            admission = await self._admit(request, metadata, arrival_s, streamed, raw, tokens=meter)
             if admission.answer is None:
                 out.put_nowait(stream_error(admission.message, request))
 

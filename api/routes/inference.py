@@ -23,6 +23,7 @@ from api.errors import error_body
 from api.hints import HEADER_LENGTH, json_header
 from api.runtime import Runtime
 from api.tensors import ModelLimits, check_request
+from api.triton_priority import post_at_level
 from api.upstream import UpstreamResponse
 
 router = APIRouter(tags=["inference"])
@@ -78,7 +79,7 @@ async def infer(
         body=HttpBody(body, headers),
         headers=headers,
         arrival_s=time.monotonic(),
-        job=Job(send=post(path, body, forward)),
+        job=Job(send=post(path, body, forward), at_level=post_at_level(path, body, forward)),
     )
     admission = await admit(rt, inbound)
     if admission.answer is not None:
