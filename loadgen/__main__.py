@@ -109,6 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
         help='client classes: "a:share=0.5,priority=1,slo_ms=30;b:share=0.5,nice=5"',
     )
     p.add_argument("--seed", type=int, default=0, help="for random data, Poisson gaps and the mix")
+    # The generative mode is a command of its own; the usage names it first.
+    own = p.format_usage().removeprefix("usage: ").replace("%", "%%")
+    p.usage = f"%(prog)s {{generative}} ...   (see: %(prog)s generative --help)\n       {own}"
     return p
 
 
