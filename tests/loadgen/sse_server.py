@@ -31,6 +31,7 @@ class Script:
     joules_per_token: float = 0.5
     arrivals_s: list[float] = field(default_factory=list)
     bodies: list[dict[str, Any]] = field(default_factory=list)
+    token_times_s: list[list[float]] = field(default_factory=list)  # per stream, when written
     in_flight: int = 0
     max_in_flight: int = 0
     tokens_sent: int = 0
@@ -62,6 +63,8 @@ def build_app(script: Script) -> web.Application:
         script.in_flight += 1
         script.max_in_flight = max(script.max_in_flight, script.in_flight)
         start = time.perf_counter()
+        sent: list[float] = []
+        script.token_times_s.append(sent)
         try:
             if kind == "chat":
                 await reply.write(_sse(_chunk(kind, None)))  # role only: not a token
@@ -72,6 +75,7 @@ def build_app(script: Script) -> web.Application:
                     event: dict[str, Any] = {"model_name": model, "text_output": f"t{i + 1} "}
                 else:
                     event = _chunk(kind, f"t{i + 1} ")
+                sent.append(time.perf_counter())
                 await reply.write(_sse(event))
                 script.tokens_sent += 1
                 if model == "faulty":

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import csv
 import json
-import math
 import statistics
 from pathlib import Path
 
@@ -133,11 +132,14 @@ def test_loads_are_validated_and_open_loop_times_seeded() -> None:
 
 
 def test_a_stream_is_timed_event_by_event() -> None:
+    """Each token stamped when it arrives: never before the server wrote it (one process, one
+    clock), and in the median within milliseconds of it; the chat's role-only chunk, the
+    closing chunk and ``[DONE]`` are not tokens."""
     script = Script(ttft_s=0.2, gap_s=0.03)
     with serving(script) as url:
 
-        async def go() -> list[float]:
-            out = []
+        async def go() -> list[list[float]]:
+            seen = []
             async with new_session() as session:
                 for endpoint in (OPENAI_CHAT, OPENAI_COMPLETIONS, GENERATE_STREAM):
                     target = GenTarget(f"http://{url}", endpoint, "m")
@@ -145,7 +147,8 @@ def test_a_stream_is_timed_event_by_event() -> None:
                     assert timed.ok and timed.text == ["t1 ", "t2 ", "t3 ", "t4 ", "t5 "]
                     record = timed.record()
                     assert record.output_tokens == 5 and record.input_tokens == 3
-                    out += [record.ttft_ms, record.itl_ms or math.nan]
+                    assert record.ttft_ms >= 200  # the role-only chunk came at once
+                    seen.append(timed.token_times_s)
                 bad = await stream_once(session, GenTarget(f"http://{url}", OPENAI_CHAT,
                                                            "broken"), REQUEST)  # fmt: skip
                 assert bad.status == 400 and "HTTP 400" in (bad.error or "")
@@ -158,13 +161,13 @@ def test_a_stream_is_timed_event_by_event() -> None:
                     session, GenTarget("http://127.0.0.1:1", OPENAI_CHAT, "m"), REQUEST
                 )
                 assert gone.status == 0 and "ClientConnectorError" in (gone.error or "")
-            return out
+            return seen
 
-        times = asyncio.run(go())
-    ttfts, itls = times[0::2], times[1::2]
-    # the role-only first chat chunk is not the first token: TTFT is the scripted 200 ms
-    assert all(200 <= t < 260 for t in ttfts), ttfts
-    assert all(28 <= t < 45 for t in itls), itls
+        seen = asyncio.run(go())
+    lags = [c - w for client, written in zip(seen, script.token_times_s, strict=False)
+            for c, w in zip(client, written, strict=True)]  # fmt: skip
+    assert len(lags) == 15 and min(lags) >= 0
+    assert statistics.median(lags) < 0.02
 
 
 def test_closed_loop_keeps_the_concurrency_and_open_loop_the_times() -> None:
@@ -191,33 +194,35 @@ def test_closed_loop_keeps_the_concurrency_and_open_loop_the_times() -> None:
                 return len(await open_loop(session, target, source.take(4), times))
 
         assert asyncio.run(opened()) == 4
-    gaps = np.diff(script.arrivals_s)
-    assert gaps == pytest.approx(np.diff(times), abs=0.03)
+    offsets = np.asarray(script.arrivals_s) - script.arrivals_s[0]
+    late = offsets - np.asarray(times)
+    # each request leaves at its time, never early (the first one sets the origin)
+    assert min(late) > -0.005 and float(np.median(late)) < 0.03, late
 
 
 def test_cli_reports_and_exports_in_aiperfs_names(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    script = Script(ttft_s=0.1, gap_s=0.02, joules_per_token=0.5)
+    script = Script(ttft_s=0.1, gap_s=0.05, joules_per_token=0.5)
     with serving(script) as url:
         args = ["generative", "-m", "m", "-u", url, "--synthetic-input-tokens-mean", "30",
-                "--output-tokens-mean", "6", "--collect-metrics", "--ttft-ms", "150",
+                "--output-tokens-mean", "6", "--collect-metrics", "--ttft-ms", "5000",
                 "--tpot-ms", "10", "--priority", "1", "--random-seed", "4"]  # fmt: skip
         out = tmp_path / "chat"
         measured = ["--concurrency", "2", "--request-count", "6", "--warmup-request-count", "2"]
         code = loadgen_main([*args, *measured, "--artifact-dir", str(out)])
         assert code == 0
         assert len(script.bodies) == 8  # 2 warm-up, 6 measured
-        assert script.bodies[-1]["priority"] == 1 and script.bodies[-1]["ttft_ms"] == 150
+        assert script.bodies[-1]["priority"] == 1 and script.bodies[-1]["ttft_ms"] == 5000
         assert script.bodies[-1]["max_tokens"] == 6 and script.bodies[-1]["client_id"] == "loadgen"
         report = json.loads((out / JSON_EXPORT).read_text())
         assert report["request_count"]["avg"] == 6 and report["total_osl"]["avg"] == 36
         assert report["error_request_count"]["avg"] == 0
         # the scripted counter: 0.5 J per token sent between the two scrapes
         assert report["energy_per_output_token"]["avg"] == pytest.approx(0.5)
-        assert 100 <= report["time_to_first_token"]["avg"] < 150
-        assert report["slo_attainment"]["ttft"] == 1.0  # every TTFT under 150 ms
-        assert report["slo_attainment"]["tpot"] == 0.0  # 20 ms gaps miss 10 ms
+        assert report["time_to_first_token"]["min"] >= 100  # the scripted TTFT
+        assert report["slo_attainment"]["ttft"] == 1.0  # every TTFT under 5 s
+        assert report["slo_attainment"]["tpot"] == 0.0  # 50 ms gaps miss 10 ms
         rows = list(csv.reader((out / CSV_EXPORT).open()))
         assert rows[0] == ["Metric", *STAT_COLUMNS]
         assert rows[2][0] == "Time to First Token (ms)"
@@ -225,7 +230,7 @@ def test_cli_reports_and_exports_in_aiperfs_names(
         assert len(lines) == 6 and all(len(x["token_times_ms"]) == 6 for x in lines)
         text = capsys.readouterr().out
         assert "Time to First Token (ms)" in text and "Energy Per Output Token" in text
-        assert "SLO Attainment TTFT ≤ 150 ms" in text
+        assert "SLO Attainment TTFT ≤ 5000 ms" in text
 
         script.bodies.clear()
         rate = tmp_path / "rate"
@@ -247,11 +252,11 @@ def test_cli_reports_and_exports_in_aiperfs_names(
 @pytest.mark.parametrize("load", ["rate", "concurrency"])
 def test_loadgen_and_the_openai_sdk_agree_on_a_scripted_server(load: str, tmp_path: Path) -> None:
     """The agreement benchmark's own code against a server whose timing is known: loadgen (here)
-    and the SDK client (its own process) at once; both TTFTs at the scripted 200 ms, and their
+    and the SDK client (its own process) at once; both TTFTs at the scripted 500 ms, and their
     TTFT and throughputs within 10% of each other. In a closed loop each client's throughput
     also carries its own time between a stream's end and its next request (the SDK's is the
-    larger), which with 0.4 s streams is more than 10%: there only the TTFTs are compared."""
-    script = Script(ttft_s=0.2, gap_s=0.02)
+    larger), which with streams this short is more than 10%: there only the TTFTs are compared."""
+    script = Script(ttft_s=0.5, gap_s=0.05)
     settings = Settings(
         model="m", load=load, request_rate=8.0, concurrency_each=2, duration_s=2.0,
         input_tokens_mean=20, input_tokens_stddev=5.0, output_tokens_mean=10,
@@ -259,9 +264,9 @@ def test_loadgen_and_the_openai_sdk_agree_on_a_scripted_server(load: str, tmp_pa
     )  # fmt: skip
     with serving(script) as url:
         result = asyncio.run(measure(url, settings, tmp_path))
-    assert result.loadgen["ttft_mean_ms"] == pytest.approx(200, rel=0.1)
-    assert result.sdk["ttft_mean_ms"] == pytest.approx(200, rel=0.1)
-    assert result.loadgen["itl_mean_ms"] == pytest.approx(20, rel=0.1)
+    assert result.loadgen["ttft_mean_ms"] == pytest.approx(500, rel=0.1)
+    assert result.sdk["ttft_mean_ms"] == pytest.approx(500, rel=0.1)
+    assert result.loadgen["itl_mean_ms"] == pytest.approx(50, rel=0.25)
     if load == "rate":
         assert result.agrees, rows(result)
     else:
@@ -275,5 +280,5 @@ def test_loadgen_and_the_openai_sdk_agree_on_a_scripted_server(load: str, tmp_pa
         # then each alone: no sidecar histogram here, so no overhead, but the client's TTFT
         assert set(result.alone) == {"loadgen", "openai SDK"}
         for alone in result.alone.values():
-            assert alone.client_ttft_ms == pytest.approx(200, rel=0.1)
+            assert alone.client_ttft_ms == pytest.approx(500, rel=0.1)
             assert alone.overhead_ms is None
