@@ -4,11 +4,13 @@ independent client measures, on the same run?
 Two clients stream chat completions into one server at the same time: loadgen's client (this
 process) and the ``openai`` Python SDK timing its own chunks (:mod:`benchmarks.sdk_client`, a
 process of its own, with its own HTTP stack, SSE parsing and statistics). One seeded list of
-synthetic requests is dealt between them, even ones to loadgen and odd ones to the SDK, so
-neither always sends just before the other (two clients sending the same requests in lockstep
-would queue one behind the other at every step). With ``--load rate`` (the default) the
-requests leave on one seeded Poisson schedule, each client at its own requests' times; with
-``--load concurrency`` each client keeps half the streams in flight. Both start together and
+synthetic requests is shared between them. With ``--load rate`` (the default) the requests
+leave on one seeded schedule (evenly spaced, or Poisson), dealt in pairs: both clients send
+every request once, at consecutive times, loadgen first in even pairs and the SDK first in odd
+ones, so both measure the same work and neither always follows the other. With ``--load
+concurrency`` each client keeps half the streams in flight, loadgen sending the even requests
+of the list and the SDK the odd ones (two clients sending the same requests in lockstep would
+queue one behind the other at every step). Both start together and
 stop sending after the same duration. Their time to first token (mean, median) and
 throughputs (output tokens/s, requests/s) must agree within the tolerance (10%). The sidecar's
 own means (its ``sidecar_time_to_first_token_seconds`` and ``sidecar_inter_token_seconds``
@@ -178,6 +180,30 @@ def _sdk_entry(request: GenRequest, at_s: float | None = None) -> dict[str, obje
     return entry
 
 
+def deal(
+    times: list[float], settings: Settings
+) -> tuple[list[GenRequest], list[GenRequest], list[float], list[float]]:
+    """The open loop's requests and times, dealt between loadgen and the SDK in pairs: both
+    clients send each request of the workload once (so their throughputs are over the same
+    work), in consecutive send times, loadgen first in even pairs and the SDK first in odd
+    ones (so neither always follows its twin). Returns loadgen's requests, the SDK's, and their
+    send times."""
+    base = workload(settings, (len(times) + 1) // 2)
+    ours: list[GenRequest] = []
+    theirs: list[GenRequest] = []
+    our_times: list[float] = []
+    their_times: list[float] = []
+    for k, request in enumerate(base):
+        for j, at in enumerate(times[2 * k : 2 * k + 2]):
+            if (j == 0) == (k % 2 == 0):
+                ours.append(request)
+                our_times.append(at)
+            else:
+                theirs.append(request)
+                their_times.append(at)
+    return ours, theirs, our_times, their_times
+
+
 class _Clients:
     """The two clients of one comparison, each with its half of the requests."""
 
@@ -186,11 +212,14 @@ class _Clients:
             raise ValueError(f"load must be one of {', '.join(LOADS)}, got {settings.load!r}")
         self.url = url
         self.settings = settings
-        self.times = arrivals(settings) if settings.load == "rate" else []
-        requests = workload(settings, len(self.times) if self.times else WORKLOAD_SIZE)
-        self.ours, theirs = requests[0::2], requests[1::2]
-        odd = self.times[1::2]
-        sdk_work = [_sdk_entry(r, odd[i] if odd else None) for i, r in enumerate(theirs)]
+        self.our_times: list[float] = []
+        if settings.load == "rate":
+            self.ours, theirs, self.our_times, their_times = deal(arrivals(settings), settings)
+            sdk_work = [_sdk_entry(r, t) for r, t in zip(theirs, their_times, strict=True)]
+        else:
+            requests = workload(settings, WORKLOAD_SIZE)
+            self.ours, theirs = requests[0::2], requests[1::2]
+            sdk_work = [_sdk_entry(r) for r in theirs]
         self.workload_path = work_dir / "workload.json"
         self.workload_path.write_text(json.dumps(sdk_work))
         self.sdk_out = work_dir / "sdk.json"
@@ -211,8 +240,8 @@ class _Clients:
 
     async def loadgen(self, session: aiohttp.ClientSession) -> list[TimedStream]:
         self._index = 0
-        if self.times:
-            return await open_loop(session, self.target, self.ours, self.times[0::2])
+        if self.our_times:
+            return await open_loop(session, self.target, self.ours, self.our_times)
         return await closed_loop(
             session, self.target, self._next, concurrency=self.settings.concurrency_each,
             request_count=None, duration_s=self.settings.duration_s,
@@ -221,7 +250,7 @@ class _Clients:
     async def start_sdk(self) -> asyncio.subprocess.Process:
         """The SDK client's process, warm and waiting for "go"."""
         s = self.settings
-        closed = [] if self.times else ["--concurrency", str(s.concurrency_each),
+        closed = [] if self.our_times else ["--concurrency", str(s.concurrency_each),
                                         "--duration-s", str(s.duration_s)]  # fmt: skip
         sdk = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "benchmarks.sdk_client",

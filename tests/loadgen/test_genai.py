@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks.genai_agreement import Settings, measure, rows
+from benchmarks.genai_agreement import Settings, deal, measure, rows
 from loadgen.__main__ import main as loadgen_main
 from loadgen.engine import arrival_times, new_session, schedule
 from loadgen.genai import CSV_EXPORT, JSON_EXPORT, RECORDS_EXPORT, extra_input
@@ -247,6 +247,15 @@ def test_cli_reports_and_exports_in_aiperfs_names(
     assert loadgen_main(["generative", "-m", "m", "--concurrency", "0"]) == 2
     assert "concurrency must be" in capsys.readouterr().err
     assert loadgen_main(["generative", "-m", "m", "--synthetic-input-tokens-mean", "0"]) == 2
+
+
+def test_the_agreement_deals_the_same_requests_in_pairs() -> None:
+    times = [0.5 * i for i in range(7)]
+    ours, theirs, our_times, their_times = deal(times, Settings(input_tokens_mean=5))
+    assert sorted(our_times + their_times) == times
+    assert our_times == sorted(our_times) and their_times == sorted(their_times)
+    assert our_times == [0.0, 1.5, 2.0] and their_times == [0.5, 1.0, 2.5, 3.0]
+    assert ours == theirs[:3]  # the same work: every request once each (the odd one out last)
 
 
 @pytest.mark.parametrize("load", ["rate", "concurrency"])
