@@ -380,7 +380,7 @@ def alone_rows(result: Agreement) -> list[list[str]]:
 
 def describe(s: Settings) -> str:
     load = (
-        f"{s.request_rate:g} requests/s ({s.arrival}), alternately"
+        f"{s.request_rate:g} requests/s ({s.arrival}), dealt in pairs"
         if s.load == "rate"
         else f"{s.concurrency_each} streams each"
     )
