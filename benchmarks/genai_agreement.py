@@ -187,8 +187,12 @@ def deal(
     clients send each request of the workload once (so their throughputs are over the same
     work), in consecutive send times, loadgen first in even pairs and the SDK first in odd
     ones (so neither always follows its twin). Returns loadgen's requests, the SDK's, and their
-    send times."""
-    base = workload(settings, (len(times) + 1) // 2)
+    send times. An odd number of pairs is used (the last time or two dropped): the last pair
+    then has loadgen first too, so each client's span from its first send to its last is the
+    same, one send time apart, and their throughputs are over equal spans."""
+    pairs = len(times) // 2
+    pairs -= 1 if pairs % 2 == 0 else 0
+    base = workload(settings, pairs)
     ours: list[GenRequest] = []
     theirs: list[GenRequest] = []
     our_times: list[float] = []
