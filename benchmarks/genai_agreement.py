@@ -339,7 +339,7 @@ def run_embedded(settings: Settings, state_dir: Path, gpu: str = "a100") -> Agre
     """Start the embedded default on a simulated GPU (``max`` policy) and measure."""
     flags = ["--device", f"sim:{gpu}", "--profile-models", "", "--policy", "max", "--max-queue",
              "1024"]  # fmt: skip
-    with running(flags, state_dir=state_dir) as sc:
+    with running(flags, state_dir=state_dir, starts=3) as sc:
         return asyncio.run(measure(sc.url, settings, state_dir))
 
 

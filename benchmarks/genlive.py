@@ -211,7 +211,7 @@ def compare_generative(
         "--device", f"sim:{gpu}", "--profile-models", "", "--policy", "max",
         "--ttft-ms", str(work.ttft_ms), "--tpot-ms", str(work.tpot_ms), "--max-queue", "4096",
     ]  # fmt: skip
-    with running(flags, state_dir=state_dir, admin_token=token) as sc:
+    with running(flags, state_dir=state_dir, admin_token=token, starts=3) as sc:
         return asyncio.run(run_policies(sc.url, token, policies, work, progress))
 
 

@@ -28,7 +28,8 @@ TOKEN = "test-token"
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SidecarProcess]:
     flags = ["--device", "sim:h100", "--profile-models", "", "--policy", "max",
              "--max-queue", "1024"]  # fmt: skip
-    with running(flags, state_dir=tmp_path_factory.mktemp("genlive"), admin_token=TOKEN) as sc:
+    state = tmp_path_factory.mktemp("genlive")
+    with running(flags, state_dir=state, admin_token=TOKEN, starts=3) as sc:
         yield sc
 
 
