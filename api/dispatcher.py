@@ -163,6 +163,7 @@ class GpuDispatcher:
             self.shadow = ShadowLedger(
                 gpu=gpu, device=device, tables=lambda: scheduler.tables, metrics=metrics
             )
+        self._served = metrics.gpu_requests.labels(gpu)
         self._sends: set[asyncio.Task[None]] = set()
         self._streams: dict[int, asyncio.Task[None]] = {}  # in-flight streams by request seq
         self._timer: asyncio.TimerHandle | None = None
@@ -365,6 +366,7 @@ class GpuDispatcher:
             model = self.metrics.model_label(request.model)
             self.metrics.latency.labels(model, client).observe(latency_s)
             if response.ok:
+                self._served.inc()
                 if self.shadow is not None:
                     self.shadow.on_complete(request.model)
                 met = "true" if latency_s * 1000.0 <= request.slo_ms else "false"

@@ -12,7 +12,7 @@ from typing import Generic
 from dvfs.energy import EnergyReading
 from scheduler.observe import ExecutionObserver
 from scheduler.policies import ClockPolicy
-from scheduler.queue import PriorityCfsQueue
+from scheduler.queue import PriorityCfsQueue, VruntimeLedger
 from scheduler.request import Completion, Dispatch, EnqueueResult, P, Request
 from scheduler.view import ModelServing, QueuedRequest
 from scheduler.waitbound import WaitBound
@@ -95,15 +95,18 @@ class Scheduler(Generic[P]):
         config: SchedulerConfig | None = None,
         serving: Mapping[str, ModelServing] | None = None,
         learner: OnlineTables | None = None,
+        ledger: VruntimeLedger | None = None,
     ) -> None:
         """``learner``: when given, every isolated execution (:mod:`scheduler.observe`) is a
-        measurement, and the tables are refitted from them as it says (tables that learn)."""
+        measurement, and the tables are refitted from them as it says (tables that learn).
+        ``ledger``: the virtual runtimes shared with the other GPUs of the node (default: this
+        GPU's own)."""
         self._tables = tables
         self.learner = learner
         self._observer = ExecutionObserver()
         self.policy = policy
         self.config = config or SchedulerConfig()
-        self.queue: PriorityCfsQueue[P] = PriorityCfsQueue()
+        self.queue: PriorityCfsQueue[P] = PriorityCfsQueue(ledger)
         self.inflight: dict[int, Request[P]] = {}
         self._inflight_by_model: dict[str, list[QueuedRequest]] = {}
         self._inflight_levels: dict[str, dict[int, int]] = {}  # model -> level -> at Triton
@@ -183,8 +186,13 @@ class Scheduler(Generic[P]):
         return len(self.queue)
 
     def charge_ms(self, model: str) -> float:
-        """What CFS charges a request of ``model`` when it is sent: one execution's predicted
-        time at the clock now targeted (completion corrects it with the time measured)."""
+        """What CFS charges a request of ``model`` when it is sent (completion corrects it with
+        the time measured): what requests of the model have been charged lately in all, else
+        one execution's predicted time at the clock now targeted. Charging much less than the
+        final charge would let a flow take many free slots before its completions catch up."""
+        served = self.queue.service_ms(model)
+        if served is not None:
+            return served
         table = self._tables.get(model)
         if table is None:
             return self.config.default_slo_ms / 4

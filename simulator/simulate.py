@@ -27,6 +27,7 @@ from scheduler.config import PolicyConfig
 from scheduler.core import Scheduler, SchedulerConfig
 from scheduler.feedback import FeedbackParams
 from scheduler.isolation import ClientUsage, IsolationReport, isolation
+from scheduler.placement import PlacementParams
 from scheduler.policies import SlackParams
 from scheduler.request import Request
 from scheduler.view import ModelServing
@@ -89,6 +90,9 @@ class SimConfig:
     waiting for a fuller one, ``triton_priority_levels`` priority levels, the sidecar's level
     sent as each request's priority, as the embedded models are configured; 0: first come,
     first served); ``max_inflight`` caps what the sidecar keeps at Triton.
+
+    ``gpus`` > 1: a node of that many GPUs (:mod:`simulator.node`), ``load`` a fraction of the
+    node's capacity, ``placement`` choosing each request's GPU.
     """
 
     gpu: str = "v100"
@@ -114,6 +118,8 @@ class SimConfig:
     slack: SlackParams = field(default_factory=SlackParams)
     feedback: FeedbackParams = field(default_factory=FeedbackParams)
     learn: bool = False  # refit the tables online from what the run measures
+    gpus: int = 1
+    placement: PlacementParams = field(default_factory=PlacementParams)
 
     @property
     def scheduler_config(self) -> SchedulerConfig:
@@ -134,10 +140,20 @@ class SimConfig:
         if self.rate_rps is not None:
             return self.rate_rps
         assert self.load is not None
-        return self.load * mix_capacity_rps(profile, self.models)
+        return self.load * self.gpus * mix_capacity_rps(profile, self.models)
 
     def model_slo_ms(self, mix: ModelMix) -> float:
         return mix.slo_ms if mix.slo_ms is not None else self.slo_ms
+
+
+def isolation_work_ms(profile: GpuProfile, names: Sequence[str]) -> dict[str, float]:
+    """GPU time per request of each model, in full batches at the top clock: the unit of work
+    seed 000's isolation metric counts."""
+    return {
+        n: profile.model(n).mean_latency_ms(profile.max_clock_mhz, profile.model(n).max_batch)
+        / profile.model(n).max_batch
+        for n in names
+    }
 
 
 def mix_capacity_rps(profile: GpuProfile, models: Sequence[ModelMix]) -> float:
@@ -496,12 +512,7 @@ def simulate(
 
     stats = {c.name: ClientStats() for c in cfg.clients}
     arrivals_end_s = float(arrivals[-1]) if len(arrivals) else 0.0
-    # GPU time per request of each model, in full batches at the top clock (isolation's unit)
-    work_ms = {
-        n: profile.model(n).mean_latency_ms(profile.max_clock_mhz, profile.model(n).max_batch)
-        / profile.model(n).max_batch
-        for n in names
-    }
+    work_ms = isolation_work_ms(profile, names)
     per_model = {n: ClientStats() for n in names}
     latencies: list[float] = []
     work = np.ones(len(arrivals))  # each request's drawn service time over its mean

@@ -28,6 +28,7 @@ from api.upstream import UpstreamResponse
 
 router = APIRouter(tags=["inference"])
 PASS_HEADERS = ("content-type", HEADER_LENGTH, "accept-encoding", "content-encoding")
+GPU_HEADER = "x-sidecar-gpu"  # which GPU of the node served the request
 Reply = tuple[int, dict[str, str], bytes]
 
 
@@ -84,7 +85,10 @@ async def infer(
     admission = await admit(rt, inbound)
     if admission.answer is not None:
         answer: UpstreamResponse = admission.answer
-        return answer.status, answer.headers, answer.body
+        headers = answer.headers
+        if admission.gpu is not None:
+            headers = {**headers, GPU_HEADER: admission.gpu}
+        return answer.status, headers, answer.body
     status, out_headers, content = error_body(STATUS[admission.outcome], admission.message)
     if admission.retry:
         out_headers = {**out_headers, "retry-after": "1"}
