@@ -41,7 +41,10 @@ millisecond to hundreds of them to land, published for NVIDIA GPUs):
   fit the budgets: each SLO × ``headroom`` × the scale of a
   :class:`scheduler.feedback.TailController` fed every measured TTFT and TPOT (misses cut the
   budget fast, tails well under the SLO let it creep back), so the loop closes on the measured
-  token tails, not on the model's promise.
+  token tails, not on the model's promise. The scale may take the budget past the SLO itself
+  (``feedback.max_scale`` × ``headroom`` > 1): the model's tails err on the slow side, and
+  while the measured tails stay under the feedback's setpoint the model's promise is not what
+  binds; a measured miss cuts the scale at once.
 * Hysteresis: while the present clock's predictions fit, a change waits ``dwell_s`` after the
   last one, needs ``min_gain`` of energy and must look best ``confirm_periods`` periods in a row
   (then the highest of the clocks that did is taken); when they do not fit, the change to the
@@ -156,12 +159,12 @@ class TokenPolicyParams:
     rate_window_s: float = 20.0  # the prompt rate's window
     history_s: float = 120.0  # the requests whose ratios predict the tails
     history_cap: int = 4000
-    dwell_s: float = 10.0
-    min_gain: float = 0.05
-    headroom: float = 0.85
-    min_samples: int = 100
-    confirm_periods: int = 3  # a lower clock must look best this many periods in a row
-    down_band: float = 0.9  # a lower clock's predictions must be within this share of budget
+    dwell_s: float = 5.0
+    min_gain: float = 0.03
+    headroom: float = 0.9
+    min_samples: int = 40
+    confirm_periods: int = 2  # a lower clock must look best this many periods in a row
+    down_band: float = 0.95  # a lower clock's predictions must be within this share of budget
     boost_hold_s: float = 1.0  # a boost for waiting prompts lasts at least this long
     batched_tokens: int = 2048  # the engine's tokens per iteration (its own setting)
     change_latency_s: float = 0.05  # how long a clock change takes to land (the GPU's)
@@ -171,7 +174,7 @@ class TokenPolicyParams:
     clock_stride: int = 2  # candidate clocks: every this many ladder steps
     max_seqs: int = 256
     feedback: FeedbackParams = field(
-        default_factory=lambda: FeedbackParams(setpoint=0.8, min_samples=30, max_scale=1 / 0.85)
+        default_factory=lambda: FeedbackParams(setpoint=0.85, min_samples=30, max_scale=1.3)
     )
 
     def __post_init__(self) -> None:

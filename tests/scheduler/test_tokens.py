@@ -233,3 +233,18 @@ def test_in_the_core_its_admission_limit_caps_streams_and_it_hears_every_token()
     assert core.next_dispatch(0.08) is not None and core.next_dispatch(0.08) is None
     state = policy.state()
     assert state is not None and state[0]["admission_limit"] == 2
+
+
+def test_measured_tails_far_under_the_slos_let_the_budget_pass_the_planned_share() -> None:
+    """The model errs slow: while the measured tails stay far under the SLOs the feedback takes
+    the budget past SLO × headroom (up to the feedback's bound), and a measured miss cuts it."""
+    policy = make_policy()
+    plant = Plant(policy)
+    plant.run(60.0, rate_hz=10, prompt=200, tokens=20, ttft_ms=40, gap_ms=5)
+    ttft_budget, tpot_budget = policy.budgets()
+    h = policy.params.headroom
+    assert ttft_budget > policy.slo.ttft_ms * h and tpot_budget > policy.slo.tpot_ms * h
+    cap = h * policy.params.feedback.max_scale
+    assert ttft_budget <= policy.slo.ttft_ms * cap + 1e-9
+    plant.run(5.0, rate_hz=10, prompt=200, tokens=20, ttft_ms=40, gap_ms=45)
+    assert policy.budgets()[1] < tpot_budget
