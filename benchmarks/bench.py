@@ -4,7 +4,14 @@ over HTTP and over gRPC (each against Triton's own endpoint of the same protocol
 The sidecar runs in its own process (as in production; in-process it would share the load
 generator's GIL) with policy ``max`` and room for everything in flight, in front of the embedded
 Triton's ``noop`` model, so that only the sidecar's own work shows. Direct and sidecar runs
-alternate (A B A B …) so the machine's drift hits both alike; the ratios are the result.
+alternate (A B A B …) so the machine's drift hits both alike; the ratios are the result. The
+sidecar's CPU per request is its own process's accounting (user + system time of all its threads,
+from ``/proc``; Triton runs in a process of its own and is not counted) over each measured run,
+divided by the requests it answered.
+
+``--before-tree DIR`` runs a second sidecar from another source tree (an earlier commit, say) in
+front of the same Triton, measured in the same rounds: a before/after on the same machine at the
+same moment. ``--before FILE`` reads the before figures from an earlier run's results instead.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import argparse
 import asyncio
 import contextlib
 import itertools
+import json
 import os
 import secrets
 import signal
@@ -21,9 +29,10 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -41,6 +50,12 @@ from loadgen.engine import (
 )
 from loadgen.grpc_client import GrpcClient, grpc_payloads
 
+# What the sidecar may cost (the product's goals): CPU µs per request at concurrency 16 by
+# protocol, and the p50 it may add at concurrency 1.
+CPU_TARGET_US = {("http", 16): 150.0, ("grpc", 16): 200.0}
+P50_ADDED_TARGET_US = {("http", 1): 300.0, ("grpc", 1): 300.0}
+RESULTS_DIR = Path("results")
+
 
 @dataclass(frozen=True)
 class Run:
@@ -50,14 +65,40 @@ class Run:
     p50_us: float
     p99_us: float
     mean_us: float
+    cpu_us: float | None = None  # the sidecar's CPU per request answered (None: not measured)
 
 
 @dataclass(frozen=True)
 class Endpoints:
-    """Where the sidecar and its Triton listen, per protocol."""
+    """Where the sidecar and its Triton listen, per protocol, and the sidecar's process id."""
 
     sidecar: dict[str, str]
     triton: dict[str, str]
+    pid: int
+
+
+@dataclass(frozen=True)
+class Cost:
+    """One sidecar at one protocol and concurrency: medians of the rounds, and against direct."""
+
+    protocol: str
+    concurrency: int
+    direct: dict[str, float]  # throughput, p50_us, p99_us
+    sidecar: dict[str, float]  # the same, and cpu_us
+
+    @property
+    def kept(self) -> float:
+        return self.sidecar["throughput"] / self.direct["throughput"]
+
+    def added_us(self, key: str) -> float:
+        return self.sidecar[key] - self.direct[key]
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (every thread), from its ``/proc`` stat."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat.rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @contextlib.contextmanager
@@ -67,11 +108,19 @@ def sidecar_process(
     max_inflight: int = 64,
     token: str | None = None,
     start_timeout_s: float = 180.0,
+    source: Path | None = None,
+    triton: Mapping[str, str] | None = None,
 ) -> Iterator[Endpoints]:
-    """Start ``python -m api serve`` (embedded default, policy max, ``extra`` flags after the
-    others); yield its endpoints."""
+    """Start ``python -m api serve`` (policy max, ``extra`` flags after the others) from this
+    tree or from ``source``, in front of the embedded default or of ``triton`` (its ``http`` and
+    ``grpc`` endpoints); yield its endpoints."""
     token = token or secrets.token_urlsafe(12)
     port, grpc_port = free_port(), free_port()
+    upstream = (
+        []
+        if triton is None
+        else ["--triton-url", triton["http"], "--triton-grpc-url", triton["grpc"]]
+    )
     cmd = [
         sys.executable,
         "-m",
@@ -95,10 +144,15 @@ def sidecar_process(
         str(state_dir),
         "--log-level",
         "warning",
+        *upstream,
         *extra,
     ]
     proc = subprocess.Popen(
-        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        cmd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        cwd=source,
     )
     url = f"127.0.0.1:{port}"
     try:
@@ -118,6 +172,7 @@ def sidecar_process(
         yield Endpoints(
             {"http": url, "grpc": f"127.0.0.1:{grpc_port}"},
             {"http": state["triton_url"], "grpc": state["triton_grpc_url"]},
+            proc.pid,
         )
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -135,9 +190,13 @@ def measure(
     label: str,
     protocol: str = "http",
     model: str = NOOP,
+    cpu_of: int | None = None,
 ) -> Run:
+    """A closed loop of ``duration_s`` (after half a second's warm-up); with ``cpu_of``, that
+    process's CPU over the measured loop per request answered."""
     data = np.ones((1, INPUT_WIDTH), dtype=np.float32)
     classes = [RequestClass("bench")]
+    cpu_s = [0.0, 0.0]
 
     async def go() -> Recorder:
         rec = Recorder()
@@ -157,10 +216,14 @@ def measure(
                 Recorder(),
                 np.random.default_rng(0),
             )  # warm-up
+            if cpu_of is not None:
+                cpu_s[0] = process_cpu_s(cpu_of)
             start = time.monotonic()
             await closed_loop(
                 session, target, concurrency, start + duration_s, rec, np.random.default_rng(0)
             )
+            if cpu_of is not None:
+                cpu_s[1] = process_cpu_s(cpu_of)
         return rec
 
     rec = asyncio.run(go())
@@ -174,6 +237,7 @@ def measure(
         float(np.percentile(lat, 50)),
         float(np.percentile(lat, 99)),
         float(lat.mean()),
+        None if cpu_of is None else (cpu_s[1] - cpu_s[0]) * 1e6 / len(ok),
     )
 
 
@@ -205,63 +269,187 @@ def independent(url: str, concurrency: int, duration_s: float) -> tuple[float, f
     return len(latencies) / (time.monotonic() - start), float(np.mean(latencies))
 
 
+def _median(runs: list[Run], keys: tuple[str, ...]) -> dict[str, float]:
+    out = {}
+    for k in keys:
+        values = [v for r in runs if (v := getattr(r, k)) is not None]
+        if values:
+            out[k] = float(np.median(values))
+    return out
+
+
+def _cell(value: float | None, fmt: str) -> str:
+    return "—" if value is None else format(value, fmt)
+
+
+def cost_table(now: list[Cost], before: Mapping[tuple[str, int], Cost] | None) -> list[str]:
+    """The targets' figures, before and now, one line per protocol and concurrency."""
+    head = (
+        f"{'':>10} │ {'CPU µs/request':^22} │ {'throughput kept':^15} │ "
+        f"{'p50 added µs':^22} │ {'p99 added µs':^15}"
+    )
+    sub = (
+        f"{'proto conc':>10} │ {'before':>6} {'now':>6} {'target':>8} │ {'before':>7} {'now':>7} │ "
+        f"{'before':>6} {'now':>6} {'target':>8} │ {'before':>7} {'now':>7}"
+    )
+    lines = [head, sub]
+    for c in now:
+        key = (c.protocol, c.concurrency)
+        b = None if before is None else before.get(key)
+        cpu_t, p50_t = CPU_TARGET_US.get(key), P50_ADDED_TARGET_US.get(key)
+        lines.append(
+            f"{c.protocol:>5} {c.concurrency:>4} │ "
+            f"{_cell(None if b is None else b.sidecar.get('cpu_us'), '6.0f')} "
+            f"{_cell(c.sidecar.get('cpu_us'), '6.0f')} "
+            f"{'' if cpu_t is None else f'≤ {cpu_t:.0f}':>8} │ "
+            f"{_cell(None if b is None else b.kept, '7.0%')} {c.kept:>7.0%} │ "
+            f"{_cell(None if b is None else b.added_us('p50_us'), '+6.0f')} "
+            f"{c.added_us('p50_us'):>+6.0f} {'' if p50_t is None else f'≤ {p50_t:.0f}':>8} │ "
+            f"{_cell(None if b is None else b.added_us('p99_us'), '+7.0f')} "
+            f"{c.added_us('p99_us'):>+7.0f}"
+        )
+    return lines
+
+
+def read_costs(path: Path) -> dict[tuple[str, int], Cost]:
+    """The before figures from an earlier run's results file: its ``before`` section if it
+    measured one side by side, else its own."""
+    data = json.loads(path.read_text())
+    data = data.get("results", data)
+    rows = data.get("before") or data["cost"]
+    return {
+        (r["protocol"], r["concurrency"]): Cost(
+            r["protocol"], r["concurrency"], r["direct"], r["sidecar"]
+        )
+        for r in rows
+    }
+
+
+def _source_commit(tree: Path) -> str | None:
+    done = subprocess.run(
+        ["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True, check=False
+    )
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench", description=__doc__)
     parser.add_argument("--concurrency", default="1,16")
     parser.add_argument("--duration-s", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=2, help="A/B alternations per concurrency")
     parser.add_argument("--protocols", default="http,grpc")
+    parser.add_argument(
+        "--before-tree",
+        type=Path,
+        help="a source tree (e.g. an earlier commit's) whose sidecar is measured side by side",
+    )
+    parser.add_argument(
+        "--before", type=Path, help="an earlier run's results (JSON): the before figures"
+    )
+    parser.add_argument("--no-check", action="store_true", help="skip loadgen's own check")
+    parser.add_argument("--results", type=Path, default=RESULTS_DIR / "bench.json")
     args = parser.parse_args(argv)
     levels = [int(c) for c in args.concurrency.split(",")]
     protocols = args.protocols.split(",")
-    with tempfile.TemporaryDirectory() as tmp, sidecar_process(Path(tmp)) as ends:
+    keys = ("throughput", "p50_us", "p99_us")
+    sides = ["now"] + (["before"] if args.before_tree else [])
+    costs: dict[str, list[Cost]] = {side: [] for side in sides}
+    checks: list[dict[str, float]] = []
+    no_profiling = "--profile-models="  # policy max needs no table: start in seconds
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        ends = {"now": stack.enter_context(sidecar_process(tmp / "now", no_profiling))}
+        if args.before_tree:
+            ends["before"] = stack.enter_context(
+                sidecar_process(
+                    tmp / "before",
+                    no_profiling,
+                    source=args.before_tree.resolve(),
+                    triton=ends["now"].triton,
+                )
+            )
+        triton = ends["now"].triton
         print(
-            f"sidecar {ends.sidecar} (policy max, 64 in flight) in front of Triton "
-            f"{ends.triton}; model noop"
+            f"sidecar{'s' if len(sides) > 1 else ''} "
+            + ", ".join(f"{s} {ends[s].sidecar}" for s in sides)
+            + f" (policy max, 64 in flight) in front of Triton {triton}; model noop"
         )
-        print(f"{'proto':>5} {'conc':>4} {'path':>8} {'infer/s':>9} {'p50 µs':>8} {'p99 µs':>8}")
-        summary = []
+        print(
+            f"{'proto':>5} {'conc':>4} {'path':>8} {'infer/s':>9} {'p50 µs':>8} {'p99 µs':>8} "
+            f"{'CPU µs/req':>10}"
+        )
         for protocol, c in itertools.product(protocols, levels):
-            runs: dict[str, list[Run]] = {"direct": [], "sidecar": []}
+            runs: dict[str, list[Run]] = {"direct": [], **{s: [] for s in sides}}
             for _ in range(args.rounds):
-                for label, url in (
-                    ("direct", ends.triton[protocol]),
-                    ("sidecar", ends.sidecar[protocol]),
-                ):
-                    r = measure(url, c, args.duration_s, label, protocol)
+                for label in runs:
+                    where = triton if label == "direct" else ends[label].sidecar
+                    pid = None if label == "direct" else ends[label].pid
+                    r = measure(where[protocol], c, args.duration_s, label, protocol, cpu_of=pid)
                     runs[label].append(r)
                     print(
                         f"{protocol:>5} {c:>4} {label:>8} {r.throughput:>9.0f} "
-                        f"{r.p50_us:>8.0f} {r.p99_us:>8.0f}",
+                        f"{r.p50_us:>8.0f} {r.p99_us:>8.0f} {_cell(r.cpu_us, '10.0f')}",
                         flush=True,
                     )
-            d = {
-                k: float(np.median([getattr(r, k) for r in runs["direct"]]))
-                for k in ("throughput", "p50_us", "p99_us")
-            }
-            s = {
-                k: float(np.median([getattr(r, k) for r in runs["sidecar"]]))
-                for k in ("throughput", "p50_us", "p99_us")
-            }
-            summary.append((protocol, c, d, s))
-        print("\nthe sidecar's cost (medians of the rounds):")
-        for protocol, c, d, s in summary:
-            kept = s["throughput"] / d["throughput"]
-            print(
-                f"  {protocol:>4} concurrency {c:>2}: throughput kept {kept:.0%} "
-                f"({s['throughput']:.0f} vs {d['throughput']:.0f} infer/s); "
-                f"p50 +{s['p50_us'] - d['p50_us']:.0f} µs ({s['p50_us'] / d['p50_us']:.2f}×); "
-                f"p99 +{s['p99_us'] - d['p99_us']:.0f} µs ({s['p99_us'] / d['p99_us']:.2f}×)"
-            )
-        print("\nloadgen against an independent client (tritonclient threads), straight to Triton:")
-        for c in (1, 4):
-            lg = measure(ends.triton["http"], c, args.duration_s, "direct")
-            tput, mean = independent(ends.triton["http"], c, args.duration_s)
-            print(
-                f"  concurrency {c}: loadgen {lg.throughput:.0f} infer/s, "
-                f"mean {lg.mean_us:.0f} µs; "
-                f"tritonclient {tput:.0f} infer/s, mean {mean:.0f} µs"
-            )
+            direct = _median(runs["direct"], keys)
+            for side in sides:
+                costs[side].append(
+                    Cost(protocol, c, direct, _median(runs[side], (*keys, "cpu_us")))
+                )
+        if not args.no_check:
+            print("\nloadgen against an independent client (tritonclient threads), to Triton:")
+            for c in (1, 4):
+                lg = measure(triton["http"], c, args.duration_s, "direct")
+                tput, mean = independent(triton["http"], c, args.duration_s)
+                checks.append(
+                    {
+                        "concurrency": c,
+                        "loadgen_infer_per_s": lg.throughput,
+                        "loadgen_mean_us": lg.mean_us,
+                        "tritonclient_infer_per_s": tput,
+                        "tritonclient_mean_us": mean,
+                    }
+                )
+                print(
+                    f"  concurrency {c}: loadgen {lg.throughput:.0f} infer/s, "
+                    f"mean {lg.mean_us:.0f} µs; tritonclient {tput:.0f} infer/s, "
+                    f"mean {mean:.0f} µs"
+                )
+    before: dict[tuple[str, int], Cost] | None = None
+    if "before" in costs:
+        before = {(b.protocol, b.concurrency): b for b in costs["before"]}
+    elif args.before is not None:
+        before = read_costs(args.before)
+    print(
+        f"\nthe sidecar's cost (medians of {args.rounds} rounds of {args.duration_s:g} s; "
+        f"added = sidecar − direct; before: "
+        + (
+            f"{args.before_tree}, side by side"
+            if args.before_tree
+            else str(args.before)
+            if args.before
+            else "none given"
+        )
+        + "):"
+    )
+    for line in cost_table(costs["now"], before):
+        print("  " + line)
+    data: dict[str, Any] = {
+        "settings": {
+            "model": NOOP,
+            "policy": "max",
+            "duration_s": args.duration_s,
+            "rounds": args.rounds,
+        },
+        "cost": [asdict(c) for c in costs["now"]],
+        "loadgen_check": checks,
+    }
+    if "before" in costs:
+        data["before"] = [asdict(c) for c in costs["before"]]
+        data["before_source"] = _source_commit(args.before_tree) or str(args.before_tree)
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    args.results.write_text(json.dumps(data, indent=2) + "\n")
+    print(f"\nwritten to {args.results}")
     return 0
 
 

@@ -19,9 +19,9 @@ from fastapi.responses import Response
 from api.admission import Inbound, Outcome, admit
 from api.dispatcher import Job, post
 from api.errors import error_body
-from api.hints import HEADER_LENGTH, json_header
+from api.hints import HEADER_LENGTH, json_header_bytes, parse_json_object
 from api.runtime import Runtime
-from api.tensors import ModelLimits, check_request
+from api.tensors import MAX_JSON_DEPTH, ModelLimits, check_request, nesting_bound
 from api.upstream import UpstreamResponse
 
 router = APIRouter(tags=["inference"])
@@ -33,16 +33,19 @@ class HttpBody:
     """An HTTP inference body as admission reads it: the JSON (or the binary extension's JSON
     header), parsed once."""
 
-    __slots__ = ("_body", "_headers", "_json")
+    __slots__ = ("_body", "_headers", "_json", "_shallow")
 
     def __init__(self, body: bytes, headers: Mapping[str, str]) -> None:
         self._body = body
         self._headers = headers
         self._json: dict[str, Any] | None = None
+        self._shallow = False
 
     def _parsed(self) -> dict[str, Any]:
         if self._json is None:
-            self._json = json_header(self._body, self._headers)
+            raw = json_header_bytes(self._body, self._headers)
+            self._json = parse_json_object(raw)
+            self._shallow = nesting_bound(raw) <= MAX_JSON_DEPTH
         return self._json
 
     def parameters(self) -> Any:
@@ -51,7 +54,10 @@ class HttpBody:
     def check(self, *, max_elements: int, model: ModelLimits | None) -> None:
         header_length = self._headers.get(HEADER_LENGTH)
         binary = len(self._body) - int(header_length) if header_length is not None else 0
-        check_request(self._parsed(), binary, max_elements=max_elements, model=model)
+        request = self._parsed()
+        check_request(
+            request, binary, max_elements=max_elements, model=model, shallow=self._shallow
+        )
 
 
 STATUS = {
@@ -126,12 +132,9 @@ class InferenceFastPath:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
-            parts = scope["path"].split("/")
-            # ["", "v2", "models", m, "infer"] or ["", "v2", "models", m, "versions", v, "infer"]
-            shaped = len(parts) == 5 or (len(parts) == 7 and parts[4] == "versions")
-            if shaped and parts[1:3] == ["v2", "models"] and parts[-1] == "infer":
-                version = parts[5] if len(parts) == 7 else None
-                await self._serve(scope, receive, send, parts[3], version)
+            target = infer_target(scope["path"])
+            if target is not None:
+                await self._serve(scope, receive, send, *target)
                 return
         await self.app(scope, receive, send)
 
@@ -177,6 +180,17 @@ class InferenceFastPath:
             await _send_reply(send, error_body(503, "the sidecar is shutting down"))
             return
         await _send_reply(send, work.result())
+
+
+def infer_target(path: str) -> tuple[str, str | None] | None:
+    """``(model, version)`` when ``path`` is an inference path (version None when it names
+    none), else None."""
+    parts = path.split("/")
+    # ["", "v2", "models", m, "infer"] or ["", "v2", "models", m, "versions", v, "infer"]
+    shaped = len(parts) == 5 or (len(parts) == 7 and parts[4] == "versions")
+    if shaped and parts[1] == "v2" and parts[2] == "models" and parts[-1] == "infer":
+        return parts[3], parts[5] if len(parts) == 7 else None
+    return None
 
 
 async def _disconnected(receive: Receive) -> None:
