@@ -53,7 +53,7 @@ monitor: setup $(PROMETHEUS)
 	grafana/monitor.sh $(SIDECAR) $(TRITON_METRICS)
 
 # Read-only check on a machine with an NVIDIA GPU (never changes a GPU setting); without a GPU
-# it says so and fails. Offline GPU machines: see README, "Checking on a real GPU".
+# it says so and fails. Offline GPU machines: see docs/operations.md, "Checking on a real GPU".
 gpu-check:
 	scripts/gpu-check $(ARGS)
 

@@ -57,6 +57,10 @@ class Inbound:
     headers: Mapping[str, str]  # text headers or metadata: hint fallbacks, authorization
     arrival_s: float
     job: Job
+    # Whether the model must be one Triton serves (checked, and its config's bounds applied);
+    # False when another engine serves it (the OpenAI upstream answers for its own models).
+    resolve: bool = True
+    prompt_tokens: int = 0  # a generative request: its prompt's length, as the edge estimates it
 
 
 @dataclass(slots=True)  # not frozen: built per request, and cheaper so
@@ -129,15 +133,18 @@ async def _admit(rt: Runtime, inbound: Inbound, tally: _Tally) -> Admission:
     tally.client = metrics.client_label(hints.client_id)
     tally.priority = str(dispatcher.level_of(hints.priority))
     metrics.client_weight_of(tally.client, tally.priority).set(weight_for_nice(hints.nice))
-    if model not in models.known and not await models.exists(model):
+    if inbound.resolve and model not in models.known and not await models.exists(model):
         return done(Outcome.UNKNOWN_MODEL, f"Request for unknown model: '{model}' is not found")
     try:
-        limits = models.cached_limits(model) or await models.limits(model)
+        limits = (
+            (models.cached_limits(model) or await models.limits(model)) if inbound.resolve else None
+        )
         inbound.body.check(max_elements=rt.config.max_request_elements, model=limits)
     except BadRequestError as err:
         return done(Outcome.BAD_REQUEST, str(err))
     inbound.job.timeout_us = hints.timeout_us
     request = hints.request(model, inbound.arrival_s, rt.config.slo_ms, inbound.job)
+    request.prompt_tokens = inbound.prompt_tokens
     try:
         answer = await dispatcher.submit(request)
     except RejectedError as err:

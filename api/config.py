@@ -43,6 +43,7 @@ class GatewayConfig:
     grpc_port: int = 8001
     triton_url: str | None = None
     triton_grpc_url: str | None = None
+    upstream: str | None = None
     device: str | None = None
     table: tuple[Path, ...] = ()
     admin_token: str | None = None
@@ -74,6 +75,8 @@ class GatewayConfig:
             raise ValueError(
                 f"--grpc-port must be in 0..65535 (0: any free port), got {self.grpc_port}"
             )
+        if self.upstream is not None and not self.upstream.startswith("openai=http"):
+            raise ValueError(f"--upstream must be openai=http://host:port, got {self.upstream!r}")
         if not self.scheduler.default_slo_ms > 0:
             raise ValueError(f"--slo-ms must be > 0, got {self.scheduler.default_slo_ms}")
         for name in (
@@ -97,6 +100,11 @@ class GatewayConfig:
     @property
     def embedded(self) -> bool:
         return self.triton_url is None
+
+    @property
+    def openai_url(self) -> str | None:
+        """The OpenAI-compatible engine's base URL, if one is configured."""
+        return None if self.upstream is None else self.upstream.removeprefix("openai=")
 
     @property
     def slo_ms(self) -> float:
@@ -142,6 +150,8 @@ _GATEWAY_HELP = {
     "grpc_port": "port for the KServe v2 gRPC front end (Triton's own gRPC port; 0: any free)",
     "triton_url": "an existing Triton (host:port); omitted: start the embedded default",
     "triton_grpc_url": "that Triton's gRPC (host:port); omitted: --triton-url's host, port + 1",
+    "upstream": "an OpenAI-compatible engine for /v1/* (openai=http://host:port: vLLM, "
+    "TensorRT-LLM, Triton's OpenAI front end); omitted: /v1/* speaks to Triton's generate",
     "device": "sim:<profile> or nvml:<index> (default: NVML GPU 0 if present, else sim:v100)",
     "table": "time2clock table file(s), comma-separated (each holds one or more models); "
     "omitted in the embedded default: profile and cache one per model",
@@ -238,8 +248,14 @@ def _options() -> tuple[Option, ...]:
         out.append(Option(("scheduler", f.name), flag, text, str(f.type), _builtin(f)))
     out.append(
         Option(("policy", "name"), "policy", "clock policy: " + ", ".join(POLICIES) +
-               ", or fixed:MHZ", "str", PolicyConfig().name)
+               ", tokens (a GPU serving an LLM engine), or fixed:MHZ", "str", PolicyConfig().name)
     )  # fmt: skip
+    for name, text in (
+        ("ttft_ms", "tokens: the p99 time to first token it holds, ms"),
+        ("tpot_ms", "tokens: the p99 time per output token it holds, ms"),
+    ):
+        out.append(Option(("policy", name), name.replace("_", "-"), text, "float",
+                          getattr(PolicyConfig(), name)))  # fmt: skip
     for cls, section, texts in ((SlackParams, "slack", _SLACK_HELP),
                                 (FeedbackParams, "feedback", _FEEDBACK_HELP)):  # fmt: skip
         for f in fields(cls):
@@ -382,7 +398,7 @@ def build(leaves: Mapping[tuple[str, ...], Any]) -> GatewayConfig:
     if values.get("admin_token_file") is not None and values.get("admin_token") is None:
         values["admin_token"] = read_token(values["admin_token_file"])
     policy = PolicyConfig(
-        name=leaves.get(("policy", "name"), PolicyConfig().name),
+        **{p[1]: v for p, v in leaves.items() if len(p) == 2 and p[0] == "policy"},
         slack=part(SlackParams, ("policy", "slack")),
         feedback=part(FeedbackParams, ("policy", "feedback")),
     )

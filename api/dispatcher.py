@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Protocol
 
 from api.metrics import GatewayMetrics
@@ -40,6 +41,13 @@ class UnavailableError(Exception):
     """An accepted request could not be served: Triton down, timeout expired, shutting down."""
 
 
+class TokenSource(Protocol):
+    """What times a stream's tokens (:class:`api.streaming.TokenMeter`): it calls each
+    listener with the time of every token."""
+
+    def listen(self, listener: Callable[[float], None]) -> None: ...
+
+
 class Answer(Protocol):
     """An upstream's answer to one request: ``ok`` when the upstream served it."""
 
@@ -58,6 +66,11 @@ class Job:
     future: asyncio.Future[Any] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
+    # A stream (tokens of a generative model): when its client leaves after it was sent, the
+    # send is cut short and its place at the upstream freed at once; ``tokens`` tells the
+    # policy of each token as it goes by.
+    stream: bool = False
+    tokens: TokenSource | None = None
 
 
 def post(
@@ -148,6 +161,7 @@ class GpuDispatcher:
                 gpu=gpu, device=device, tables=lambda: scheduler.tables, metrics=metrics
             )
         self._sends: set[asyncio.Task[None]] = set()
+        self._streams: dict[int, asyncio.Task[None]] = {}  # in-flight streams by request seq
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._closed = False
@@ -254,7 +268,8 @@ class GpuDispatcher:
         try:
             return await job.future
         except asyncio.CancelledError:  # the client went away: its place in the queue goes too
-            self._forget(request)
+            if not self._forget(request) and (stream := self._streams.get(request.seq)):
+                stream.cancel()  # already sent: the upstream stops generating for nobody
             raise
         finally:
             if timer is not None:
@@ -278,10 +293,10 @@ class GpuDispatcher:
             request, job = d.request, _job(d.request)
             now = self._now()
             if job.future.cancelled():  # its client is gone: nothing to send, nobody to answer
-                self.scheduler.on_complete(request, 0.0, now, measured=False)
+                self._apply(self.scheduler.on_complete(request, 0.0, now, measured=False).clock_mhz)
                 continue
             if job.timeout_us is not None and (now - request.arrival_s) * 1e6 > job.timeout_us:
-                self.scheduler.on_complete(request, 0.0, now, measured=False)
+                self._apply(self.scheduler.on_complete(request, 0.0, now, measured=False).clock_mhz)
                 self._fail(request, UnavailableError("Request timeout expired"))
                 continue
             self.metrics.queue_delay_of(self.metrics.model_label(request.model)).observe(
@@ -290,7 +305,19 @@ class GpuDispatcher:
             task = asyncio.create_task(self._send(request, now))
             self._sends.add(task)
             task.add_done_callback(self._sends.discard)
+            if job.tokens is not None:
+                job.tokens.listen(partial(self._token, request))
+            if job.stream:
+                self._streams[request.seq] = task
+                task.add_done_callback(partial(self._stream_done, request.seq))
         self._arm_timer()
+
+    def _token(self, request: Request[Job], now_s: float) -> None:
+        if request.seq in self.scheduler.inflight:
+            self._apply(self.scheduler.on_token(request, now_s))
+
+    def _stream_done(self, seq: int, _: asyncio.Task[None]) -> None:
+        self._streams.pop(seq, None)
 
     async def _send(self, request: Request[Job], sent_s: float) -> None:
         job = _job(request)
@@ -298,9 +325,16 @@ class GpuDispatcher:
         response: Any = None
         try:
             response = await job.send(self.upstream)
-        except asyncio.CancelledError:  # shutting down with Triton not answering
-            self._fail(request, UnavailableError("the sidecar is shutting down"))
-            raise
+        except asyncio.CancelledError:
+            if self._closed:  # shutting down with Triton not answering
+                self._fail(request, UnavailableError("the sidecar is shutting down"))
+                raise
+            # A stream whose client left: its place at the upstream is free now.
+            done = self.scheduler.on_complete(request, self._now() - sent_s, self._now(),
+                                              measured=False)  # fmt: skip
+            self._apply(done.clock_mhz)
+            self._pump()
+            return
         except UpstreamUnavailableError as err:
             error = UnavailableError(str(err))
         except Exception as err:  # answered below, never silently dropped
@@ -309,7 +343,10 @@ class GpuDispatcher:
         now = self._now()
         service_s = now - sent_s
         served = error is None and response is not None and bool(response.ok)
-        done = self.scheduler.on_complete(request, service_s, now, measured=served)
+        # A stream's length is its output's, not an execution time: tables do not learn from it.
+        done = self.scheduler.on_complete(
+            request, service_s, now, measured=served and not job.stream
+        )
         self._apply(done.clock_mhz)
         metrics = self.metrics
         model = metrics.model_label(request.model)

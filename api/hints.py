@@ -2,8 +2,9 @@
 
 Hints ride in the request's JSON ``parameters`` (for binary-tensor requests, in the JSON header
 that ``Inference-Header-Content-Length`` delimits, so the tensors are never touched): ``priority``
-and ``timeout`` with Triton's meaning, and ``nice``, ``slo_ms``, ``client_id``. Clients that cannot
-set parameters may send the headers ``x-nice``, ``x-slo-ms``, ``x-client-id`` instead; parameters
+and ``timeout`` with Triton's meaning, and ``nice``, ``slo_ms``, ``client_id`` (and, for streams of
+tokens, ``ttft_ms`` and ``tpot_ms``). Clients that cannot set parameters may send the headers
+``x-nice``, ``x-slo-ms``, ``x-client-id``, ``x-ttft-ms``, ``x-tpot-ms`` instead; parameters
 win when both are given. Triton accepts the extra parameters, so the body is forwarded as is.
 """
 
@@ -39,6 +40,8 @@ class Hints:
     nice: int = 0
     slo_ms: float | None = None
     client_id: str = "default"
+    ttft_ms: float | None = None  # generative models: time to the first token
+    tpot_ms: float | None = None  # and time per output token after it
 
     def request(
         self, model: str, arrival_s: float, default_slo_ms: float, job: Job
@@ -52,6 +55,8 @@ class Hints:
             nice=self.nice,
             client_id=self.client_id,
             payload=job,
+            ttft_ms=self.ttft_ms,
+            tpot_ms=self.tpot_ms,
         )
 
 
@@ -150,6 +155,8 @@ def parse_hints(
     timeout_us = None if timeout is None else _strict_int("timeout", timeout, 0, MAX_TIMEOUT_US)
     nice = pick("nice", "x-nice")
     slo = pick("slo_ms", "x-slo-ms")
+    ttft = pick("ttft_ms", "x-ttft-ms")
+    tpot = pick("tpot_ms", "x-tpot-ms")
     client = pick("client_id", "x-client-id")
     if client is not None and (not isinstance(client, str) or not 0 < len(client) <= MAX_CLIENT_ID):
         raise BadRequestError(f"client_id must be a string of 1..{MAX_CLIENT_ID} characters")
@@ -159,4 +166,6 @@ def parse_hints(
         nice=0 if nice is None else _int("nice", nice, NICE_MIN, NICE_MAX),
         slo_ms=None if slo is None else _positive("slo_ms", slo),
         client_id=client or "default",
+        ttft_ms=None if ttft is None else _positive("ttft_ms", ttft),
+        tpot_ms=None if tpot is None else _positive("tpot_ms", tpot),
     )

@@ -36,6 +36,11 @@ LATENCY_BUCKETS_S = (
     5.0,
     10.0,
 )
+# Decode steps of a large model on a GPU take a few to a few hundred milliseconds.
+TOKEN_GAP_BUCKETS_S = (
+    *(0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075),
+    *(0.1, 0.15, 0.25, 0.5, 1.0),
+)
 MAX_CLIENT_LABELS = 100  # beyond this, clients share the label "other" (bounded cardinality)
 MAX_LABEL_CHARS = 64
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.:@/+=-]")
@@ -107,6 +112,32 @@ class GatewayMetrics:
             "End-to-end latency in the sidecar (queue + Triton).",
             ["model", "client"],
             buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "sidecar_time_to_first_token_seconds",
+            "Streams of tokens: from arrival to the first token.",
+            ["model"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.inter_token = Histogram(
+            "sidecar_inter_token_seconds",
+            "Streams of tokens: time between one token and the next.",
+            ["model"],
+            buckets=TOKEN_GAP_BUCKETS_S,
+            registry=r,
+        )
+        self.output_tokens = Counter(
+            "sidecar_output_tokens",
+            "Tokens streamed back to clients (energy per token: the GPUs' energy over this).",
+            ["model"],
+            registry=r,
+        )
+        self.token_slo = Counter(
+            "sidecar_token_slo_requests",
+            "Streams by token SLO (ttft, tpot) and whether they met it.",
+            ["model", "slo", "met"],
             registry=r,
         )
         self.queue_delay = Histogram(

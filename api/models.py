@@ -111,6 +111,18 @@ class ModelIndex:
         }
         self.known |= names
 
+    async def names(self) -> list[str]:
+        """Every model known to be served: the repository index (refreshed), and those asked
+        for by name."""
+        upstream = self._upstream()
+        if upstream is not None and self._index_allowed:
+            try:
+                self._refreshed_at_s = self._now()
+                await self._refresh(upstream)
+            except UpstreamUnavailableError:
+                pass
+        return sorted(self.known)
+
     async def limits(self, model: str) -> ModelLimits | None:
         """The per-input bounds from the model's config (asked once), or None if Triton gives
         no config."""

@@ -12,6 +12,7 @@ from typing import Any
 from api.config import GatewayConfig
 from api.dispatcher import GpuDispatcher, Job
 from api.embedded import EMULATED, NOOP, EmbeddedTriton
+from api.embedded_llm import SIMLLM, engine_prior
 from api.learning import LearnedTableSaver, LearningCollector, learned_path, load_learned
 from api.metrics import GatewayMetrics
 from api.models import ModelIndex
@@ -20,10 +21,12 @@ from api.upstream import Upstream
 from api.watch import TritonWatch
 from dvfs.device import Device
 from dvfs.factory import default_device_spec, open_device, parse_device_spec
+from dvfs.llm_profiles import LLM_GPUS
 from dvfs.lockrecord import GpuLockRecord
 from dvfs.profiles import get_profile
 from dvfs.readonly import ReadOnlyDevice
 from scheduler.core import Scheduler
+from scheduler.policies import ClockPolicy
 from scheduler.view import ModelServing
 from time2clock.fit import fit_model_table
 from time2clock.online import OnlineTables
@@ -31,6 +34,9 @@ from time2clock.profile import TritonMeasurer, select_clocks, sweep
 from time2clock.table import TableError, TableSet
 
 log = logging.getLogger(__name__)
+# A decoupled model's engine batches on its own: as many sequences as vLLM runs by default
+# (max_num_seqs); the token policy may hold fewer.
+ENGINE_SEQUENCES = 256
 TABLES_VERSION = 2  # in the cache's file names: a new table format never reads an old cache
 
 
@@ -39,6 +45,8 @@ def serving_from_config(config: dict[str, Any]) -> ModelServing:
     ``max_batch_size`` when its dynamic batcher is on (else Triton runs requests one by one),
     on as many instances as its instance groups count."""
     instances = sum(int(g.get("count", 1)) for g in config.get("instance_group", [])) or 1
+    if config.get("model_transaction_policy", {}).get("decoupled"):
+        return ModelServing(streams=ENGINE_SEQUENCES)
     batching = "dynamic_batching" in config and int(config.get("max_batch_size", 0)) > 0
     return ModelServing(
         max_batch=int(config["max_batch_size"]) if batching else 1, instances=max(1, instances)
@@ -54,6 +62,7 @@ class Runtime:
         self.device: Device | None = None
         self.embedded: EmbeddedTriton | None = None
         self.upstream: Upstream | None = None
+        self.openai: Upstream | None = None  # an OpenAI-compatible engine, when configured
         self.dispatcher: GpuDispatcher | None = None
         self.models = ModelIndex(lambda: self.upstream, on_config=self._model_config)
         metrics.model_label = self.models.label
@@ -77,6 +86,11 @@ class Runtime:
                 self.triton_url, max_connections=self.config.scheduler.max_inflight + 16
             )
             await self.upstream.open()
+            if self.config.openai_url is not None:
+                self.openai = Upstream(
+                    self.config.openai_url, max_connections=self.config.scheduler.max_inflight + 16
+                )
+                await self.openai.open()
             self.watch = TritonWatch(
                 self.upstream,
                 embedded=self.embedded,
@@ -84,7 +98,7 @@ class Runtime:
                 probe_interval_s=self.config.probe_interval_s,
                 liveness_grace_s=self.config.liveness_grace_s,
             )
-            policy = self.config.policy.build(self.device.supported_clocks_mhz())
+            policy = self.build_policy()
             if self.learning:
                 self.learner = OnlineTables(
                     self.device.supported_clocks_mhz(), gpu=tables.gpu or self.gpu_name
@@ -120,6 +134,13 @@ class Runtime:
         except BaseException:
             await self.stop()
             raise
+
+    def build_policy(self, name: str | None = None) -> ClockPolicy:
+        """The configured policy (or ``name``, with the configured parameters) for this GPU;
+        ``tokens`` gets the embedded engine's profile."""
+        assert self.device is not None
+        engine = engine_prior(self.gpu_name) if self.embedded is not None else None
+        return self.config.policy.build(self.device.supported_clocks_mhz(), name, engine)
 
     @property
     def learning(self) -> bool:
@@ -176,6 +197,8 @@ class Runtime:
             self.embedded = EmbeddedTriton(state_path)
             self.embedded.start()
             self.models.known.update((*EMULATED, NOOP))
+            if arg in LLM_GPUS:
+                self.models.known.add(SIMLLM)
         gpu_name = self.gpu_name = arg if kind == "sim" else self.device.identity.name
         learned = load_learned(self.learned_path) if self.learning else TableSet()
         self.learned_models = learned.models
@@ -291,6 +314,8 @@ class Runtime:
             await self.saver.stop()
         if self.upstream is not None:
             await self.upstream.close()
+        if self.openai is not None:
+            await self.openai.close()
         await asyncio.to_thread(self._close_blocking)
 
     def _close_blocking(self) -> None:

@@ -11,7 +11,7 @@ divided by the requests it answered.
 
 ``--before-tree DIR`` runs a second sidecar from another source tree (an earlier commit, say) in
 front of the same Triton, measured in the same rounds: a before/after on the same machine at the
-same moment. ``--before FILE`` reads the before figures from an earlier run's results instead.
+same moment. ``--before FILE`` reads the before figures from an earlier run's ``bench.json``.
 """
 
 from __future__ import annotations
@@ -23,22 +23,21 @@ import itertools
 import json
 import os
 import secrets
-import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import tritonclient.http as httpclient
 
-from api.embedded import INPUT_WIDTH, NOOP, free_port
+from api.embedded import INPUT_WIDTH, NOOP
+from benchmarks.sidecar import running
 from loadgen.classes import RequestClass
 from loadgen.engine import (
     InputTensor,
@@ -49,12 +48,12 @@ from loadgen.engine import (
     new_session,
 )
 from loadgen.grpc_client import GrpcClient, grpc_payloads
+from simulator.results import DEFAULT_DIR, markdown_table, write_results
 
 # What the sidecar may cost (the product's goals): CPU µs per request at concurrency 16 by
 # protocol, and the p50 it may add at concurrency 1.
 CPU_TARGET_US = {("http", 16): 150.0, ("grpc", 16): 200.0}
 P50_ADDED_TARGET_US = {("http", 1): 300.0, ("grpc", 1): 300.0}
-RESULTS_DIR = Path("results")
 
 
 @dataclass(frozen=True)
@@ -70,7 +69,7 @@ class Run:
 
 @dataclass(frozen=True)
 class Endpoints:
-    """Where the sidecar and its Triton listen, per protocol, and the sidecar's process id."""
+    """Where the sidecar and its Triton listen, per protocol; the sidecar's pid."""
 
     sidecar: dict[str, str]
     triton: dict[str, str]
@@ -83,15 +82,26 @@ class Cost:
 
     protocol: str
     concurrency: int
-    direct: dict[str, float]  # throughput, p50_us, p99_us
+    direct: dict[str, float]  # infer_per_s, p50_us, p99_us
     sidecar: dict[str, float]  # the same, and cpu_us
 
     @property
     def kept(self) -> float:
-        return self.sidecar["throughput"] / self.direct["throughput"]
+        return self.sidecar["infer_per_s"] / self.direct["infer_per_s"]
 
     def added_us(self, key: str) -> float:
         return self.sidecar[key] - self.direct[key]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "protocol": self.protocol,
+            "concurrency": self.concurrency,
+            "direct": self.direct,
+            "sidecar": self.sidecar,
+            "throughput_kept": self.kept,
+            "p50_added_us": self.added_us("p50_us"),
+            "p99_added_us": self.added_us("p99_us"),
+        }
 
 
 def process_cpu_s(pid: int) -> float:
@@ -111,76 +121,32 @@ def sidecar_process(
     source: Path | None = None,
     triton: Mapping[str, str] | None = None,
 ) -> Iterator[Endpoints]:
-    """Start ``python -m api serve`` (policy max, ``extra`` flags after the others) from this
-    tree or from ``source``, in front of the embedded default or of ``triton`` (its ``http`` and
-    ``grpc`` endpoints); yield its endpoints."""
-    token = token or secrets.token_urlsafe(12)
-    port, grpc_port = free_port(), free_port()
+    """``python -m api serve`` in a process of its own (:mod:`benchmarks.sidecar`): the embedded
+    default on a simulated V100 (or in front of ``triton``'s ``http`` and ``grpc`` endpoints),
+    policy max, room for everything queued, ``extra`` flags after the others, from this tree or
+    from ``source``; yields its endpoints and its Triton's."""
     upstream = (
         []
         if triton is None
         else ["--triton-url", triton["http"], "--triton-grpc-url", triton["grpc"]]
     )
-    cmd = [
-        sys.executable,
-        "-m",
-        "api",
-        "serve",
-        "--port",
-        str(port),
-        "--grpc-port",
-        str(grpc_port),
-        "--policy",
-        "max",
-        "--max-inflight",
-        str(max_inflight),
-        "--max-queue",
-        "10000",
-        "--device",
-        "sim:v100",
-        "--admin-token",
-        token,
-        "--state-dir",
-        str(state_dir),
-        "--log-level",
-        "warning",
-        *upstream,
-        *extra,
-    ]
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
+    flags = [
+        "--policy", "max", "--max-inflight", str(max_inflight), "--max-queue", "10000",
+        "--device", "sim:v100", "--log-level", "warning", *upstream, *extra,
+    ]  # fmt: skip
+    with running(
+        flags,
+        state_dir=state_dir,
+        admin_token=token or secrets.token_urlsafe(12),
+        start_timeout_s=start_timeout_s,
         cwd=source,
-    )
-    url = f"127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + start_timeout_s
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the sidecar exited during start-up (code {proc.returncode})")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"http://{url}/v2/health/ready", timeout=2).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise TimeoutError("the sidecar did not become ready")
-            time.sleep(0.2)
-        state = httpx.get(
-            f"http://{url}/admin/state", headers={"Authorization": f"Bearer {token}"}
-        ).json()
+    ) as sc:
+        state = sc.admin("/admin/state")
         yield Endpoints(
-            {"http": url, "grpc": f"127.0.0.1:{grpc_port}"},
+            {"http": sc.url, "grpc": sc.grpc_url},
             {"http": state["triton_url"], "grpc": state["triton_grpc_url"]},
-            proc.pid,
+            sc.pid,
         )
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
 
 
 def measure(
@@ -269,12 +235,16 @@ def independent(url: str, concurrency: int, duration_s: float) -> tuple[float, f
     return len(latencies) / (time.monotonic() - start), float(np.mean(latencies))
 
 
-def _median(runs: list[Run], keys: tuple[str, ...]) -> dict[str, float]:
-    out = {}
-    for k in keys:
-        values = [v for r in runs if (v := getattr(r, k)) is not None]
-        if values:
-            out[k] = float(np.median(values))
+def _median(runs: list[Run]) -> dict[str, float]:
+    """Medians of the rounds, units in the names (CPU only where it was measured)."""
+    out = {
+        "infer_per_s": float(np.median([r.throughput for r in runs])),
+        "p50_us": float(np.median([r.p50_us for r in runs])),
+        "p99_us": float(np.median([r.p99_us for r in runs])),
+    }
+    cpu = [r.cpu_us for r in runs if r.cpu_us is not None]
+    if cpu:
+        out["cpu_us"] = float(np.median(cpu))
     return out
 
 
@@ -282,37 +252,66 @@ def _cell(value: float | None, fmt: str) -> str:
     return "—" if value is None else format(value, fmt)
 
 
-def cost_table(now: list[Cost], before: Mapping[tuple[str, int], Cost] | None) -> list[str]:
-    """The targets' figures, before and now, one line per protocol and concurrency."""
-    head = (
-        f"{'':>10} │ {'CPU µs/request':^22} │ {'throughput kept':^15} │ "
-        f"{'p50 added µs':^22} │ {'p99 added µs':^15}"
-    )
-    sub = (
-        f"{'proto conc':>10} │ {'before':>6} {'now':>6} {'target':>8} │ {'before':>7} {'now':>7} │ "
-        f"{'before':>6} {'now':>6} {'target':>8} │ {'before':>7} {'now':>7}"
-    )
-    lines = [head, sub]
+def _target(targets: Mapping[tuple[str, int], float], key: tuple[str, int]) -> str:
+    value = targets.get(key)
+    return "" if value is None else f"≤ {value:.0f}"
+
+
+def cost_rows(
+    now: list[Cost], before: Mapping[tuple[str, int], Cost] | None
+) -> list[tuple[str, ...]]:
+    """One row per protocol and concurrency: CPU µs per request, throughput kept, p50 and p99
+    added (µs), each before and now, and the targets."""
+    rows: list[tuple[str, ...]] = []
     for c in now:
         key = (c.protocol, c.concurrency)
         b = None if before is None else before.get(key)
-        cpu_t, p50_t = CPU_TARGET_US.get(key), P50_ADDED_TARGET_US.get(key)
-        lines.append(
-            f"{c.protocol:>5} {c.concurrency:>4} │ "
-            f"{_cell(None if b is None else b.sidecar.get('cpu_us'), '6.0f')} "
-            f"{_cell(c.sidecar.get('cpu_us'), '6.0f')} "
-            f"{'' if cpu_t is None else f'≤ {cpu_t:.0f}':>8} │ "
-            f"{_cell(None if b is None else b.kept, '7.0%')} {c.kept:>7.0%} │ "
-            f"{_cell(None if b is None else b.added_us('p50_us'), '+6.0f')} "
-            f"{c.added_us('p50_us'):>+6.0f} {'' if p50_t is None else f'≤ {p50_t:.0f}':>8} │ "
-            f"{_cell(None if b is None else b.added_us('p99_us'), '+7.0f')} "
-            f"{c.added_us('p99_us'):>+7.0f}"
+        rows.append(
+            (
+                c.protocol,
+                str(c.concurrency),
+                _cell(None if b is None else b.sidecar.get("cpu_us"), ".0f"),
+                _cell(c.sidecar.get("cpu_us"), ".0f"),
+                _target(CPU_TARGET_US, key),
+                _cell(None if b is None else b.kept, ".0%"),
+                f"{c.kept:.0%}",
+                _cell(None if b is None else b.added_us("p50_us"), "+.0f"),
+                f"{c.added_us('p50_us'):+.0f}",
+                _target(P50_ADDED_TARGET_US, key),
+                _cell(None if b is None else b.added_us("p99_us"), "+.0f"),
+                f"{c.added_us('p99_us'):+.0f}",
+            )
         )
-    return lines
+    return rows
+
+
+COST_HEAD = (
+    "protocol",
+    "concurrency",
+    "CPU µs/request before",
+    "now",
+    "target",
+    "throughput kept before",
+    "now",
+    "p50 added µs before",
+    "now",
+    "target",
+    "p99 added µs before",
+    "now",
+)
+
+
+def text_table(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    """Columns aligned to the right, for the terminal."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
+    return [
+        "  ".join(cell.rjust(w) for cell, w in zip(line, widths, strict=True))
+        for line in (head, *rows)
+    ]
 
 
 def read_costs(path: Path) -> dict[tuple[str, int], Cost]:
-    """The before figures from an earlier run's results file: its ``before`` section if it
+    """The before figures from an earlier run's ``bench.json``: its ``before`` section if it
     measured one side by side, else its own."""
     data = json.loads(path.read_text())
     data = data.get("results", data)
@@ -322,6 +321,7 @@ def read_costs(path: Path) -> dict[tuple[str, int], Cost]:
             r["protocol"], r["concurrency"], r["direct"], r["sidecar"]
         )
         for r in rows
+        if "cpu_us" in r["sidecar"] or "before" not in data
     }
 
 
@@ -330,6 +330,49 @@ def _source_commit(tree: Path) -> str | None:
         ["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True, check=False
     )
     return done.stdout.strip() if done.returncode == 0 else None
+
+
+def _report(
+    costs: list[Cost],
+    before: Mapping[tuple[str, int], Cost] | None,
+    before_label: str,
+    checks: list[dict[str, float]],
+    args: argparse.Namespace,
+) -> str:
+    """The results file's body: the cost per protocol and concurrency, then loadgen's check."""
+    parts = [
+        f"The sidecar (policy max, its own process) in front of the embedded Triton's `noop`, "
+        f"against Triton's own endpoint of the same protocol; closed loops of "
+        f"{args.duration_s:g} s, direct and sidecar alternating; medians over rounds "
+        f"(rounds: {args.rounds}). CPU: the sidecar process's own user + system time per "
+        f"request answered. Added: sidecar − direct. Before: {before_label}.",
+        markdown_table(COST_HEAD, cost_rows(costs, before)),
+    ]
+    if checks:
+        parts += [
+            "loadgen against an independent client (NVIDIA's tritonclient in threads), "
+            "straight to Triton over HTTP:",
+            markdown_table(
+                [
+                    "concurrency",
+                    "loadgen infer/s",
+                    "loadgen mean µs",
+                    "tritonclient infer/s",
+                    "tritonclient mean µs",
+                ],
+                [
+                    (
+                        int(c["concurrency"]),
+                        f"{c['loadgen_infer_per_s']:.0f}",
+                        f"{c['loadgen_mean_us']:.0f}",
+                        f"{c['tritonclient_infer_per_s']:.0f}",
+                        f"{c['tritonclient_mean_us']:.0f}",
+                    )
+                    for c in checks
+                ],
+            ),
+        ]
+    return "\n\n".join(parts)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -341,17 +384,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--before-tree",
         type=Path,
-        help="a source tree (e.g. an earlier commit's) whose sidecar is measured side by side",
+        help="a source tree (an earlier commit's, say) whose sidecar is measured side by side",
     )
     parser.add_argument(
-        "--before", type=Path, help="an earlier run's results (JSON): the before figures"
+        "--before", type=Path, help="an earlier run's bench.json: the before figures"
     )
     parser.add_argument("--no-check", action="store_true", help="skip loadgen's own check")
-    parser.add_argument("--results", type=Path, default=RESULTS_DIR / "bench.json")
+    parser.add_argument(
+        "--results-dir",
+        type=Path,
+        default=DEFAULT_DIR,
+        help="where bench.md and bench.json are written (default: results)",
+    )
     args = parser.parse_args(argv)
     levels = [int(c) for c in args.concurrency.split(",")]
     protocols = args.protocols.split(",")
-    keys = ("throughput", "p50_us", "p99_us")
     sides = ["now"] + (["before"] if args.before_tree else [])
     costs: dict[str, list[Cost]] = {side: [] for side in sides}
     checks: list[dict[str, float]] = []
@@ -370,8 +417,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         triton = ends["now"].triton
         print(
-            f"sidecar{'s' if len(sides) > 1 else ''} "
-            + ", ".join(f"{s} {ends[s].sidecar}" for s in sides)
+            ", ".join(f"sidecar {s} {ends[s].sidecar}" for s in sides)
             + f" (policy max, 64 in flight) in front of Triton {triton}; model noop"
         )
         print(
@@ -391,11 +437,9 @@ def main(argv: list[str] | None = None) -> int:
                         f"{r.p50_us:>8.0f} {r.p99_us:>8.0f} {_cell(r.cpu_us, '10.0f')}",
                         flush=True,
                     )
-            direct = _median(runs["direct"], keys)
+            direct = _median(runs["direct"])
             for side in sides:
-                costs[side].append(
-                    Cost(protocol, c, direct, _median(runs[side], (*keys, "cpu_us")))
-                )
+                costs[side].append(Cost(protocol, c, direct, _median(runs[side])))
         if not args.no_check:
             print("\nloadgen against an independent client (tritonclient threads), to Triton:")
             for c in (1, 4):
@@ -416,40 +460,36 @@ def main(argv: list[str] | None = None) -> int:
                     f"mean {mean:.0f} µs"
                 )
     before: dict[tuple[str, int], Cost] | None = None
+    before_label = "none given"
     if "before" in costs:
         before = {(b.protocol, b.concurrency): b for b in costs["before"]}
+        commit = _source_commit(args.before_tree)
+        before_label = f"{args.before_tree}{f' ({commit[:12]})' if commit else ''}, side by side"
     elif args.before is not None:
         before = read_costs(args.before)
+        before_label = f"{args.before} (an earlier run)"
     print(
-        f"\nthe sidecar's cost (medians of {args.rounds} rounds of {args.duration_s:g} s; "
-        f"added = sidecar − direct; before: "
-        + (
-            f"{args.before_tree}, side by side"
-            if args.before_tree
-            else str(args.before)
-            if args.before
-            else "none given"
-        )
-        + "):"
+        f"\nthe sidecar's cost (medians of {args.rounds} rounds of {args.duration_s:g} s; CPU: "
+        f"its own process, per request; added: sidecar − direct; before: {before_label}):"
     )
-    for line in cost_table(costs["now"], before):
+    for line in text_table(COST_HEAD, cost_rows(costs["now"], before)):
         print("  " + line)
     data: dict[str, Any] = {
-        "settings": {
-            "model": NOOP,
-            "policy": "max",
-            "duration_s": args.duration_s,
-            "rounds": args.rounds,
-        },
-        "cost": [asdict(c) for c in costs["now"]],
+        "settings": {**{k: str(v) for k, v in vars(args).items()}, "model": NOOP, "policy": "max"},
+        "cost": [c.to_json() for c in costs["now"]],
         "loadgen_check": checks,
     }
-    if "before" in costs:
-        data["before"] = [asdict(c) for c in costs["before"]]
-        data["before_source"] = _source_commit(args.before_tree) or str(args.before_tree)
-    args.results.parent.mkdir(parents=True, exist_ok=True)
-    args.results.write_text(json.dumps(data, indent=2) + "\n")
-    print(f"\nwritten to {args.results}")
+    if before is not None:
+        data["before"] = [b.to_json() for b in before.values()]
+        data["before_source"] = before_label
+    md, _ = write_results(
+        "bench",
+        title="What the sidecar costs (python -m benchmarks.bench)",
+        markdown=_report(costs["now"], before, before_label, checks, args),
+        data=data,
+        directory=args.results_dir,
+    )
+    print(f"\nwritten to {md} (and .json)")
     return 0
 
 

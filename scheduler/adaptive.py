@@ -80,7 +80,7 @@ class AdaptivePolicy(SlackPolicy):
         found the model faster or its spread narrower), the room its classes had earned under
         the old table is taken back (scale at most the start): it was earned with the old
         margins, and keeping it on top of the new ones is what made live tails spike after a
-        refit (README, "The adaptive policy")."""
+        refit (docs/design.md, "The adaptive policy")."""
         fresh = model not in self._plans
         plan = super()._plan(s, model)
         before = self._need_before.pop(model, None)
@@ -122,5 +122,6 @@ class AdaptivePolicy(SlackPolicy):
 
     def _floor_of(self, plan: ModelPlan) -> int | None:
         """The energy-optimal clock of a full batch, lower than batch 1's: running slower
-        than batch 1's optimum is what lets batches fill (README, "The adaptive policy")."""
+        than batch 1's optimum is what lets batches fill (docs/design.md, "The adaptive
+        policy")."""
         return plan.full_batch_floor_mhz

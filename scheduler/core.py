@@ -341,6 +341,10 @@ class Scheduler(Generic[P]):
             clock_mhz=self._clock(self.policy.on_complete(self, request, now_s), now_s),
         )
 
+    def on_token(self, request: Request[P], now_s: float) -> int | None:
+        """A token of ``request``'s stream went by; a clock to set, if any."""
+        return self._clock(self.policy.on_token(self, request, now_s), now_s)
+
     def cancel(self, request: Request[P]) -> bool:
         """Forget a waiting ``request`` (abandoned by its client, or timed out); True if it was
         waiting. A request already dispatched is not recalled: it completes as usual."""

@@ -26,7 +26,7 @@ most ``max_samples``). What it does:
 * **Bounded.** The scale stays within ``[min_scale, max_scale]``: it cannot swing the clock
   between its extremes, and a class that falls silent keeps its last scale.
 
-The defaults, and the measurements behind them, are in the README ("The adaptive policy").
+The defaults are listed and explained in docs/design.md ("The adaptive policy").
 Time is always passed in (``now_s``), so tests drive it with injected time.
 """
 

@@ -56,6 +56,10 @@ class ClockPolicy(ABC):
     def on_complete(self, s: SchedulerView, request: QueuedRequest, now_s: float) -> int | None:
         return None
 
+    def on_token(self, s: SchedulerView, request: QueuedRequest, now_s: float) -> int | None:
+        """A token of ``request``'s stream went by (streams of generative models only)."""
+        return None
+
     def poll(self, s: SchedulerView, now_s: float) -> int | None:
         """Called when :meth:`wake_at_s` falls due."""
         return None
@@ -242,8 +246,7 @@ class SlackPolicy(ClockPolicy):
       of every deadline's room for what the model does not know.
     * **Batches worth waiting for.** Below a full batch a model's requests may be held back
       for up to ``batch_hold`` (a quarter) of the tightest one's SLO while more arrive, and go
-      together (see :meth:`release_limit`; the measurements behind the default are in the
-      README, "Batching and many models").
+      together (see :meth:`release_limit`, and docs/design.md, "Batching and many models").
     * **A model with no table gets the top clock** while any of its requests is queued or in
       flight: nothing is known of how fast it runs.
 
@@ -292,7 +295,7 @@ class SlackPolicy(ClockPolicy):
         meets the earliest deadline at the energy-optimal clock with the tail margin. While the
         model's requests are at Triton, what arrives goes at once: it piles up at Triton's
         batcher anyway, and holding there too made bursts that cost the live stack its tail
-        (README, "Batching and many models"). Re-decided at every event.
+        (docs/design.md, "Batching and many models"). Re-decided at every event.
         """
         depth = s.serving(model).depth
         self._holds.pop(model, None)

@@ -34,6 +34,9 @@ class QueuedRequest(Protocol):
     @property
     def dispatch_s(self) -> float: ...
 
+    @property
+    def prompt_tokens(self) -> int: ...
+
 
 @dataclass(frozen=True)
 class ModelServing:
@@ -46,8 +49,13 @@ class ModelServing:
 
     max_batch: int = 1
     instances: int = 1
+    # A decoupled model (an LLM engine batching continuously): the sequences it may run at
+    # once; 0 for a model that answers each request once.
+    streams: int = 0
 
     def __post_init__(self) -> None:
+        if self.streams < 0:
+            raise ValueError(f"streams must be >= 0, got {self.streams}")
         if self.max_batch < 1 or self.instances < 1:
             raise ValueError(
                 f"max_batch and instances must be >= 1, got {self.max_batch}, {self.instances}"
@@ -55,6 +63,8 @@ class ModelServing:
 
     @property
     def depth(self) -> int:
+        if self.streams:
+            return self.streams
         return (self.instances + 1) * self.max_batch
 
 

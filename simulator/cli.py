@@ -1,4 +1,4 @@
-"""The simulator's commands: ``simulate | compare | tune | bench``."""
+"""The simulator's commands: ``simulate | compare | tune | bench | generative``."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from simulator.compare import (
     tune,
     write_csv,
 )
+from simulator.generative import add_parser as add_generative_parser
 from simulator.simulate import SimConfig, parse_models, simulate
 
 
@@ -333,6 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="the core's cost per decision and the simulator's speed")
     p.set_defaults(run=_cmd_bench)
+    add_generative_parser(sub)
     return parser
 
 

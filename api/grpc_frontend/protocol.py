@@ -132,6 +132,8 @@ def stream_error(message: str, request: Any | None) -> bytes:
     return data
 
 
-def stream_has_error(raw: bytes) -> bool:
-    """Whether a ``ModelStreamInferResponse`` from Triton carries an error."""
-    return bool(service_pb2.ModelStreamInferResponse.FromString(raw).error_message)
+def stream_reply(raw: bytes) -> tuple[bool, bool]:
+    """Whether a ``ModelStreamInferResponse`` from Triton carries an error, and whether it
+    carries outputs (a token of a generative model; a decoupled model's final flag has none)."""
+    reply = service_pb2.ModelStreamInferResponse.FromString(raw)
+    return bool(reply.error_message), bool(reply.infer_response.outputs)

@@ -35,10 +35,11 @@ from api.grpc_frontend.protocol import (
     parse_infer_request,
     server_options,
     stream_error,
-    stream_has_error,
+    stream_reply,
     text_metadata,
 )
 from api.runtime import Runtime
+from api.streaming import TokenMeter, token_slos
 from api.tensors import ModelLimits
 from api.upstream import Upstream, UpstreamUnavailableError
 
@@ -180,6 +181,8 @@ class GrpcFrontend:
         metadata: Metadata,
         arrival_s: float,
         send: Callable[[Upstream], Awaitable[GrpcAnswer]],
+        *,
+        tokens: TokenMeter | None = None,
     ) -> Any:
         """One request through :func:`api.admission.admit`; a shutdown past its grace
         cancels it, as it cancels HTTP's."""
@@ -196,7 +199,7 @@ class GrpcFrontend:
                     body=GrpcBody(request),
                     headers=text_metadata(metadata),
                     arrival_s=arrival_s,
-                    job=Job(send=send),
+                    job=Job(send=send, stream=tokens is not None, tokens=tokens),
                 ),
             )
         finally:
@@ -231,8 +234,18 @@ class GrpcFrontend:
                 self.runtime.metrics.count("unknown", "", "", Outcome.BAD_REQUEST, PROTOCOL)
                 out.put_nowait(stream_error(str(err), None))
                 return
+            meter = TokenMeter(
+                arrival_s=arrival_s,
+                metrics=self.runtime.metrics,
+                model_label=self.runtime.models.label(request.model_name),
+                slos=token_slos(parameter_values(request.parameters)),
+            )
             admission = await self._admit(
-                request, metadata, arrival_s, lambda _: self._upstream_stream(raw, metadata, out)
+                request,
+                metadata,
+                arrival_s,
+                lambda _: self._upstream_stream(raw, metadata, out, meter),
+                tokens=meter,
             )
             if admission.answer is None:
                 out.put_nowait(stream_error(admission.message, request))
@@ -258,7 +271,7 @@ class GrpcFrontend:
                 task.cancel()
 
     async def _upstream_stream(
-        self, raw: bytes, metadata: Metadata, out: asyncio.Queue[bytes | None]
+        self, raw: bytes, metadata: Metadata, out: asyncio.Queue[bytes | None], meter: TokenMeter
     ) -> GrpcAnswer:
         """One request on its own stream to Triton, which ends the stream after its last reply."""
         call = self._stream(metadata=metadata)
@@ -268,7 +281,10 @@ class GrpcFrontend:
             await call.done_writing()
             async for reply in call:
                 out.put_nowait(reply)
-                ok = ok and not stream_has_error(reply)
+                failed, tokens = stream_reply(reply)
+                ok = ok and not failed
+                if tokens:
+                    meter.on_token(time.monotonic())
         except grpc.aio.AioRpcError as err:
             answer = _failed(err)
             out.put_nowait(stream_error(answer.details, parse_infer_request(raw)))
@@ -276,6 +292,8 @@ class GrpcFrontend:
         finally:
             with contextlib.suppress(Exception):
                 call.cancel()
+        if ok:
+            meter.finish()
         return GrpcAnswer(grpc.StatusCode.OK if ok else grpc.StatusCode.UNKNOWN)
 
 

@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from api.runtime import Runtime
 from dvfs.errors import DeviceError
+from scheduler.config import TOKENS
 from scheduler.policies import ClockPolicy, FixedPolicy
 from scheduler.registry import POLICIES
 from time2clock.table import TableError, TableSet
@@ -102,7 +103,11 @@ async def state(rt: Admin) -> dict[str, Any]:
 def _swap(rt: Runtime, build: Callable[[list[int]], ClockPolicy]) -> dict[str, Any]:
     assert rt.dispatcher is not None and rt.device is not None
     dispatcher = rt.dispatcher
-    dispatcher.set_policy(build(rt.device.supported_clocks_mhz()))
+    try:
+        policy = build(rt.device.supported_clocks_mhz())
+    except ValueError as err:  # a policy this GPU cannot run (tokens without an engine profile)
+        raise HTTPException(400, str(err)) from None
+    dispatcher.set_policy(policy)
     return {"policy": dispatcher.policy.name, "clock_target_mhz": dispatcher.clock_target_mhz}
 
 
@@ -121,11 +126,11 @@ async def _json(request: Request, model: type[BodyT]) -> BodyT:
 async def change_policy(request: Request, rt: Admin) -> dict[str, Any]:
     """Switch the clock policy now."""
     change = await _json(request, PolicyChange)
-    if change.policy not in POLICIES:
+    if change.policy not in (*POLICIES, TOKENS):
         raise HTTPException(
-            400, f"policy must be one of {', '.join(POLICIES)}, got {change.policy!r}"
+            400, f"policy must be one of {', '.join((*POLICIES, TOKENS))}, got {change.policy!r}"
         )
-    return _swap(rt, lambda clocks: rt.config.policy.build(clocks, change.policy))
+    return _swap(rt, lambda _: rt.build_policy(change.policy))
 
 
 @router.put("/clock", openapi_extra=_body_schema(ClockForce))
@@ -133,7 +138,7 @@ async def force_clock(request: Request, rt: Admin) -> dict[str, Any]:
     """Hold one clock (the policy becomes ``fixed``); ``null`` goes back to ``--policy``."""
     force = await _json(request, ClockForce)
     if force.clock_mhz is None:
-        return _swap(rt, rt.config.policy.build)
+        return _swap(rt, lambda _: rt.build_policy())
     clock = force.clock_mhz
     try:
         return _swap(rt, lambda clocks: FixedPolicy(clocks, clock))
@@ -159,7 +164,7 @@ async def reload_table(request: Request, rt: Admin) -> dict[str, Any]:
     if name == "fixed":
         name = rt.config.policy.name
     try:
-        swapped = _swap(rt, lambda clocks: rt.config.policy.build(clocks, name))
+        swapped = _swap(rt, lambda _: rt.build_policy(name))
     except DeviceError as err:
         raise HTTPException(503, str(err)) from None
     return {**swapped, "table": reload.path, "models": loaded.models}

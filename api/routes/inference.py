@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -123,23 +124,80 @@ Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 
+@dataclass(slots=True)
+class Call:
+    """One request on the fast path: what the handler needs, and how to answer in pieces."""
+
+    model: str
+    version: str | None
+    body: bytes
+    headers: dict[str, str]
+    send: Send
+    started: bool = False  # the reply's head is out: no other status can follow
+    finished: bool = False  # the reply's last byte is out: a client leaving now cancels nothing
+
+    async def start(self, status: int, headers: dict[str, str]) -> None:
+        """Begin a reply whose body follows in :meth:`write` calls."""
+        raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+        await self.send({"type": "http.response.start", "status": status, "headers": raw})
+        self.started = True
+
+    async def write(self, data: bytes, *, more: bool = True) -> None:
+        await self.send({"type": "http.response.body", "body": data, "more_body": more})
+        self.finished = not more
+
+
+Handler = Callable[[Runtime, Call], Awaitable[Reply | None]]
+
+
+async def _infer_call(rt: Runtime, call: Call) -> Reply:
+    return await infer(rt, call.model, call.version, call.body, call.headers)
+
+
 class InferenceFastPath:
-    """ASGI: ``POST /v2/models/<m>[/versions/<v>]/infer`` straight to :func:`infer`; all else to
-    the FastAPI app (lifespan included)."""
+    """ASGI: the inference routes (``POST /v2/models/<m>[/versions/<v>]/<verb>``, and whatever
+    :meth:`add` registers) straight to their handlers, without FastAPI's routing and middleware;
+    all else to the FastAPI app (lifespan included)."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
+        self.verbs: dict[str, Handler] = {"infer": _infer_call}
+        self.paths: dict[str, Handler] = {}
+
+    def add_verb(self, verb: str, handler: Handler) -> None:
+        """Serve ``POST /v2/models/<m>[/versions/<v>]/<verb>`` with ``handler``."""
+        self.verbs[verb] = handler
+
+    def add_path(self, path: str, handler: Handler) -> None:
+        """Serve ``POST <path>`` with ``handler`` (its call has no model: the body names it)."""
+        self.paths[path] = handler
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
-            target = infer_target(scope["path"])
-            if target is not None:
-                await self._serve(scope, receive, send, *target)
+            path = scope["path"]
+            handler = self.paths.get(path)
+            if handler is not None:
+                await self._serve(scope, receive, send, handler, "", None)
                 return
+            parts = path.split("/")
+            # ["", "v2", "models", m, verb] or ["", "v2", "models", m, "versions", v, verb]
+            shaped = len(parts) == 5 or (len(parts) == 7 and parts[4] == "versions")
+            if shaped and parts[1:3] == ["v2", "models"]:
+                handler = self.verbs.get(parts[-1])
+                if handler is not None:
+                    version = parts[5] if len(parts) == 7 else None
+                    await self._serve(scope, receive, send, handler, parts[3], version)
+                    return
         await self.app(scope, receive, send)
 
     async def _serve(
-        self, scope: Scope, receive: Receive, send: Send, model: str, version: str | None
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        handler: Handler,
+        model: str,
+        version: str | None,
     ) -> None:
         rt: Runtime = self.app.state.runtime
         limit = rt.config.max_body_bytes
@@ -165,11 +223,14 @@ class InferenceFastPath:
             chunks.append(chunk)
             if not message.get("more_body"):
                 break
-        work = asyncio.ensure_future(infer(rt, model, version, b"".join(chunks), headers))
+        call = Call(model, version, b"".join(chunks), headers, send)
+        work = asyncio.ensure_future(handler(rt, call))
         rt.pending.add(work)  # a shutdown past its grace period cancels what is left
         work.add_done_callback(rt.pending.discard)
         gone = asyncio.ensure_future(_disconnected(receive))
         await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
+        if call.finished and not work.done():  # answered in full: let its accounting finish
+            await asyncio.wait((work,))
         if not work.done():  # the client went away: so does its request (queue slot included)
             work.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -177,9 +238,14 @@ class InferenceFastPath:
             return
         gone.cancel()
         if work.cancelled():
-            await _send_reply(send, error_body(503, "the sidecar is shutting down"))
+            if call.started:
+                await call.write(b"", more=False)
+            else:
+                await _send_reply(send, error_body(503, "the sidecar is shutting down"))
             return
-        await _send_reply(send, work.result())
+        reply = work.result()
+        if reply is not None:
+            await _send_reply(send, reply)
 
 
 def infer_target(path: str) -> tuple[str, str | None] | None:

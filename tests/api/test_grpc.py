@@ -396,7 +396,7 @@ def test_a_cancelled_call_leaves_the_queue(sidecar: LiveSidecar, how: str, statu
     # It reached the sidecar's queue, then left it.
     assert outcomes_of(sidecar, flow["client_id"]) == {
         ("ok", "grpc"): 8.0,
-        ("cancelled", "grpc"): 1.0,
+        ("abandoned", "grpc"): 1.0,
     }
 
 
