@@ -110,8 +110,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
                 cycle.disconnected = True
                 if cycle.task is not None:  # the client is gone: so is its request
                     cycle.task.cancel()
-            if self._serving(cycle):  # uvicorn's own handling is for its own cycles
-                self.cycle = None  # type: ignore[assignment]
+        current: object = self.cycle
+        if isinstance(current, _InferCycle):  # uvicorn's own handling is for its own cycles
+            self.cycle = None  # type: ignore[assignment]
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
