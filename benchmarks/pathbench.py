@@ -149,11 +149,13 @@ class _Client:
 
 
 @contextmanager
-def runtime() -> Iterator[Runtime]:
-    """A runtime as ``python -m api serve --policy max`` runs it, in front of the fake Triton."""
+def runtime(**options: Any) -> Iterator[Runtime]:
+    """A runtime as ``python -m api serve --policy max`` runs it (``options``: other settings,
+    as :func:`api.config.from_options` takes them), in front of the fake Triton."""
     with tempfile.TemporaryDirectory() as tmp:
         device = SimulatedDevice("v100", state_path=Path(tmp) / "gpu.state")
-        config = from_options(triton_url="127.0.0.1:1", policy="max", max_queue=10_000)
+        options = {"policy": "max", "max_queue": 10_000, **options}
+        config = from_options(triton_url="127.0.0.1:1", **options)
         rt = Runtime(config, GatewayMetrics())
         upstream = _FakeUpstream("127.0.0.1:1")
         rt.upstream = upstream
