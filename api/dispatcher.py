@@ -41,6 +41,13 @@ class UnavailableError(Exception):
     """An accepted request could not be served: Triton down, timeout expired, shutting down."""
 
 
+class TokenSource(Protocol):
+    """What times a stream's tokens (:class:`api.streaming.TokenMeter`): it calls each
+    listener with the time of every token."""
+
+    def listen(self, listener: Callable[[float], None]) -> None: ...
+
+
 class Answer(Protocol):
     """An upstream's answer to one request: ``ok`` when the upstream served it."""
 
@@ -48,25 +55,30 @@ class Answer(Protocol):
     def ok(self) -> bool: ...
 
 
+Send = Callable[[Upstream], Awaitable[Answer]]
+
+
 @dataclass(slots=True)
 class Job:
     """One request as the dispatcher sends it: ``send`` carries it to the upstream (each
     protocol brings its own) and returns the answer. A cancelled ``future`` (the client went
-    away) is never sent."""
+    away) is never sent. ``at_level(p)``, where the protocol can, is the same request with
+    Triton's ``priority`` set to ``p`` (sent instead when the model has priority levels)."""
 
-    send: Callable[[Upstream], Awaitable[Answer]]
+    send: Send
     timeout_us: int | None = None
     future: asyncio.Future[Any] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
     # A stream (tokens of a generative model): when its client leaves after it was sent, the
-    # send is cut short and its place at the upstream freed at once.
+    # send is cut short and its place at the upstream freed at once; ``tokens`` tells the
+    # policy of each token as it goes by.
     stream: bool = False
+    tokens: TokenSource | None = None
+    at_level: Callable[[int], Send] | None = None
 
 
-def post(
-    path: str, body: bytes, headers: dict[str, str]
-) -> Callable[[Upstream], Awaitable[Answer]]:
+def post(path: str, body: bytes, headers: dict[str, str]) -> Send:
     """A ``send`` that POSTs ``body`` to ``path`` on the upstream's HTTP endpoint."""
 
     def send(upstream: Upstream) -> Awaitable[Answer]:
@@ -151,6 +163,7 @@ class GpuDispatcher:
             self.shadow = ShadowLedger(
                 gpu=gpu, device=device, tables=lambda: scheduler.tables, metrics=metrics
             )
+        self._served = metrics.gpu_requests.labels(gpu)
         self._sends: set[asyncio.Task[None]] = set()
         self._streams: dict[int, asyncio.Task[None]] = {}  # in-flight streams by request seq
         self._timer: asyncio.TimerHandle | None = None
@@ -281,10 +294,10 @@ class GpuDispatcher:
             request, job = d.request, _job(d.request)
             now = self._now()
             if job.future.cancelled():  # its client is gone: nothing to send, nobody to answer
-                self.scheduler.on_complete(request, 0.0, now, measured=False)
+                self._apply(self.scheduler.on_complete(request, 0.0, now, measured=False).clock_mhz)
                 continue
             if job.timeout_us is not None and (now - request.arrival_s) * 1e6 > job.timeout_us:
-                self.scheduler.on_complete(request, 0.0, now, measured=False)
+                self._apply(self.scheduler.on_complete(request, 0.0, now, measured=False).clock_mhz)
                 self._fail(request, UnavailableError("Request timeout expired"))
                 continue
             self.metrics.queue_delay.labels(self.metrics.model_label(request.model)).observe(
@@ -293,11 +306,17 @@ class GpuDispatcher:
             task = asyncio.create_task(self._send(request, now))
             self._sends.add(task)
             task.add_done_callback(self._sends.discard)
+            if job.tokens is not None:
+                job.tokens.listen(partial(self._token, request))
             if job.stream:
                 self._streams[request.seq] = task
                 task.add_done_callback(partial(self._stream_done, request.seq))
         self._gauges()
         self._arm_timer()
+
+    def _token(self, request: Request[Job], now_s: float) -> None:
+        if request.seq in self.scheduler.inflight:
+            self._apply(self.scheduler.on_token(request, now_s))
 
     def _stream_done(self, seq: int, _: asyncio.Task[None]) -> None:
         self._streams.pop(seq, None)
@@ -307,7 +326,10 @@ class GpuDispatcher:
         error: Exception | None = None
         response: Any = None
         try:
-            response = await job.send(self.upstream)
+            # priority: the sidecar's level carried to Triton's priority queue (docs/priority.md)
+            level = self.scheduler.serving(request.model).triton_priority(request.level)
+            send = job.send if level is None or job.at_level is None else job.at_level(level)
+            response = await send(self.upstream)
         except asyncio.CancelledError:
             if self._closed:  # shutting down with Triton not answering
                 self._fail(request, UnavailableError("the sidecar is shutting down"))
@@ -344,6 +366,7 @@ class GpuDispatcher:
             model = self.metrics.model_label(request.model)
             self.metrics.latency.labels(model, client).observe(latency_s)
             if response.ok:
+                self._served.inc()
                 if self.shadow is not None:
                     self.shadow.on_complete(request.model)
                 met = "true" if latency_s * 1000.0 <= request.slo_ms else "false"
@@ -424,9 +447,10 @@ class GpuDispatcher:
                 m: {
                     "queued": s.queued_by_model().get(m, 0),
                     "inflight": s.inflight_count(m),
-                    "depth": s.serving(m).depth,
+                    "depth": s.release_depth(m),
                     "max_batch": s.serving(m).max_batch,
                     "instances": s.serving(m).instances,
+                    "triton_priority_levels": s.serving(m).priority_levels,
                     "arrival_rate_rps": round(rates.get(m, 0.0), 3),
                     "table": _table_summary(s.table_for(m)),
                     "learning": None if learner is None else learner.state(m, now),

@@ -29,6 +29,7 @@ from dvfs.device import Device
 from dvfs.energy import EnergyCounter, EnergyReading
 from dvfs.errors import DeviceError
 from time2clock.online import OnlineTables
+from time2clock.online_energy import OnlineEnergy
 from time2clock.table import TableError, TableSet
 
 log = logging.getLogger(__name__)
@@ -171,13 +172,17 @@ class EnergyReader:
 
 
 class LearningCollector(Collector):
-    """At scrape time, per model: the table's error on what was measured since the last refit,
-    the samples measured, the refits; the same of the energy fit, and its windows."""
+    """At scrape time, per GPU and model: the table's error on what was measured since the last
+    refit, the samples measured, the refits; the same of the energy fit, and its windows (one
+    family of each over every GPU's learner)."""
 
     def __init__(self, learner: OnlineTables, gpu: str, model_label: Callable[[str], str]):
-        self.learner = learner
-        self.gpu = gpu
+        self.learners: list[tuple[str, OnlineTables]] = [(gpu, learner)]
         self.model_label = model_label
+
+    def add(self, learner: OnlineTables, gpu: str) -> None:
+        """Export another GPU's learner too."""
+        self.learners.append((gpu, learner))
 
     def collect(self) -> Iterator[Metric]:
         error = GaugeMetricFamily(
@@ -194,27 +199,28 @@ class LearningCollector(Collector):
         refits = CounterMetricFamily(
             "sidecar_table_refits", "Online refits that changed the table.", labels=["gpu", "model"]
         )
-        errors: dict[str, float] = {}
-        counts: dict[str, tuple[int, int]] = {}
-        for model in self.learner.models:
-            label = self.model_label(model)  # bounded: two models may share one
-            value = self.learner.error(model)
-            if value is not None:
-                errors[label] = max(value, errors.get(label, 0.0))
-            n, r = counts.get(label, (0, 0))
-            counts[label] = (n + self.learner.samples_total(model), r + self.learner.refits(model))
-        for label, value in sorted(errors.items()):
-            error.add_metric([self.gpu, label], value)
-        for label, (n, r) in sorted(counts.items()):
-            samples.add_metric([self.gpu, label], n)
-            refits.add_metric([self.gpu, label], r)
+        for gpu, learner in self.learners:
+            errors: dict[str, float] = {}
+            counts: dict[str, tuple[int, int]] = {}
+            for model in learner.models:
+                label = self.model_label(model)  # bounded: two models may share one
+                value = learner.error(model)
+                if value is not None:
+                    errors[label] = max(value, errors.get(label, 0.0))
+                n, r = counts.get(label, (0, 0))
+                counts[label] = (n + learner.samples_total(model), r + learner.refits(model))
+            for label, value in sorted(errors.items()):
+                error.add_metric([gpu, label], value)
+            for label, (n, r) in sorted(counts.items()):
+                samples.add_metric([gpu, label], n)
+                refits.add_metric([gpu, label], r)
         yield from (error, samples, refits)
-        if self.learner.energy is not None:
-            yield from self._energy()
+        learning = [(gpu, learner.energy) for gpu, learner in self.learners]
+        energies = [(gpu, energy) for gpu, energy in learning if energy is not None]
+        if energies:
+            yield from self._energy(energies)
 
-    def _energy(self) -> Iterator[Metric]:
-        energy = self.learner.energy
-        assert energy is not None
+    def _energy(self, energies: list[tuple[str, OnlineEnergy]]) -> Iterator[Metric]:
         error = GaugeMetricFamily(
             "sidecar_table_energy_error_ratio",
             "Median |measured / predicted - 1| of the energy of the clock windows the model kept "
@@ -226,30 +232,31 @@ class LearningCollector(Collector):
             "Online refits of the model's energy per inference from the GPU's energy counter.",
             labels=["gpu", "model"],
         )
-        errors: dict[str, float] = {}
-        counts: dict[str, int] = {}
-        for model in energy.models:
-            label = self.model_label(model)
-            value = energy.error(model)
-            if value is not None:
-                errors[label] = max(value, errors.get(label, 0.0))
-            counts[label] = counts.get(label, 0) + energy.refits(model)
-        for label, value in sorted(errors.items()):
-            error.add_metric([self.gpu, label], value)
-        for label, count in sorted(counts.items()):
-            refits.add_metric([self.gpu, label], count)
         attributed = CounterMetricFamily(
             "sidecar_energy_attributed_seconds",
             "Time of the GPU's energy counter attributed to clock windows (kept), or not (dropped: "
             "a clock change inside, or a clock the sidecar did not set).",
             labels=["gpu", "outcome"],
         )
-        attributed.add_metric([self.gpu, "kept"], energy.attribution.kept_s)
-        attributed.add_metric([self.gpu, "dropped"], energy.attribution.dropped_s)
         probes = CounterMetricFamily(
             "sidecar_energy_probes",
             "Times the energy floor was lowered for a while to measure a clock under it.",
             labels=["gpu"],
         )
-        probes.add_metric([self.gpu], energy.probes)
+        for gpu, energy in energies:
+            errors: dict[str, float] = {}
+            counts: dict[str, int] = {}
+            for model in energy.models:
+                label = self.model_label(model)
+                value = energy.error(model)
+                if value is not None:
+                    errors[label] = max(value, errors.get(label, 0.0))
+                counts[label] = counts.get(label, 0) + energy.refits(model)
+            for label, value in sorted(errors.items()):
+                error.add_metric([gpu, label], value)
+            for label, count in sorted(counts.items()):
+                refits.add_metric([gpu, label], count)
+            attributed.add_metric([gpu, "kept"], energy.attribution.kept_s)
+            attributed.add_metric([gpu, "dropped"], energy.attribution.dropped_s)
+            probes.add_metric([gpu], energy.probes)
         yield from (error, refits, attributed, probes)

@@ -77,9 +77,14 @@ class TokenMeter:
         self.ttft_ms, self.tpot_ms = slos
         self._now = time_source
         self._pending = b""
+        self._listeners: list[Callable[[float], None]] = []
         self.tokens = 0
         self.first_s: float | None = None
         self.last_s: float | None = None
+
+    def listen(self, listener: Callable[[float], None]) -> None:
+        """Call ``listener(now_s)`` at every token from now on (the scheduler's policy)."""
+        self._listeners.append(listener)
 
     def feed(self, chunk: bytes) -> None:
         """Count the events that ``chunk`` completes."""
@@ -98,6 +103,8 @@ class TokenMeter:
         self.last_s = now_s
         self.tokens += 1
         m.output_tokens.labels(self.model_label).inc()
+        for listener in self._listeners:
+            listener(now_s)
 
     @property
     def ttft_s(self) -> float | None:
@@ -183,11 +190,11 @@ def stream_send(
                     if status == 200:
                         meter.feed(chunk)
                     relay.chunk(chunk, ok=status == 200)
+            if status == 200:
+                meter.finish()
         finally:
             if status:
                 relay.end(ok=status == 200)
-        if status == 200:
-            meter.finish()
         return StreamAnswer(status, meter.tokens)
 
     return send

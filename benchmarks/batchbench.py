@@ -20,7 +20,6 @@ import asyncio
 import math
 import secrets
 import sys
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -170,14 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     token = secrets.token_urlsafe(12)
     extra = ["--profile-models", ",".join(models), "--policy", "max"]
     print("starting the sidecar (the first run profiles each model, a minute or two)...")
-    with (
-        tempfile.TemporaryDirectory() as tmp,
-        sidecar_process(
-            Path(tmp), *extra, "--state-dir", str(args.state_dir),
-            max_inflight=256, token=token, start_timeout_s=600.0,
-        ) as ends,
-    ):  # fmt: skip
-        del tmp
+    with sidecar_process(
+        args.state_dir, *extra, max_inflight=256, token=token, start_timeout_s=600.0
+    ) as ends:
         url, triton = ends.sidecar["http"], ends.triton["http"]
         print(f"sidecar {url} (policy max, cap 256 in flight) in front of Triton {triton}")
         kept: dict[str, tuple[Run, Run]] = {}

@@ -13,10 +13,7 @@ import argparse
 import asyncio
 import contextlib
 import itertools
-import os
 import secrets
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -25,11 +22,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import numpy as np
 import tritonclient.http as httpclient
 
-from api.embedded import INPUT_WIDTH, NOOP, free_port
+from api.embedded import INPUT_WIDTH, NOOP
+from benchmarks.sidecar import running
 from loadgen.classes import RequestClass
 from loadgen.engine import (
     InputTensor,
@@ -55,10 +52,11 @@ class Run:
 
 @dataclass(frozen=True)
 class Endpoints:
-    """Where the sidecar and its Triton listen, per protocol."""
+    """Where the sidecar and its Triton listen, per protocol; the sidecar's pid."""
 
     sidecar: dict[str, str]
     triton: dict[str, str]
+    pid: int
 
 
 @contextlib.contextmanager
@@ -69,64 +67,25 @@ def sidecar_process(
     token: str | None = None,
     start_timeout_s: float = 180.0,
 ) -> Iterator[Endpoints]:
-    """Start ``python -m api serve`` (embedded default, policy max, ``extra`` flags after the
-    others); yield its endpoints."""
-    token = token or secrets.token_urlsafe(12)
-    port, grpc_port = free_port(), free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "api",
-        "serve",
-        "--port",
-        str(port),
-        "--grpc-port",
-        str(grpc_port),
-        "--policy",
-        "max",
-        "--max-inflight",
-        str(max_inflight),
-        "--max-queue",
-        "10000",
-        "--device",
-        "sim:v100",
-        "--admin-token",
-        token,
-        "--state-dir",
-        str(state_dir),
-        "--log-level",
-        "warning",
-        *extra,
-    ]
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-    )
-    url = f"127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + start_timeout_s
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the sidecar exited during start-up (code {proc.returncode})")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"http://{url}/v2/health/ready", timeout=2).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise TimeoutError("the sidecar did not become ready")
-            time.sleep(0.2)
-        state = httpx.get(
-            f"http://{url}/admin/state", headers={"Authorization": f"Bearer {token}"}
-        ).json()
+    """``python -m api serve`` in a process of its own (:mod:`benchmarks.sidecar`): the embedded
+    default on a simulated V100, policy max, room for everything queued, ``extra`` flags after
+    the others; yields its endpoints and its Triton's."""
+    flags = [
+        "--policy", "max", "--max-inflight", str(max_inflight), "--max-queue", "10000",
+        "--device", "sim:v100", "--log-level", "warning", *extra,
+    ]  # fmt: skip
+    with running(
+        flags,
+        state_dir=state_dir,
+        admin_token=token or secrets.token_urlsafe(12),
+        start_timeout_s=start_timeout_s,
+    ) as sc:
+        state = sc.admin("/admin/state")
         yield Endpoints(
-            {"http": url, "grpc": f"127.0.0.1:{grpc_port}"},
+            {"http": sc.url, "grpc": sc.grpc_url},
             {"http": state["triton_url"], "grpc": state["triton_grpc_url"]},
+            sc.pid,
         )
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
 
 
 def measure(

@@ -1,6 +1,7 @@
 """``make demo``: the main job. The embedded stack (real Triton, simulated GPU, the sidecar), the
 same load under ``max``, ``default``, ``seed``, ``slack`` and ``adaptive`` (the default policy),
-a table of energy and latency, a plot."""
+a table of energy and latency, a plot. ``--gpus 2``: one sidecar in front of two simulated GPUs,
+each with its own Triton, requests placed as ``--placement`` says."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from api.config import from_options
 from api.embedded import SIMNET
 from benchmarks.live import PolicyRun, compare_live, plot, write_csv
 from dvfs.__main__ import PIPE_WIDTH
+from scheduler.placement import DEFAULT_PLACEMENT, PLACEMENTS
 
 
 def table(runs: list[PolicyRun]) -> Table:
@@ -44,6 +46,9 @@ def table(runs: list[PolicyRun]) -> Table:
         "clocks",
     ):
         view.add_column(col, justify="right")
+    several = any(r.by_gpu for r in runs)
+    if several:
+        view.add_column("served by GPU", justify="right")
     for r in runs:
         saving = 1.0 - r.energy_per_inference_j / base.energy_per_inference_j
         p99 = f"{r.p99_ms:.1f}" if r.p99_ms <= r.slo_ms else f"[red]{r.p99_ms:.1f}[/red]"
@@ -58,6 +63,7 @@ def table(runs: list[PolicyRun]) -> Table:
             "—" if r is base else f"{-saving:+.0%}",
             f"{r.mean_clock_mhz:.0f}",
             str(r.clocks_seen),
+            *([r.by_gpu] if several else []),
         )
     return view
 
@@ -65,6 +71,12 @@ def table(runs: list[PolicyRun]) -> Table:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.demo", description=__doc__)
     parser.add_argument("--gpu", default="v100", help="simulated GPU profile")
+    parser.add_argument(
+        "--gpus", type=int, default=1, help="simulated GPUs behind the sidecar (one Triton each)"
+    )
+    parser.add_argument(
+        "--placement", choices=PLACEMENTS, default=DEFAULT_PLACEMENT, help="with several GPUs"
+    )
     parser.add_argument("--rate", type=float, default=40.0, help="requests per second (Poisson)")
     parser.add_argument("--duration-s", type=float, default=20.0, help="per policy")
     parser.add_argument("--slo-ms", type=float, default=40.0)
@@ -72,11 +84,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("-o", "--out-dir", type=Path, default=Path("out/demo"))
     args = parser.parse_args(argv)
+    if args.gpus < 1:
+        parser.error(f"--gpus must be at least 1, got {args.gpus}")
     console = Console(width=None if sys.stdout.isatty() else PIPE_WIDTH)
+    device = f"sim:{args.gpu}" if args.gpus == 1 else f"sim:{args.gpu}x{args.gpus}"
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    node = (
+        f"{args.gpus} Tritons + {args.gpus} simulated {args.gpu}s"
+        if args.gpus > 1
+        else (f"Triton + simulated {args.gpu}")
+    )
     console.print(
-        f"starting the embedded stack (Triton + simulated {args.gpu} + sidecar); the first run "
-        "profiles the emulated model, later runs use the cached table"
+        f"starting the embedded stack ({node} + sidecar); the first run profiles the emulated "
+        "model, later runs use the cached table"
     )
     with Progress(
         TextColumn("[bold]{task.description}"),
@@ -98,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             duration_s=args.duration_s,
             slo_ms=args.slo_ms,
             seed=args.seed,
-            config=from_options(device=f"sim:{args.gpu}", profile_models=(SIMNET,)),
+            config=from_options(device=device, profile_models=(SIMNET,), placement=args.placement),
             progress=progress,
         )
     console.print(table(runs))

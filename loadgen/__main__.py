@@ -158,7 +158,14 @@ async def run(args: argparse.Namespace, console: Console) -> list[StepResult]:
         args.percentile,
         metrics_url,
     )
-    if args.request_intervals is not None:
+    per_class = [c.concurrency for c in classes if c.concurrency is not None]
+    if per_class and (args.request_rate_range or args.request_intervals):
+        raise InputError("--mix with concurrency= runs closed loops: leave out the request rate")
+    if per_class and args.concurrency_range:
+        raise InputError("--mix with concurrency= sets each class's: leave out --concurrency-range")
+    if per_class:
+        mode, values = "concurrency", [float(sum(per_class))]
+    elif args.request_intervals is not None:
         mode, values = "rate", [1.0 / float(np.mean(_intervals(args.request_intervals)))]
     elif args.request_rate_range is not None:
         mode, values = "rate", args.request_rate_range
@@ -211,7 +218,7 @@ async def run(args: argparse.Namespace, console: Console) -> list[StepResult]:
                 rec = Recorder()
                 load = Load(session, target, rng, rec)
                 if mode == "concurrency":
-                    load.closed(int(value))
+                    load.closed(int(value), per_class or None)
                 else:
                     load.open(_gaps(args, value, rng))
                 try:

@@ -41,9 +41,9 @@ class ClockPolicy(ABC):
         """The scheduler this policy now serves, before :meth:`initial_clock_mhz` is asked."""
 
     def release_limit(self, s: SchedulerView, model: str, now_s: float) -> int:
-        """How many requests of ``model`` to keep at Triton: by default all its batcher can use
-        (every instance busy with a full batch, the next one waiting)."""
-        return s.serving(model).depth
+        """How many requests of ``model`` to keep at Triton: by default a full batch's worth
+        (:meth:`scheduler.core.Scheduler.release_depth`); the rest waits in the sidecar."""
+        return s.release_depth(model)
 
     def on_enqueue(self, s: SchedulerView, request: QueuedRequest, now_s: float) -> int | None:
         return None
@@ -52,6 +52,10 @@ class ClockPolicy(ABC):
         return None
 
     def on_complete(self, s: SchedulerView, request: QueuedRequest, now_s: float) -> int | None:
+        return None
+
+    def on_token(self, s: SchedulerView, request: QueuedRequest, now_s: float) -> int | None:
+        """A token of ``request``'s stream went by (streams of generative models only)."""
         return None
 
     def poll(self, s: SchedulerView, now_s: float) -> int | None:
@@ -278,7 +282,7 @@ class SlackPolicy(ClockPolicy):
 
     def release_limit(self, s: SchedulerView, model: str, now_s: float) -> int:
         """Hold ``model``'s waiting requests back for a fuller batch while that is safe; else
-        let go all its batcher can use.
+        let go up to its release depth.
 
         Energy per inference falls steeply with the batch (dvfs/profiles.py), and Triton's batcher
         only gets what arrives while an instance is busy: at low load, batches of one or two.
@@ -286,11 +290,11 @@ class SlackPolicy(ClockPolicy):
         waits for more, until the earliest of: a full batch; ``batch_hold`` of the tightest
         waiting request's SLO since it arrived; the last moment the batch expected by then still
         meets the earliest deadline at the energy-optimal clock with the tail margin. While the
-        model's requests are at Triton, what arrives goes at once: it piles up at Triton's
-        batcher anyway, and holding there too made bursts that cost the live stack its tail
-        (docs/design.md, "Batching and many models"). Re-decided at every event.
+        model's requests are at Triton, what arrives goes at once (up to the depth): it piles
+        up at Triton's batcher anyway, and holding there too made bursts that cost the live
+        stack its tail (docs/design.md, "Batching and many models"). Re-decided at every event.
         """
-        depth = s.serving(model).depth
+        depth = s.release_depth(model)
         self._holds.pop(model, None)
         plan = self._plan(s, model)
         waiting = s.queued_of(model)

@@ -31,6 +31,7 @@ class Request(Generic[P]):
     dispatch_s: float = math.nan
     charged_ms: float = 0.0
     ttft_ms: float | None = None  # a stream of tokens: its first within this
+    prompt_tokens: int = 0  # a generative request: its prompt's length (estimated at the edge)
     tpot_ms: float | None = None  # and each next one within this
 
     @property

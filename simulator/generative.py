@@ -45,6 +45,7 @@ from dvfs.llm_engine import ContinuousBatchingEngine, EngineLimits, Iteration
 from dvfs.llm_profiles import LLM_GPUS, IterationWork, LlmProfile, get_llm_profile
 from loadgen.generative import StreamRecord, TokenSloSpec, summarize
 from scheduler.tokens import SEQ_BUCKETS, EnginePrior, TokenPolicy, TokenPolicyParams, TokenSlo
+from simulator.bestfixed import cheapest_meeting
 from simulator.workload import FloatArray, IntArray, poisson_arrivals
 from time2clock.fit import trimmed_mean
 
@@ -569,21 +570,9 @@ def best_fixed_generative(cfg: GenConfig) -> GenResult:
     def joules(r: GenResult) -> float:
         return float(r.row()["j_per_token"])
 
-    top = len(clocks) - 1
-    chosen = top
-    if meets(run(top)):
-        lo, hi = 0, top
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if meets(run(mid)):
-                hi = mid
-            else:
-                lo = mid + 1
-        chosen = hi
-        step = hi + 1
-        while step <= top and meets(run(step)) and joules(run(step)) < joules(run(chosen)):
-            chosen = step
-            step += 1
+    chosen = cheapest_meeting(
+        len(clocks), meets=lambda i: meets(run(i)), cost=lambda i: joules(run(i))
+    )
     best = run(chosen)
     best.fixed_mhz = clocks[chosen]
     return best
@@ -733,10 +722,14 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def write_results(
-    rows: Sequence[dict[str, Any]], out_dir: Path, meta: dict[str, Any]
+    rows: Sequence[dict[str, Any]],
+    out_dir: Path,
+    meta: dict[str, Any],
+    prov: dict[str, Any] | None = None,
 ) -> list[Path]:
     """``generative.csv``, ``generative.json`` (rows, verdicts, provenance, settings) and
-    ``generative.md`` in ``out_dir``."""
+    ``generative.md`` in ``out_dir``; ``prov``: :func:`provenance` as of the start of the runs
+    (default: now)."""
     import csv
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -746,7 +739,12 @@ def write_results(
         writer.writeheader()
         for r in rows:
             writer.writerow({k: r.get(k) for k in COLUMNS})
-    payload = {"provenance": provenance(), **meta, "rows": list(rows), "verdicts": verdicts(rows)}
+    payload = {
+        "provenance": prov or provenance(),
+        **meta,
+        "rows": list(rows),
+        "verdicts": verdicts(rows),
+    }
     json_path = out_dir / "generative.json"
     json_path.write_text(json.dumps(payload, indent=2, default=str) + "\n")
     md_path = out_dir / "generative.md"
@@ -828,6 +826,7 @@ def _cmd_generative(args: argparse.Namespace, console: Any) -> int:
         for load in args.loads
         for seed in seeds
     ]
+    prov = provenance()  # the code the runs ran, before anything can change it
     rows = compare_cells(cells, policies, jobs=args.jobs)
     view = Table(title=f"generative on {args.gpu}: SLOs p99 TTFT {slo.ttft_ms:g} ms, "
                        f"p99 TPOT {slo.tpot_ms:g} ms, {args.duration_s:g} s per run")  # fmt: skip
@@ -853,6 +852,6 @@ def _cmd_generative(args: argparse.Namespace, console: Any) -> int:
         "duration_s": args.duration_s,
         "clock_change_ms": args.clock_change_ms,
     }
-    for path in write_results(rows, Path(args.out_dir), meta):
+    for path in write_results(rows, Path(args.out_dir), meta, prov):
         console.print(f"wrote {path}")
     return 0

@@ -148,9 +148,26 @@ async def generate_stream(rt: Runtime, call: Call) -> Reply | None:
     send = stream_send(_path(call, "generate_stream"), call.body, forwarded(call.headers), relay,
                        meter)  # fmt: skip
     inbound = Inbound(
-        "http", call.model, body, call.headers, arrival_s, Job(send=send, stream=True)
+        "http",
+        call.model,
+        body,
+        call.headers,
+        arrival_s,
+        Job(send=send, stream=True, tokens=meter),
+        prompt_tokens=_prompt_tokens(body),
     )
     return await relay_stream(rt, call, inbound, relay)
+
+
+def _prompt_tokens(body: JsonBody) -> int:
+    """The prompt's length in words, a stand-in for tokens (0 when there is no text)."""
+    try:
+        text = body.parsed().get("text_input")
+    except BadRequestError:
+        return 0
+    if isinstance(text, list) and text:
+        text = text[0]
+    return len(text.split()) if isinstance(text, str) else 0
 
 
 def _path(call: Call, verb: str) -> str:

@@ -23,10 +23,12 @@ from api.errors import error_body
 from api.hints import HEADER_LENGTH, json_header
 from api.runtime import Runtime
 from api.tensors import ModelLimits, check_request
+from api.triton_priority import post_at_level
 from api.upstream import UpstreamResponse
 
 router = APIRouter(tags=["inference"])
 PASS_HEADERS = ("content-type", HEADER_LENGTH, "accept-encoding", "content-encoding")
+GPU_HEADER = "x-sidecar-gpu"  # which GPU of the node served the request
 Reply = tuple[int, dict[str, str], bytes]
 
 
@@ -78,12 +80,15 @@ async def infer(
         body=HttpBody(body, headers),
         headers=headers,
         arrival_s=time.monotonic(),
-        job=Job(send=post(path, body, forward)),
+        job=Job(send=post(path, body, forward), at_level=post_at_level(path, body, forward)),
     )
     admission = await admit(rt, inbound)
     if admission.answer is not None:
         answer: UpstreamResponse = admission.answer
-        return answer.status, answer.headers, answer.body
+        headers = answer.headers
+        if admission.gpu is not None:
+            headers = {**headers, GPU_HEADER: admission.gpu}
+        return answer.status, headers, answer.body
     status, out_headers, content = error_body(STATUS[admission.outcome], admission.message)
     if admission.retry:
         out_headers = {**out_headers, "retry-after": "1"}
@@ -128,6 +133,7 @@ class Call:
     headers: dict[str, str]
     send: Send
     started: bool = False  # the reply's head is out: no other status can follow
+    finished: bool = False  # the reply's last byte is out: a client leaving now cancels nothing
 
     async def start(self, status: int, headers: dict[str, str]) -> None:
         """Begin a reply whose body follows in :meth:`write` calls."""
@@ -137,6 +143,7 @@ class Call:
 
     async def write(self, data: bytes, *, more: bool = True) -> None:
         await self.send({"type": "http.response.body", "body": data, "more_body": more})
+        self.finished = not more
 
 
 Handler = Callable[[Runtime, Call], Awaitable[Reply | None]]
@@ -221,6 +228,8 @@ class InferenceFastPath:
         work.add_done_callback(rt.pending.discard)
         gone = asyncio.ensure_future(_disconnected(receive))
         await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
+        if call.finished and not work.done():  # answered in full: let its accounting finish
+            await asyncio.wait((work,))
         if not work.done():  # the client went away: so does its request (queue slot included)
             work.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -203,8 +203,9 @@ async def serve(rt: Runtime, call: Call, path: str) -> Reply | None:
         if stream:
             relay = Relay()
             send = _via(engine, stream_send(path, call.body, headers, relay, meter))
-            job = Job(send=send, stream=True)
-            inbound = Inbound("openai", model, body, call.headers, arrival_s, job, resolve=False)
+            job = Job(send=send, stream=True, tokens=meter)
+            inbound = Inbound("openai", model, body, call.headers, arrival_s, job, resolve=False,
+                              prompt_tokens=_words(path, request))  # fmt: skip
             return await relay_stream(rt, call, inbound, relay, openai_error)
         job = Job(send=_via(engine, lambda up: _post(path, call.body, headers, up)))
         inbound = Inbound("openai", model, body, call.headers, arrival_s, job, resolve=False)
@@ -219,26 +220,49 @@ async def serve(rt: Runtime, call: Call, path: str) -> Reply | None:
         relay = Relay(OpenAiChunks(path, model, f"cmpl-{uuid.uuid4().hex}", int(time.time())))
         send = stream_send(f"/v2/models/{model}/generate_stream", upstream_body, headers, relay,
                            meter)  # fmt: skip
-        inbound = Inbound("openai", model, body, call.headers, arrival_s, Job(send, stream=True))
+        job = Job(send, stream=True, tokens=meter)
+        inbound = Inbound("openai", model, body, call.headers, arrival_s, job,
+                          prompt_tokens=len(text_input.split()))  # fmt: skip
         return await relay_stream(rt, call, inbound, relay, openai_error)
-    job = Job(send=lambda up: _post(f"/v2/models/{model}/generate", upstream_body, headers, up))
-    admission = await admit(rt, Inbound("openai", model, body, call.headers, arrival_s, job))
+    # Not streamed to the client, but streamed from Triton (a decoupled model answers generate
+    # with its last response only): the tokens are gathered, and timed as they come.
+    relay = Relay()
+    send = stream_send(f"/v2/models/{model}/generate_stream", upstream_body, headers, relay, meter)
+    job = Job(send=send, stream=True, tokens=meter)
+    inbound = Inbound("openai", model, body, call.headers, arrival_s, job,
+                      prompt_tokens=len(text_input.split()))  # fmt: skip
+    admission = await admit(rt, inbound)
     if admission.answer is None:
         return refusal(admission, openai_error)
-    reply: UpstreamResponse = admission.answer
-    if not reply.ok:  # Triton's error, in the API's shape
+    status, events = 0, b""
+    while not relay.events.empty():
+        kind, value = relay.events.get_nowait()
+        if kind == "start":
+            status = value[0]
+        elif kind == "chunk":
+            events += value
+    if status != 200:  # Triton's error, in the API's shape
         try:
-            message = str(json.loads(reply.body).get("error", ""))
+            message = str(json.loads(events).get("error", ""))
         except (ValueError, AttributeError):
-            message = reply.body.decode(errors="replace")
-        return openai_error(reply.status, message or f"the model answered {reply.status}")
-    try:
-        text = str(json.loads(reply.body).get("text_output", ""))
-    except (ValueError, AttributeError):
-        return openai_error(502, "the model's reply is not generate's JSON")
-    tokens = len(text.split())
-    out = completion_body(path, model, text, len(text_input.split()), tokens)
+            message = events.decode(errors="replace")
+        return openai_error(status or 502, message or f"the model answered {status}")
+    texts = []
+    for event in split_events(events)[0]:
+        try:
+            texts.append(str(json.loads(event.partition(b"data:")[2]).get("text_output", "")))
+        except (ValueError, AttributeError):
+            return openai_error(502, "the model's stream is not generate_stream's events")
+    out = completion_body(path, model, "".join(texts), len(text_input.split()), len(texts))
     return 200, {"content-type": "application/json"}, out
+
+
+def _words(path: str, request: dict[str, Any]) -> int:
+    """The prompt's length in words, a stand-in for tokens (0 when it cannot be read)."""
+    try:
+        return len(prompt_of(path, request).split())
+    except BadRequestError:
+        return 0
 
 
 async def completions(rt: Runtime, call: Call) -> Reply | None:
