@@ -146,8 +146,13 @@ class Runtime:
     # -- GPU 0, as a runtime of one GPU has always exposed it ---------------------------
 
     def _first(self) -> Gpu:
+        """GPU 0; before the start, as the configuration describes it."""
         if not self.gpus:
-            self.gpus.append(Gpu("0", self.config.device or "sim:v100"))
+            cfg = self.config
+            spec = parse_device_list(cfg.device)[0] if cfg.device else "sim:v100"
+            url = cfg.triton_urls[0] if cfg.triton_urls else None
+            grpc = cfg.triton_grpc_urls[0] if cfg.triton_grpc_urls else None
+            self.gpus.append(Gpu("0", spec, triton_url=url, triton_grpc_url=grpc))
         return self.gpus[0]
 
     @property

@@ -138,7 +138,8 @@ def _swap(rt: Runtime, build: Callable[[Gpu], ClockPolicy]) -> dict[str, Any]:
                 "clock_target_mhz": dispatcher.clock_target_mhz,
             }
         )
-    return {"policy": out[0]["policy"], "clock_target_mhz": out[0]["clock_target_mhz"], "gpus": out}
+    first = {"policy": out[0]["policy"], "clock_target_mhz": out[0]["clock_target_mhz"]}
+    return first if len(out) == 1 else {**first, "gpus": out}
 
 
 def _clocks(gpu: Gpu) -> list[int]:
