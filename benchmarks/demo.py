@@ -1,6 +1,8 @@
 """``make demo``: the main job. The embedded stack (real Triton, simulated GPU, the sidecar), the
 same load under ``max``, ``default``, ``seed``, ``slack`` and ``adaptive`` (the default policy),
-a table of energy and latency, a plot. Then a generative run beside it: an emulated LLM engine
+a table of energy and latency, a plot (``--gpus 2``: one sidecar in front of two simulated
+GPUs, each with its own Triton, requests placed as ``--placement`` says). Then a generative run
+beside it: an emulated LLM engine
 on a simulated H100, the same streamed load under ``max`` and the token policy ``tokens``,
 joules per output token and the p99 TTFT and TPOT against their SLOs."""
 
@@ -29,6 +31,7 @@ from benchmarks.genlive import GenPolicyRun, GenWorkload, compare_generative
 from benchmarks.live import PolicyRun, compare_live, plot, write_csv
 from dvfs.__main__ import PIPE_WIDTH
 from loadgen.synthetic import LengthSpec
+from scheduler.placement import DEFAULT_PLACEMENT, PLACEMENTS
 
 
 def table(runs: list[PolicyRun]) -> Table:
@@ -164,9 +167,15 @@ def run_generative(args: argparse.Namespace, console: Console) -> None:
 def run_cnn(args: argparse.Namespace, console: Console) -> None:
     """The CNN part of the demo: the embedded stack, every policy, a table, a CSV and a plot."""
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    device = f"sim:{args.gpu}" if args.gpus == 1 else f"sim:{args.gpu}x{args.gpus}"
+    node = (
+        f"{args.gpus} Tritons + {args.gpus} simulated {args.gpu}s"
+        if args.gpus > 1
+        else (f"Triton + simulated {args.gpu}")
+    )
     console.print(
-        f"starting the embedded stack (Triton + simulated {args.gpu} + sidecar); the first run "
-        "profiles the emulated model, later runs use the cached table"
+        f"starting the embedded stack ({node} + sidecar); the first run profiles the emulated "
+        "model, later runs use the cached table"
     )
     with Progress(
         TextColumn("[bold]{task.description}"),
@@ -188,7 +197,7 @@ def run_cnn(args: argparse.Namespace, console: Console) -> None:
             duration_s=args.duration_s,
             slo_ms=args.slo_ms,
             seed=args.seed,
-            config=from_options(device=f"sim:{args.gpu}", profile_models=(SIMNET,)),
+            config=from_options(device=device, profile_models=(SIMNET,), placement=args.placement),
             progress=progress,
         )
     console.print(table(runs))
@@ -199,6 +208,12 @@ def run_cnn(args: argparse.Namespace, console: Console) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.demo", description=__doc__)
     parser.add_argument("--gpu", default="v100", help="simulated GPU profile")
+    parser.add_argument(
+        "--gpus", type=int, default=1, help="simulated GPUs behind the sidecar (one Triton each)"
+    )
+    parser.add_argument(
+        "--placement", choices=PLACEMENTS, default=DEFAULT_PLACEMENT, help="with several GPUs"
+    )
     parser.add_argument("--rate", type=float, default=40.0, help="requests per second (Poisson)")
     parser.add_argument("--duration-s", type=float, default=20.0, help="per policy")
     parser.add_argument("--slo-ms", type=float, default=40.0)
@@ -218,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--ttft-ms", type=float, default=500.0, help="p99 TTFT SLO")
     gen.add_argument("--tpot-ms", type=float, default=30.0, help="p99 TPOT SLO")
     args = parser.parse_args(argv)
+    if args.gpus < 1:
+        parser.error(f"--gpus must be at least 1, got {args.gpus}")
     console = Console(width=None if sys.stdout.isatty() else PIPE_WIDTH)
     if not args.generative_only:
         run_cnn(args, console)

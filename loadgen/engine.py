@@ -21,6 +21,8 @@ import tritonclient.http as httpclient
 
 from loadgen.classes import RequestClass
 
+GPU_HEADER = "x-sidecar-gpu"  # the sidecar's answer to "which GPU served this request"
+
 if TYPE_CHECKING:
     from loadgen.grpc_client import GrpcClient
 
@@ -28,7 +30,8 @@ if TYPE_CHECKING:
 @dataclass(frozen=True, slots=True)
 class Sample:
     """One request: when it left and returned (monotonic seconds), its class, its status;
-    ``sent_s`` when its body was written, ``headers_s`` when the reply's headers arrived."""
+    ``sent_s`` when its body was written, ``headers_s`` when the reply's headers arrived;
+    ``gpu`` which GPU served it, when the sidecar says (``x-sidecar-gpu``)."""
 
     start_s: float
     end_s: float
@@ -36,6 +39,7 @@ class Sample:
     status: int
     sent_s: float = math.nan
     headers_s: float = math.nan
+    gpu: str | None = None
 
     @property
     def latency_s(self) -> float:
@@ -139,10 +143,11 @@ async def _send(session: aiohttp.ClientSession, target: Target, klass: int, rec:
     ctx: dict[str, float] = {}
     start = time.monotonic()
     if target.grpc is not None:
-        status, end = await target.grpc.infer(payload.body)
-        rec.add(Sample(start, end, klass, status))
+        status, end, gpu = await target.grpc.infer(payload.body)
+        rec.add(Sample(start, end, klass, status, gpu=gpu))
         return
     headers_at = math.nan
+    gpu = None
     try:
         async with session.post(
             f"http://{target.url}{target.path}",
@@ -153,9 +158,11 @@ async def _send(session: aiohttp.ClientSession, target: Target, klass: int, rec:
             headers_at = time.monotonic()
             await resp.read()
             status = resp.status
+            gpu = resp.headers.get(GPU_HEADER)
     except (aiohttp.ClientError, TimeoutError):
         status = 0
-    rec.add(Sample(start, time.monotonic(), klass, status, ctx.get("sent", math.nan), headers_at))
+    sent = ctx.get("sent", math.nan)
+    rec.add(Sample(start, time.monotonic(), klass, status, sent, headers_at, gpu))
 
 
 def class_sequence(target: Target, n: int, rng: np.random.Generator) -> list[int]:

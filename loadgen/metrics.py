@@ -16,12 +16,18 @@ CLOCK_METRICS = ("sidecar_gpu_clock_hertz",)
 
 
 def scrape_values(text: str) -> dict[str, float]:
-    """Sum of each counter/gauge's samples by family name (our metrics have one GPU per process)."""
+    """Each counter/gauge by family name: the sum of its samples (a sidecar with several GPUs
+    has one per GPU: energy adds up), the mean for the clocks (the node's mean clock)."""
     out: dict[str, float] = {}
+    counts: dict[str, int] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             if s.name in (family.name, family.name + "_total"):
                 out[family.name] = out.get(family.name, 0.0) + s.value
+                counts[family.name] = counts.get(family.name, 0) + 1
+    for name in CLOCK_METRICS:
+        if counts.get(name, 0) > 1:
+            out[name] /= counts[name]
     return out
 
 

@@ -171,6 +171,16 @@ def console_lines(
     ]
     if not step.stable:
         lines.append(f"  Warning: not stable after {step.trials} windows; the last 3 are reported")
+    gpus = sorted({s.gpu for s in ok if s.gpu is not None}, key=lambda g: (len(g), g))
+    if len(gpus) > 1:
+        lines.append("  Per GPU (as the sidecar says): ")
+        for gpu in gpus:
+            mine = [s for s in ok if s.gpu == gpu]
+            p99 = float(np.percentile([s.latency_s * 1e6 for s in mine], 99))
+            lines.append(
+                f"    GPU {gpu}: {len(mine)} requests ({len(mine) / len(ok):.1%}), "
+                f"{len(mine) / step.duration_s:.1f}/sec, p99 {p99:.0f} usec"
+            )
     if len(classes) > 1:
         iso = class_isolation(step, classes)
         lines.append(

@@ -9,9 +9,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic
 
+from dvfs.energy import EnergyReading
 from scheduler.observe import ExecutionObserver
 from scheduler.policies import ClockPolicy
-from scheduler.queue import PriorityCfsQueue
+from scheduler.queue import PriorityCfsQueue, VruntimeLedger
 from scheduler.request import Completion, Dispatch, EnqueueResult, P, Request
 from scheduler.view import ModelServing, QueuedRequest
 from scheduler.waitbound import WaitBound
@@ -94,15 +95,18 @@ class Scheduler(Generic[P]):
         config: SchedulerConfig | None = None,
         serving: Mapping[str, ModelServing] | None = None,
         learner: OnlineTables | None = None,
+        ledger: VruntimeLedger | None = None,
     ) -> None:
         """``learner``: when given, every isolated execution (:mod:`scheduler.observe`) is a
-        measurement, and the tables are refitted from them as it says (tables that learn)."""
+        measurement, and the tables are refitted from them as it says (tables that learn).
+        ``ledger``: the virtual runtimes shared with the other GPUs of the node (default: this
+        GPU's own)."""
         self._tables = tables
         self.learner = learner
         self._observer = ExecutionObserver()
         self.policy = policy
         self.config = config or SchedulerConfig()
-        self.queue: PriorityCfsQueue[P] = PriorityCfsQueue()
+        self.queue: PriorityCfsQueue[P] = PriorityCfsQueue(ledger)
         self.inflight: dict[int, Request[P]] = {}
         self._inflight_by_model: dict[str, list[QueuedRequest]] = {}
         self._inflight_levels: dict[str, dict[int, int]] = {}  # model -> level -> at Triton
@@ -110,6 +114,10 @@ class Scheduler(Generic[P]):
         self._queued_kinds: dict[tuple[str, int], int] = {}  # (model, level) -> waiting
         self.bound = WaitBound()
         self._serving = dict(serving or {})
+        # Derived from the tables, kept until they change: how a model not registered is
+        # served, and what a request is charged at a clock (asked at every dispatch).
+        self._derived: dict[str, ModelServing] = {}
+        self._charges: dict[tuple[str, int | None], float] = {}
         policy.attach(self)
         self.clock_target_mhz: int | None = policy.initial_clock_mhz()
         self._seq = 0
@@ -123,6 +131,8 @@ class Scheduler(Generic[P]):
         policy.attach(self)
         self.clock_target_mhz = policy.initial_clock_mhz()
         self._observer.clock_changed(None)
+        if self.learner is not None:
+            self.learner.clock_unknown()
 
     # -- tables and serving ---------------------------------------------------------------
 
@@ -133,6 +143,8 @@ class Scheduler(Generic[P]):
     def set_tables(self, tables: TableSet) -> None:
         """Replace every model's table (the admin API does this)."""
         self._tables = tables
+        self._derived.clear()
+        self._charges.clear()
         self.policy.tables_changed()
 
     def table_for(self, model: str) -> ModelTable | None:
@@ -141,11 +153,14 @@ class Scheduler(Generic[P]):
     def serving(self, model: str) -> ModelServing:
         """How Triton serves ``model``: as registered, else its table's largest batch on one
         instance."""
-        known = self._serving.get(model)
+        known = self._serving.get(model) or self._derived.get(model)
         if known is not None:
             return known
         table = self._tables.get(model)
-        return ModelServing(max_batch=table.max_batch if table is not None else 1)
+        derived = ModelServing(max_batch=table.max_batch if table is not None else 1)
+        if len(self._derived) < 1024:  # models named, bounded
+            self._derived[model] = derived
+        return derived
 
     def serving_known(self, model: str) -> ModelServing | None:
         """How Triton serves ``model``, if it was registered (None: not known yet)."""
@@ -167,6 +182,7 @@ class Scheduler(Generic[P]):
 
     def set_serving(self, model: str, serving: ModelServing) -> None:
         self._serving[model] = serving
+        self._derived.pop(model, None)
         self.policy.tables_changed()
 
     # -- what policies read (scheduler.view.SchedulerView) --------------------------------
@@ -180,13 +196,26 @@ class Scheduler(Generic[P]):
         return len(self.queue)
 
     def charge_ms(self, model: str) -> float:
-        """What CFS charges a request of ``model`` when it is sent: one execution's predicted
-        time at the clock now targeted (completion corrects it with the time measured)."""
+        """What CFS charges a request of ``model`` when it is sent (completion corrects it with
+        the time measured): what requests of the model have been charged lately in all, else
+        one execution's predicted time at the clock now targeted (cached per clock). Charging
+        much less than the final charge would let a flow take many free slots before its
+        completions catch up."""
+        served = self.queue.service_ms(model)
+        if served is not None:
+            return served
+        key = (model, self.clock_target_mhz)
+        charge = self._charges.get(key)
+        if charge is not None:
+            return charge
         table = self._tables.get(model)
         if table is None:
             return self.config.default_slo_ms / 4
-        clocks = table.clocks_mhz
-        return table.predict_ms(self.clock_target_mhz or clocks[-1])
+        charge = table.predict_ms(self.clock_target_mhz or table.clocks_mhz[-1])
+        if len(self._charges) >= 4096:  # (model, clock) pairs: bounded
+            self._charges.clear()
+        self._charges[key] = charge
+        return charge
 
     def iter_queue(self, limit: int) -> Iterator[Request[P]]:
         head = self.queue.peek()
@@ -245,6 +274,7 @@ class Scheduler(Generic[P]):
             return None
         self.clock_target_mhz = proposed
         self._observer.clock_changed(now_s)
+        self._occupancy(now_s)
         return proposed
 
     def enqueue(self, request: Request[P], now_s: float) -> EnqueueResult:
@@ -324,6 +354,7 @@ class Scheduler(Generic[P]):
             self.serving(request.model).max_batch,
             now_s,
         )
+        self._occupancy(now_s)
         clock = self._clock(self.policy.on_dispatch(self, request, now_s), now_s)
         return Dispatch(request=request, clock_mhz=clock)
 
@@ -379,6 +410,7 @@ class Scheduler(Generic[P]):
                 del levels[request.level]
         self.queue.settle(request, service_s * 1000.0)
         self._last_completion_s[request.model] = now_s
+        self._occupancy(now_s)
         sample = self._observer.on_complete(request.seq, now_s, measured=measured)
         if sample is not None and self.learner is not None:
             self.learner.observe(sample, self._tables.get(sample.model))
@@ -394,6 +426,23 @@ class Scheduler(Generic[P]):
     def on_token(self, request: Request[P], now_s: float) -> int | None:
         """A token of ``request``'s stream went by; a clock to set, if any."""
         return self._clock(self.policy.on_token(self, request, now_s), now_s)
+
+    # -- energy (what the online fit attributes the GPU's energy counter to) ------------------
+
+    def _occupancy(self, now_s: float) -> None:
+        if self.learner is not None:
+            self.learner.occupancy(now_s, self.clock_target_mhz, self._inflight_by_model)
+
+    def on_energy(self, reading: EnergyReading, update_interval_s: float | None) -> None:
+        """A new value of the GPU's energy counter (whoever reads the device hands it here, in
+        order, with the counter's refresh interval as learned)."""
+        if self.learner is not None:
+            self.learner.on_energy(reading, update_interval_s)
+
+    def energy_floor_mhz(self, floor_mhz: int, now_s: float) -> int:
+        """The energy floor a policy should hold now: ``floor_mhz``, or a lower clock while
+        the energy fit probes one (the deadlines still set the clock above it)."""
+        return floor_mhz if self.learner is None else self.learner.floor_mhz(floor_mhz, now_s)
 
     def cancel(self, request: Request[P]) -> bool:
         """Forget a waiting ``request`` (abandoned by its client, or timed out); True if it was

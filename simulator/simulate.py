@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from dvfs.energy import EnergyCounter
 from dvfs.profiles import CNN, GpuProfile, ModelProfile, get_profile
 from dvfs.simulated import SimulatedDevice, shared_time_ms
 from dvfs.timesource import VirtualTime
@@ -26,6 +27,7 @@ from scheduler.config import PolicyConfig
 from scheduler.core import Scheduler, SchedulerConfig
 from scheduler.feedback import FeedbackParams
 from scheduler.isolation import ClientUsage, IsolationReport, isolation
+from scheduler.placement import PlacementParams
 from scheduler.policies import SlackParams
 from scheduler.request import Request
 from scheduler.view import ModelServing
@@ -42,8 +44,8 @@ from time2clock.online import OnlineTables
 from time2clock.profile import SimulatedMeasurer, sweep
 from time2clock.table import TableSet
 
-# At equal times: clock changes land, then completions, timers, arrivals.
-_CLOCK, _COMPLETE, _TIMER, _ARRIVAL = 0, 1, 2, 3
+# At equal times: clock changes land, then completions, timers, arrivals, energy counter reads.
+_CLOCK, _COMPLETE, _TIMER, _ARRIVAL, _ENERGY = 0, 1, 2, 3, 4
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,9 @@ class SimConfig:
     waiting for a fuller one, ``triton_priority_levels`` priority levels, the sidecar's level
     sent as each request's priority, as the embedded models are configured; 0: first come,
     first served); ``max_inflight`` caps what the sidecar keeps at Triton.
+
+    ``gpus`` > 1: a node of that many GPUs (:mod:`simulator.node`), ``load`` a fraction of the
+    node's capacity, ``placement`` choosing each request's GPU.
     """
 
     gpu: str = "v100"
@@ -113,6 +118,8 @@ class SimConfig:
     slack: SlackParams = field(default_factory=SlackParams)
     feedback: FeedbackParams = field(default_factory=FeedbackParams)
     learn: bool = False  # refit the tables online from what the run measures
+    gpus: int = 1
+    placement: PlacementParams = field(default_factory=PlacementParams)
 
     @property
     def scheduler_config(self) -> SchedulerConfig:
@@ -133,10 +140,20 @@ class SimConfig:
         if self.rate_rps is not None:
             return self.rate_rps
         assert self.load is not None
-        return self.load * mix_capacity_rps(profile, self.models)
+        return self.load * self.gpus * mix_capacity_rps(profile, self.models)
 
     def model_slo_ms(self, mix: ModelMix) -> float:
         return mix.slo_ms if mix.slo_ms is not None else self.slo_ms
+
+
+def isolation_work_ms(profile: GpuProfile, names: Sequence[str]) -> dict[str, float]:
+    """GPU time per request of each model, in full batches at the top clock: the unit of work
+    seed 000's isolation metric counts."""
+    return {
+        n: profile.model(n).mean_latency_ms(profile.max_clock_mhz, profile.model(n).max_batch)
+        / profile.model(n).max_batch
+        for n in names
+    }
 
 
 def mix_capacity_rps(profile: GpuProfile, models: Sequence[ModelMix]) -> float:
@@ -495,12 +512,7 @@ def simulate(
 
     stats = {c.name: ClientStats() for c in cfg.clients}
     arrivals_end_s = float(arrivals[-1]) if len(arrivals) else 0.0
-    # GPU time per request of each model, in full batches at the top clock (isolation's unit)
-    work_ms = {
-        n: profile.model(n).mean_latency_ms(profile.max_clock_mhz, profile.model(n).max_batch)
-        / profile.model(n).max_batch
-        for n in names
-    }
+    work_ms = isolation_work_ms(profile, names)
     per_model = {n: ClientStats() for n in names}
     latencies: list[float] = []
     work = np.ones(len(arrivals))  # each request's drawn service time over its mean
@@ -519,6 +531,12 @@ def simulate(
         nonlocal seq
         heapq.heappush(heap, (t, kind, seq, payload))
         seq += 1
+
+    # Learning: the device's energy counter is read every ``poll_s``, as the live reader does.
+    energy = sched.learner.energy if sched.learner is not None else None
+    counter = EnergyCounter(device.energy_j, vt) if energy is not None else None
+    if energy is not None:
+        push(0.0, _ENERGY, None)
 
     def after_clock_request(now: float) -> None:
         """Schedule the moment a requested clock change lands, so running work speeds up."""
@@ -553,6 +571,12 @@ def simulate(
     while heap:
         now, kind, idx, payload = heapq.heappop(heap)
         vt.advance_to(now)
+        if kind == _ENERGY:
+            assert counter is not None and energy is not None
+            sched.on_energy(counter.read(), counter.update_interval_s)
+            if heap:  # while anything else is to come
+                push(now + energy.params.poll_s, _ENERGY, None)
+            continue
         events += 1
         if kind == _ARRIVAL:
             client = cfg.clients[who[idx]]
