@@ -42,6 +42,7 @@ from loadgen.classes import RequestClass
 from loadgen.engine import InputTensor, build_payloads
 from loadgen.grpc_client import grpc_payloads
 from scheduler.core import Scheduler
+from simulator.results import DEFAULT_DIR, markdown_table, write_results
 from time2clock.table import TableSet
 
 # What the embedded Triton says of ``noop``, and its reply to one request (as Triton sends it).
@@ -265,12 +266,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", default="1,16")
     parser.add_argument("--protocols", default="http,grpc")
     parser.add_argument("--requests", type=int, default=20_000)
+    parser.add_argument(
+        "--results-dir", type=Path, default=DEFAULT_DIR, help="where pathbench.{md,json} go"
+    )
     args = parser.parse_args(argv)
     print("the sidecar's own Python per request, in process (no sockets, no Triton):")
+    rows = []
     for protocol in args.protocols.split(","):
         for c in (int(x) for x in args.concurrency.split(",")):
             us = uvloop.run(cost_us(protocol, c, args.requests))
+            rows.append({"protocol": protocol, "concurrency": c, "cpu_us": us})
             print(f"  {protocol:>4} concurrency {c:>2}: {us:6.1f} µs CPU per request", flush=True)
+    md, _ = write_results(
+        "pathbench",
+        title="The sidecar's own Python per request (python -m benchmarks.pathbench)",
+        markdown="In one process, no sockets, a fake Triton that answers at once; policy max; "
+        f"{args.requests} requests per cell.\n\n"
+        + markdown_table(
+            ["protocol", "concurrency", "CPU µs per request"],
+            [(r["protocol"], r["concurrency"], f"{r['cpu_us']:.1f}") for r in rows],
+        ),
+        data={"settings": {"requests": args.requests, "policy": "max"}, "cost": rows},
+        directory=args.results_dir,
+    )
+    print(f"written to {md} (and .json)")
     return 0
 
 
