@@ -68,12 +68,14 @@ class Admission:
     """What became of a request: the upstream's answer when it was sent, else why not.
 
     ``retry``: the refusal is temporary (shutting down, Triton restarting, queue full).
+    ``gpu``: which GPU served it (its label, as in the metrics), once it was sent.
     """
 
     outcome: Outcome
     message: str = ""
     answer: Any = None
     retry: bool = False
+    gpu: str | None = None
 
 
 async def admit(rt: Runtime, inbound: Inbound) -> Admission:
@@ -145,11 +147,12 @@ async def _admit(rt: Runtime, inbound: Inbound, tally: _Tally) -> Admission:
     inbound.job.timeout_us = hints.timeout_us
     request = hints.request(model, inbound.arrival_s, rt.config.slo_ms, inbound.job)
     request.prompt_tokens = inbound.prompt_tokens
+    target = rt.place(request)  # the GPU that takes it (the only one, on a node of one)
     try:
-        answer = await dispatcher.submit(request)
+        answer = await target.submit(request)
     except RejectedError as err:
         return done(Outcome.REJECTED, str(err), retry=True)
     except UnavailableError as err:
         return done(Outcome.UNAVAILABLE, str(err))
     outcome = done(Outcome.OK if answer.ok else Outcome.TRITON_ERROR).outcome
-    return Admission(outcome, answer=answer)
+    return Admission(outcome, answer=answer, gpu=target.gpu)

@@ -6,8 +6,8 @@ classes the simulator nests, so each default is written once. Every leaf of the 
 ``python -m api serve`` (``--max-inflight``, ``--slack-hold-s``, ``--feedback-target``…), a
 variable (``SIDECAR_MAX_INFLIGHT``…) and a key in the file given by ``--config``
 (``SIDECAR_CONFIG``), whose tables mirror the tree: top-level keys for the gateway,
-``[scheduler]``, ``[policy]``, ``[policy.slack]``, ``[policy.feedback]``. Precedence, highest
-first: flag, variable, file, built-in default.
+``[scheduler]``, ``[placement]``, ``[policy]``, ``[policy.slack]``, ``[policy.feedback]``.
+Precedence, highest first: flag, variable, file, built-in default.
 """
 
 from __future__ import annotations
@@ -20,9 +20,11 @@ from dataclasses import MISSING, Field, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from dvfs.factory import parse_device_list
 from scheduler.config import PolicyConfig
 from scheduler.core import SchedulerConfig
 from scheduler.feedback import FeedbackParams
+from scheduler.placement import PLACEMENTS, PlacementParams
 from scheduler.policies import SlackParams
 from scheduler.registry import POLICIES
 
@@ -67,6 +69,7 @@ class GatewayConfig:
     learn: bool = True
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
+    placement: PlacementParams = field(default_factory=PlacementParams)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -96,6 +99,20 @@ class GatewayConfig:
         ):
             if not getattr(self, name) > 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0")
+        gpus = len(parse_device_list(self.device)) if self.device is not None else None
+        for flag, urls in (("--triton-url", self.triton_urls),
+                           ("--triton-grpc-url", self.triton_grpc_urls)):  # fmt: skip
+            if urls is None or len(urls) == (gpus or 1):
+                continue
+            if gpus is None:
+                raise ValueError(
+                    f"{flag} names {len(urls)} Tritons: give --device with as many GPUs "
+                    "(one Triton per GPU, in the same order)"
+                )
+            raise ValueError(
+                f"{flag} names {len(urls)} Triton(s) for the {gpus} GPU(s) of --device "
+                f"{self.device}: give one per GPU, in the same order"
+            )
 
     @property
     def embedded(self) -> bool:
@@ -107,6 +124,16 @@ class GatewayConfig:
         return None if self.upstream is None else self.upstream.removeprefix("openai=")
 
     @property
+    def triton_urls(self) -> list[str] | None:
+        """One Triton per GPU, in the order of ``device`` (None: the embedded default)."""
+        return _split(self.triton_url)
+
+    @property
+    def triton_grpc_urls(self) -> list[str] | None:
+        """Their gRPC endpoints (None: each Triton's HTTP port + 1)."""
+        return _split(self.triton_grpc_url)
+
+    @property
     def slo_ms(self) -> float:
         """The default latency SLO of a request that gives none."""
         return self.scheduler.default_slo_ms
@@ -114,6 +141,15 @@ class GatewayConfig:
     def with_policy(self, name: str) -> GatewayConfig:
         """The same configuration running policy ``name`` (its parameters kept)."""
         return replace(self, policy=replace(self.policy, name=name))
+
+
+def _split(urls: str | None) -> list[str] | None:
+    if urls is None:
+        return None
+    items = [u.strip() for u in urls.split(",")]
+    if not all(items):
+        raise ValueError(f"an empty item in the list of Tritons {urls!r}")
+    return items
 
 
 @dataclass(frozen=True)
@@ -148,11 +184,15 @@ _GATEWAY_HELP = {
     "host": "address to listen on",
     "port": "port to listen on (Triton's own HTTP port, so the sidecar can take its place)",
     "grpc_port": "port for the KServe v2 gRPC front end (Triton's own gRPC port; 0: any free)",
-    "triton_url": "an existing Triton (host:port); omitted: start the embedded default",
-    "triton_grpc_url": "that Triton's gRPC (host:port); omitted: --triton-url's host, port + 1",
+    "triton_url": "an existing Triton (host:port), or one per GPU of --device, comma-separated "
+    "in the same order; omitted: start the embedded default (one Triton per simulated GPU)",
+    "triton_grpc_url": "those Tritons' gRPC (host:port, comma-separated); omitted: each "
+    "--triton-url's host, port + 1",
     "upstream": "an OpenAI-compatible engine for /v1/* (openai=http://host:port: vLLM, "
     "TensorRT-LLM, Triton's OpenAI front end); omitted: /v1/* speaks to Triton's generate",
-    "device": "sim:<profile> or nvml:<index> (default: NVML GPU 0 if present, else sim:v100)",
+    "device": "the GPU(s) to drive: sim:<profile> or nvml:<index>, or several, comma-separated "
+    "(nvml:0,1,2,3; sim:v100x2; sim:v100,sim:a100) (default: NVML GPU 0 if present, else "
+    "sim:v100)",
     "table": "time2clock table file(s), comma-separated (each holds one or more models); "
     "omitted in the embedded default: profile and cache one per model",
     "admin_token": "bearer token for /admin (none: admin API disabled); prefer the variable "
@@ -197,6 +237,25 @@ _SCHEDULER_FLAGS = {
         "default-priority-level",
         "the level of a request with priority 0 (default: the lowest)",
     ),
+    # priority: the release depth (scheduler/core.py)
+    "triton_batches": (
+        "triton-batches",
+        "full batches of each model kept at Triton; the rest waits in the sidecar's queue, "
+        "where priority, nice weights and cancellation apply (more: throughput over isolation)",
+    ),
+}
+_PLACEMENT_FLAGS = {
+    "mode": (
+        "placement",
+        "with several GPUs, which one takes each request: " + ", ".join(PLACEMENTS) + " (spread: "
+        "where it finishes soonest, counting work ahead by level and weight; energy: pack onto "
+        "busy GPUs while the deadline allows; round-robin)",
+    ),
+    "pack_slo_share": (
+        "pack-slo-share",
+        "energy placement: pack a request onto a busy GPU only if it is expected to finish "
+        "within this share of the time left to its deadline",
+    ),
 }
 _SLACK_HELP = {
     "batch_hold": "slack: how long a model may hold for a fuller batch, as a share of its room",
@@ -237,7 +296,7 @@ def _builtin(f: Field[Any]) -> Any:
 def _options() -> tuple[Option, ...]:
     out: list[Option] = []
     for f in fields(GatewayConfig):
-        if f.name in ("scheduler", "policy"):
+        if f.name in ("scheduler", "policy", "placement"):
             continue
         out.append(
             Option((f.name,), f.name.replace("_", "-"), _GATEWAY_HELP[f.name], str(f.type),
@@ -246,6 +305,9 @@ def _options() -> tuple[Option, ...]:
     for f in fields(SchedulerConfig):
         flag, text = _SCHEDULER_FLAGS[f.name]
         out.append(Option(("scheduler", f.name), flag, text, str(f.type), _builtin(f)))
+    for f in fields(PlacementParams):
+        flag, text = _PLACEMENT_FLAGS[f.name]
+        out.append(Option(("placement", f.name), flag, text, str(f.type), _builtin(f)))
     out.append(
         Option(("policy", "name"), "policy", "clock policy: " + ", ".join(POLICIES) +
                ", tokens (a GPU serving an LLM engine), or fixed:MHZ", "str", PolicyConfig().name)
@@ -402,7 +464,12 @@ def build(leaves: Mapping[tuple[str, ...], Any]) -> GatewayConfig:
         slack=part(SlackParams, ("policy", "slack")),
         feedback=part(FeedbackParams, ("policy", "feedback")),
     )
-    return GatewayConfig(**values, scheduler=part(SchedulerConfig, ("scheduler",)), policy=policy)
+    return GatewayConfig(
+        **values,
+        scheduler=part(SchedulerConfig, ("scheduler",)),
+        policy=policy,
+        placement=part(PlacementParams, ("placement",)),
+    )
 
 
 def read_token(path: Path) -> str:

@@ -55,13 +55,17 @@ class Answer(Protocol):
     def ok(self) -> bool: ...
 
 
+Send = Callable[[Upstream], Awaitable[Answer]]
+
+
 @dataclass(slots=True)
 class Job:
     """One request as the dispatcher sends it: ``send`` carries it to the upstream (each
     protocol brings its own) and returns the answer. A cancelled ``future`` (the client went
-    away) is never sent."""
+    away) is never sent. ``at_level(p)``, where the protocol can, is the same request with
+    Triton's ``priority`` set to ``p`` (sent instead when the model has priority levels)."""
 
-    send: Callable[[Upstream], Awaitable[Answer]]
+    send: Send
     timeout_us: int | None = None
     future: asyncio.Future[Any] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
@@ -71,11 +75,10 @@ class Job:
     # policy of each token as it goes by.
     stream: bool = False
     tokens: TokenSource | None = None
+    at_level: Callable[[int], Send] | None = None
 
 
-def post(
-    path: str, body: bytes, headers: dict[str, str]
-) -> Callable[[Upstream], Awaitable[Answer]]:
+def post(path: str, body: bytes, headers: dict[str, str]) -> Send:
     """A ``send`` that POSTs ``body`` to ``path`` on the upstream's HTTP endpoint."""
 
     def send(upstream: Upstream) -> Awaitable[Answer]:
@@ -160,6 +163,7 @@ class GpuDispatcher:
             self.shadow = ShadowLedger(
                 gpu=gpu, device=device, tables=lambda: scheduler.tables, metrics=metrics
             )
+        self._served = metrics.gpu_requests.labels(gpu)
         self._sends: set[asyncio.Task[None]] = set()
         self._streams: dict[int, asyncio.Task[None]] = {}  # in-flight streams by request seq
         self._timer: asyncio.TimerHandle | None = None
@@ -324,7 +328,10 @@ class GpuDispatcher:
         error: Exception | None = None
         response: Any = None
         try:
-            response = await job.send(self.upstream)
+            # priority: the sidecar's level carried to Triton's priority queue (docs/priority.md)
+            level = self.scheduler.serving(request.model).triton_priority(request.level)
+            send = job.send if level is None or job.at_level is None else job.at_level(level)
+            response = await send(self.upstream)
         except asyncio.CancelledError:
             if self._closed:  # shutting down with Triton not answering
                 self._fail(request, UnavailableError("the sidecar is shutting down"))
@@ -361,6 +368,7 @@ class GpuDispatcher:
             latency_s = now - request.arrival_s
             metrics.latency_of(model, client).observe(latency_s)
             if response.ok:
+                self._served.inc()
                 if self.shadow is not None:
                     self.shadow.on_complete(request.model)
                 met = "true" if latency_s * 1000.0 <= request.slo_ms else "false"
@@ -437,9 +445,10 @@ class GpuDispatcher:
                 m: {
                     "queued": s.queued_by_model().get(m, 0),
                     "inflight": s.inflight_count(m),
-                    "depth": s.serving(m).depth,
+                    "depth": s.release_depth(m),
                     "max_batch": s.serving(m).max_batch,
                     "instances": s.serving(m).instances,
+                    "triton_priority_levels": s.serving(m).priority_levels,
                     "arrival_rate_rps": round(rates.get(m, 0.0), 3),
                     "table": _table_summary(s.table_for(m)),
                     "learning": None if learner is None else learner.state(m, now),

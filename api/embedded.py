@@ -3,10 +3,11 @@
 ``simnet`` (a ResNet-50-class CNN) and ``simbert`` (a BERT-large-class transformer, several times
 slower and batching less well) both take ``INPUT0`` FP32 ``[-1, 16]`` and answer ``OUTPUT0 =
 2·INPUT0``. Triton's dynamic batcher forms their batches (up to each model's largest, two
-instances each); each batch takes as long as the simulated GPU says for that model, that batch
-size and the clock the sidecar set (read from the device's shared state file), speeding up or
-slowing down mid-batch when the clock, or the number of batches sharing the GPU, changes, and
-adds its energy to that GPU's counter. ``noop`` answers at once (for measuring the sidecar's own
+instances each) from two priority levels, as the sidecar's (it sends each request's level).
+Each batch takes as long as the simulated GPU says for that model, that batch size and the
+clock the sidecar set (read from the device's shared state file), speeding up or slowing down
+mid-batch when the clock, or the number of batches sharing the GPU, changes, and adds its
+energy to that GPU's counter. ``noop`` answers at once (for measuring the sidecar's own
 cost).
 
 Triton runs in a child process that the sidecar starts, waits for, and stops on every exit path.
@@ -50,6 +51,7 @@ NOOP = "noop"
 EMULATED = {SIMNET: CNN, SIMBERT: TRANSFORMER}  # Triton's model name -> the simulated model
 INSTANCES = 2
 BATCHER_DELAY_US = 500  # how long Triton's batcher may wait for a fuller batch
+PRIORITY_LEVELS = 2  # Triton's priority queue: the sidecar sends each request's level
 INPUT_WIDTH = 16
 STEP_S = 0.002  # how often a running batch re-reads the clock
 PARENT_POLL_S = 0.1  # how often the Triton child checks that the sidecar is still there
@@ -261,7 +263,11 @@ def bind_emulated(triton: Any, state_path: str, instances: int) -> None:
         "inputs": [Tensor(name="INPUT0", dtype=np.float32, shape=(INPUT_WIDTH,))],
         "outputs": [Tensor(name="OUTPUT0", dtype=np.float32, shape=(INPUT_WIDTH,))],
     }
-    batcher = DynamicBatcher(max_queue_delay_microseconds=BATCHER_DELAY_US)
+    batcher = DynamicBatcher(
+        max_queue_delay_microseconds=BATCHER_DELAY_US,
+        priority_levels=PRIORITY_LEVELS,
+        default_priority_level=PRIORITY_LEVELS,
+    )
     probe = SimulatedDevice.attach(Path(state_path))
     profile = probe.profile
     probe.close()

@@ -72,26 +72,27 @@ class Children:
 
 
 class DeviceCollector(Collector):
-    """Reads the GPU at scrape time: clock, power, energy counter."""
+    """Reads the GPUs at scrape time: clock, power, energy counter; one family of each, a
+    sample per GPU."""
 
-    def __init__(self, device: Device, index: str) -> None:
-        self.device = device
-        self.index = index
+    def __init__(self, device: Device | None = None, index: str = "0") -> None:
+        self.devices: list[tuple[str, Device]] = [] if device is None else [(index, device)]
 
     def collect(self) -> Iterator[Metric]:
-        labels = [self.index, self.device.identity.name]
         clock = GaugeMetricFamily(
             "sidecar_gpu_clock_hertz", "Graphics clock read from the GPU.", labels=["gpu", "name"]
         )
-        clock.add_metric(labels, self.device.clock_mhz() * 1e6)
         power = GaugeMetricFamily(
             "sidecar_gpu_power_watts", "Power the GPU draws.", labels=["gpu", "name"]
         )
-        power.add_metric(labels, self.device.power_w())
         energy = CounterMetricFamily(
             "sidecar_gpu_energy_joules", "Energy the GPU used.", labels=["gpu", "name"]
         )
-        energy.add_metric(labels, self.device.energy_j())
+        for index, device in self.devices:
+            labels = [index, device.identity.name]
+            clock.add_metric(labels, device.clock_mhz() * 1e6)
+            power.add_metric(labels, device.power_w())
+            energy.add_metric(labels, device.energy_j())
         yield from (clock, power, energy)
 
 
@@ -216,6 +217,19 @@ class GatewayMetrics:
         self.default_slo = Gauge(
             "sidecar_default_slo_seconds", "SLO of requests that name none.", registry=r
         )
+        self.gpu_requests = Counter(
+            "sidecar_gpu_requests",
+            "Requests each GPU's Triton answered (its share of the node's work).",
+            ["gpu"],
+            registry=r,
+        )
+        self.placement = Gauge(
+            "sidecar_placement_info",
+            "How requests are placed on the node's GPUs (1 for the mode in force), and how many "
+            "GPUs the sidecar drives.",
+            ["placement", "gpus"],
+            registry=r,
+        )
         self._clients: set[str] = set()
         self._client_labels: dict[str, str] = {}  # client id as sent -> its label
         # The model label: the runtime puts its model index here (known names, else "unknown").
@@ -228,6 +242,7 @@ class GatewayMetrics:
         self.gpu_time_of = Children(self.gpu_time)
         self.client_weight_of = Children(self.client_weight)
         self.requests_by_protocol: dict[str, int] = {}  # for the admin state
+        self._device_collector: DeviceCollector | None = None
 
     def count(
         self, model: str, priority: str, client: str, outcome: str, protocol: str = "http"
@@ -251,7 +266,14 @@ class GatewayMetrics:
         return label
 
     def watch_device(self, device: Device, index: str) -> None:
-        self.registry.register(DeviceCollector(device, index))
+        """Export ``device`` (the GPU labelled ``index``) at every scrape."""
+        if self._device_collector is None:
+            self._device_collector = DeviceCollector()
+            self.registry.register(self._device_collector)
+        self._device_collector.devices.append((index, device))
+
+    def set_placement(self, mode: str, gpus: int) -> None:
+        self.placement.labels(mode, str(gpus)).set(1.0)
 
     def set_policy(self, gpu: str, name: str) -> None:
         """1 for the policy in force, 0 for every other one."""

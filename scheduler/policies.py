@@ -43,9 +43,9 @@ class ClockPolicy(ABC):
         """The scheduler this policy now serves, before :meth:`initial_clock_mhz` is asked."""
 
     def release_limit(self, s: SchedulerView, model: str, now_s: float) -> int:
-        """How many requests of ``model`` to keep at Triton: by default all its batcher can use
-        (every instance busy with a full batch, the next one waiting)."""
-        return s.serving(model).depth
+        """How many requests of ``model`` to keep at Triton: by default a full batch's worth
+        (:meth:`scheduler.core.Scheduler.release_depth`); the rest waits in the sidecar."""
+        return s.release_depth(model)
 
     def on_enqueue(self, s: SchedulerView, request: QueuedRequest, now_s: float) -> int | None:
         return None
@@ -285,7 +285,7 @@ class SlackPolicy(ClockPolicy):
 
     def release_limit(self, s: SchedulerView, model: str, now_s: float) -> int:
         """Hold ``model``'s waiting requests back for a fuller batch while that is safe; else
-        let go all its batcher can use.
+        let go up to its release depth.
 
         Energy per inference falls steeply with the batch (dvfs/profiles.py), and Triton's batcher
         only gets what arrives while an instance is busy: at low load, batches of one or two.
@@ -293,11 +293,11 @@ class SlackPolicy(ClockPolicy):
         waits for more, until the earliest of: a full batch; ``batch_hold`` of the tightest
         waiting request's SLO since it arrived; the last moment the batch expected by then still
         meets the earliest deadline at the energy-optimal clock with the tail margin. While the
-        model's requests are at Triton, what arrives goes at once: it piles up at Triton's
-        batcher anyway, and holding there too made bursts that cost the live stack its tail
-        (docs/design.md, "Batching and many models"). Re-decided at every event.
+        model's requests are at Triton, what arrives goes at once (up to the depth): it piles
+        up at Triton's batcher anyway, and holding there too made bursts that cost the live
+        stack its tail (docs/design.md, "Batching and many models"). Re-decided at every event.
         """
-        depth = s.serving(model).depth
+        depth = s.release_depth(model)
         self._holds.pop(model, None)
         plan = self._plan(s, model)
         waiting = s.queued_of(model)
@@ -361,7 +361,7 @@ class SlackPolicy(ClockPolicy):
         """The clock the requests need now (before hysteresis)."""
         inflight = s.inflight_by_model()
         if not s.queue_len and not inflight:
-            return self._floor(s, s.tables.models)
+            return s.energy_floor_mhz(self._floor(s, s.tables.models), now_s)
         queued = list(s.iter_queue(self.params.lookahead))
         models = list(dict.fromkeys([*inflight, *(r.model for r in queued)]))
         plans = {m: self._plan(s, m) for m in models}
@@ -376,7 +376,8 @@ class SlackPolicy(ClockPolicy):
         if constraints is None:
             return self.clocks_mhz[-1]  # a model with no table
         clock = self._first(constraints)
-        return max(clock, self._floor(s, models))
+        # the energy fit may lower the floor for a while, to measure a clock under it
+        return max(clock, s.energy_floor_mhz(self._floor(s, models), now_s))
 
     def _floor_of(self, plan: ModelPlan) -> int | None:
         """The clock a model is never run below: its energy-optimal clock at batch 1."""

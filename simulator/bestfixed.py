@@ -17,7 +17,8 @@ from dataclasses import replace
 from typing import Any
 
 from dvfs.profiles import get_profile
-from simulator.simulate import SimConfig, simulate
+from simulator.node import run as simulate
+from simulator.simulate import SimConfig
 
 BEST_FIXED = "best-fixed"
 STRIDE = 4  # ladder steps per step of the walk up (v100: 30 MHz)

@@ -6,7 +6,9 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -14,12 +16,15 @@ from rich.table import Table
 
 from dvfs.__main__ import PIPE_WIDTH
 from scheduler.clients import ClientSpec, parse_clients
+from scheduler.placement import DEFAULT_PLACEMENT, PLACEMENTS, PlacementParams
 from scheduler.registry import DEFAULT_POLICY, POLICIES
 from simulator.bestfixed import BEST_FIXED, best_fixed
 from simulator.compare import (
     DEFAULT_MIX,
     Matrix,
+    Row,
     against_best_fixed,
+    against_spread,
     plot,
     run_all,
     tabulate,
@@ -27,7 +32,8 @@ from simulator.compare import (
     write_csv,
 )
 from simulator.generative import add_parser as add_generative_parser
-from simulator.simulate import SimConfig, parse_models, simulate
+from simulator.node import run
+from simulator.simulate import SimConfig, parse_models
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -52,6 +58,48 @@ def _names(text: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in text.split(",") if x.strip())
 
 
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected at least 1, got {value}")
+    return value
+
+
+def _gpus_or_names(text: str) -> int | tuple[str, ...]:
+    """``--gpus`` of compare: a number of GPUs per node, or (the older spelling of ``--gpu``)
+    GPU profiles."""
+    return _count(text) if text.strip().isdigit() else _names(text)
+
+
+def _add_node_options(p: argparse.ArgumentParser, *, many: bool) -> None:
+    modes = ", ".join(PLACEMENTS)
+    if many:
+        p.add_argument(
+            "--placements",
+            type=_names,
+            default=PLACEMENTS,
+            help=f"placement modes to compare on a node of --gpus N (default: {modes})",
+        )
+    else:
+        p.add_argument(
+            "--placement",
+            choices=PLACEMENTS,
+            default=DEFAULT_PLACEMENT,
+            help=f"which GPU of the node takes each request: {modes} (default {DEFAULT_PLACEMENT})",
+        )
+    p.add_argument(
+        "--pack-slo-share",
+        type=float,
+        default=PlacementParams.pack_slo_share,
+        help="energy placement: pack a request onto a busy GPU only if it is expected to finish "
+        "within this share of the time left to its deadline (default "
+        f"{PlacementParams.pack_slo_share:g})",
+    )
+
+
 def _progress(console: Console) -> Progress:
     return Progress(
         TextColumn("[bold]{task.description}"),
@@ -69,14 +117,16 @@ def _cmd_simulate(args: argparse.Namespace, console: Console) -> int:
         seed=args.seed, load=args.load, rate_rps=args.rate, arrival=args.arrival,
         trace=args.trace, clients=clients, models=parse_models(args.models),
         instances=args.instances, max_inflight=args.max_inflight, max_queue=args.max_queue,
+        gpus=args.gpus, placement=PlacementParams(args.placement, args.pack_slo_share),
     )  # fmt: skip
     if args.slo_ms <= 0 or args.duration_s <= 0:
         raise ValueError("--slo-ms and --duration-s must be > 0")
     # best-fixed: the best single clock in hindsight on these arrivals (several runs).
-    out = best_fixed(cfg) if args.policy == BEST_FIXED else simulate(cfg).to_json()
+    out = best_fixed(cfg) if args.policy == BEST_FIXED else run(cfg).to_json()
     if not args.json or sys.stdout.isatty():
+        node = f"{cfg.gpus}× {out['gpu']} ({cfg.placement.mode})" if cfg.gpus > 1 else out["gpu"]
         view = Table(
-            title=f"{out['policy']} on {out['gpu']}, {out['rate_rps']:.0f} req/s, "
+            title=f"{out['policy']} on {node}, {out['rate_rps']:.0f} req/s, "
             f"SLO {out['slo_ms']:g} ms, {out['duration_s']:g} s, seed {out['seed']}"
         )
         for col in (
@@ -122,8 +172,12 @@ def _cmd_simulate(args: argparse.Namespace, console: Console) -> int:
                 )
             console.print(per_model)
         if len(out["clients"]) > 1:
-            per = Table(title="per client")
-            for col in ("client", "completed", "rejected", "p99 ms", "SLO met", "GPU time s"):
+            per = Table(
+                title="per client (DCT/ideal: completion time over ideal CFS's, seed 000; "
+                f"worst pair {_deviation(out['isolation_deviation'])} from ideal)"
+            )
+            cols = ("client", "completed", "rejected", "p99 ms", "SLO met", "GPU time s")
+            for col in (*cols, "DCT/ideal"):
                 per.add_column(col, justify="right")
             for name, c in out["clients"].items():
                 per.add_row(
@@ -133,21 +187,92 @@ def _cmd_simulate(args: argparse.Namespace, console: Console) -> int:
                     f"{c['p99_ms']:.1f}",
                     f"{c['slo_attainment']:.2%}",
                     f"{c['service_ms'] / 1000:.2f}",
+                    "-" if not math.isfinite(c["dct_over_ideal"]) else f"{c['dct_over_ideal']:.3f}",
                 )
             console.print(per)
+        if "per_gpu" in out:
+            print_node(out, console)
     if args.json:
         print(json.dumps(out))
     return 0
 
 
+def _deviation(value: float) -> str:
+    """Seed 000's isolation metric: the worst pair of clients' distance from ideal CFS."""
+    return "-" if not math.isfinite(value) else f"{value:.1%}"
+def print_node(out: dict[str, Any], console: Console) -> None:
+    """A node's run: what each GPU did, and the clients' shares against their weights."""
+    per = Table(title=f"per GPU ({out['placement']} placement)")
+    for col in ("GPU", "placed", "completed", "mean batch", "busy", "mean MHz", "energy J"):
+        per.add_column(col, justify="right")
+    for i, g in enumerate(out["per_gpu"]):
+        per.add_row(
+            str(i),
+            str(g["placed"]),
+            str(g["completed"]),
+            f"{g['mean_batch']:.1f}",
+            f"{g['busy_share']:.0%}",
+            f"{g['mean_clock_mhz']:.0f}",
+            f"{g['energy_j']:.0f}",
+        )
+    console.print(per)
+    isolation = out["isolation"]
+    if len(out["clients"]) > 1 and isolation["pairs"]:
+        shares = Table(title="GPU time against the weights, over the node (seed 000's metric)")
+        for col in ("client", "GPU share", "vs its weight's share"):
+            shares.add_column(col, justify="right")
+        for name, error in isolation["share_error"].items():
+            share = out["clients"][name]["gpu_share"]
+            shares.add_row(name, f"{share:.2%}", f"{error:+.1%}")
+        console.print(shares)
+        worst = max(isolation["pairs"].items(), key=lambda kv: abs(kv[1] - 1.0))
+        console.print(
+            f"isolation metric (completion-time ratio over the ideal CFS ratio, 1 = ideal): "
+            f"worst pair {worst[0]} {worst[1]:.3f}, {isolation['max_error']:.1%} from ideal "
+            "(meaningful when every client asks for more than its share)"
+        )
+
+
+def print_placements(rows: Sequence[Row], console: Console) -> None:
+    """Each placement against ``spread`` on the same arrivals, per load and policy."""
+    view = Table(title="placements on the node (energy per inference vs spread, same arrivals)")
+    for col in ("load", "SLO ×", "policy", "placement", "J/inf", "vs spread", "p99/SLO",
+                "SLO met", "req/s", "GPUs used"):  # fmt: skip
+        view.add_column(col, justify="right")
+    for r in against_spread(rows):
+        miss = r["p99_over_slo"] > 1
+        view.add_row(
+            f"{r['load']:g}",
+            f"{r['slo_mult']:g}",
+            r["policy"],
+            r["placement"],
+            f"{r['energy_per_inference_j']:.3f}",
+            f"{r['vs_spread']:.3f}",
+            f"[red]{r['p99_over_slo']:.2f}[/red]" if miss else f"{r['p99_over_slo']:.2f}",
+            f"{r['slo_attainment']:.1%}",
+            f"{r['throughput_rps']:.0f}",
+            str(r["gpus_used"]),
+        )
+    console.print(view)
+
+
 def _matrix(args: argparse.Namespace, **extra: object) -> Matrix:
     """The matrix the shared ``compare``/``tune`` options describe."""
+    clients = tuple(parse_clients(args.clients)) if args.clients else (ClientSpec("default"),)
+    node = args.gpus if isinstance(args.gpus, int) else 1
+    kinds = args.gpu or (args.gpus if isinstance(args.gpus, tuple) else Matrix.gpus)
+    for mode in getattr(args, "placements", ()):
+        PlacementParams(mode)  # a ValueError names the modes
     return Matrix(
-        gpus=args.gpus,
+        gpus=kinds,
         mixes=args.mixes,
         loads=args.loads,
         slo_multipliers=args.slo_multipliers,
         duration_s=args.duration_s,
+        clients=clients,
+        node_gpus=node,
+        placements=getattr(args, "placements", (DEFAULT_PLACEMENT,)),
+        pack_slo_share=getattr(args, "pack_slo_share", PlacementParams.pack_slo_share),
         **extra,  # type: ignore[arg-type]
     )
 
@@ -178,6 +303,7 @@ def _cmd_compare(args: argparse.Namespace, console: Console) -> int:
         "p99/SLO",
         "SLO met",
         "MHz",
+        "isolation",
     ):
         view.add_column(col, justify="right")
     for r in rows:
@@ -188,7 +314,7 @@ def _cmd_compare(args: argparse.Namespace, console: Console) -> int:
             f"{r['load']:g}",
             f"{r['slo_mult']:g}",
             str(r["seed"]),
-            r["policy"],
+            r["policy"] if r["gpus"] == 1 else f"{r['policy']} {r['placement']}",
             f"{r['energy_per_inference_j']:.3f}",
             f"{r['vs_max']:.2f}",
             f"{r['vs_best_fixed']:.2f}",
@@ -198,6 +324,7 @@ def _cmd_compare(args: argparse.Namespace, console: Console) -> int:
             f"[red]{r['p99_over_slo']:.2f}[/red]" if miss else f"{r['p99_over_slo']:.2f}",
             f"{r['slo_attainment']:.1%}",
             f"{r['mean_clock_mhz']:.0f}",
+            _deviation(r["isolation_deviation"]),
         )
     console.print(view)
     if BEST_FIXED in args.policies:
@@ -214,9 +341,15 @@ def _cmd_compare(args: argparse.Namespace, console: Console) -> int:
                 f"{s['mean_vs_best_fixed']:.3f}",
             )
         console.print(summary)
+    if matrix.node_gpus > 1:
+        print_placements(rows, console)
     out = Path(args.out_dir)
     write_csv(rows, out / "compare.csv")
-    plot(rows, out / "compare.png")
+    # On a node, each placement is a series of its own beside the policies.
+    shown = rows if matrix.node_gpus == 1 else [
+        {**r, "policy": f"{r['policy']} {r['placement']}"} for r in rows
+    ]  # fmt: skip
+    plot(shown, out / "compare.png")
     console.print(f"wrote {out / 'compare.csv'} and {out / 'compare.png'}")
     return 0
 
@@ -268,7 +401,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="cmd", required=True)
 
     p = sub.add_parser("simulate", help="one simulated run")
-    p.add_argument("--gpu", default="v100")
+    p.add_argument("--gpu", default="v100", help="the GPU's profile (every GPU of the node's)")
+    p.add_argument("--gpus", type=_count, default=1, help="GPUs of the node (default 1)")
+    _add_node_options(p, many=False)
     p.add_argument(
         "--policy",
         default=DEFAULT_POLICY,
@@ -308,7 +443,21 @@ def build_parser() -> argparse.ArgumentParser:
         ("tune", "sweep one slack parameter over the matrix and seeds"),
     ):
         p = sub.add_parser(name, help=helptext)
-        p.add_argument("--gpus", type=_names, default=("v100", "rtx3090", "titanrtx"))
+        p.add_argument(
+            "--gpu",
+            type=_names,
+            default=None,
+            help=f"GPU profiles, comma-separated (default {','.join(Matrix.gpus)})",
+        )
+        p.add_argument(
+            "--gpus",
+            type=_gpus_or_names,
+            default=None,
+            help="GPUs per node (a number; load is then a fraction of the node's capacity), or "
+            "GPU profiles as --gpu takes them",
+        )
+        if name == "compare":
+            _add_node_options(p, many=True)
         p.add_argument(
             "--mixes",
             type=lambda t: tuple(x.strip() for x in t.split(";") if x.strip()),
@@ -323,6 +472,12 @@ def build_parser() -> argparse.ArgumentParser:
             help="each model's SLO as a multiple of its full batch's time at the top clock",
         )
         p.add_argument("--duration-s", type=float, default=30.0)
+        p.add_argument(
+            "--clients",
+            default=None,
+            help="client classes in every cell, as simulate's (the isolation column compares "
+            "their service with ideal CFS's)",
+        )
         p.add_argument("--jobs", type=int, default=None, help="processes (default: all cores)")
         if name == "compare":
             p.add_argument(

@@ -14,9 +14,12 @@ from typing import Any
 import numpy as np
 
 from dvfs.profiles import CNN, TRANSFORMER, get_profile
+from scheduler.clients import ClientSpec
+from scheduler.placement import DEFAULT_PLACEMENT, PlacementParams
 from scheduler.policies import SlackParams
 from simulator.bestfixed import BEST_FIXED, best_fixed
-from simulator.simulate import ModelMix, SimConfig, parse_models, simulate
+from simulator.node import run
+from simulator.simulate import ModelMix, SimConfig, parse_models
 
 Row = dict[str, Any]
 
@@ -46,6 +49,10 @@ COLUMNS = (
     "mean_clock_mhz",
     "clock_changes",
     "fixed_mhz",
+    "isolation_deviation",
+    "gpus",
+    "placement",
+    "gpus_used",
 )
 DEFAULT_MIX = f"{CNN}:0.7,{TRANSFORMER}:0.3"
 
@@ -68,10 +75,16 @@ class Matrix:
     duration_s: float = 30.0
     seeds: tuple[int, ...] = (0,)
     slack: SlackParams = field(default_factory=SlackParams)
+    clients: tuple[ClientSpec, ...] = (ClientSpec("default"),)
+    node_gpus: int = 1  # GPUs per node; load is then a fraction of the node's capacity
+    placements: tuple[str, ...] = (DEFAULT_PLACEMENT,)
+    pack_slo_share: float = PlacementParams.pack_slo_share
 
     def configs(self) -> list[SimConfig]:
         return [
             SimConfig(
+                gpus=self.node_gpus,
+                placement=PlacementParams(placement, self.pack_slo_share),
                 gpu=gpu,
                 policy=policy,
                 load=load,
@@ -80,12 +93,14 @@ class Matrix:
                 duration_s=self.duration_s,
                 seed=seed,
                 slack=self.slack,
+                clients=self.clients,
             )
             for gpu in self.gpus
             for mix in self.mixes
             for load in self.loads
             for mult in self.slo_multipliers
             for seed in self.seeds
+            for placement in (self.placements if self.node_gpus > 1 else (DEFAULT_PLACEMENT,))
             for policy in self.policies
         ]
 
@@ -102,9 +117,10 @@ def slo_models(gpu: str, mix: str, multiplier: float) -> tuple[ModelMix, ...]:
 
 
 def _run(cfg: SimConfig) -> Row:
+    node = {"gpus": cfg.gpus, "placement": cfg.placement.mode, "gpus_used": 1}
     if cfg.policy == BEST_FIXED:
-        return best_fixed(cfg)
-    return {**simulate(cfg).to_json(), "fixed_mhz": None}
+        return {**node, **best_fixed(cfg)}
+    return {**node, **run(cfg).to_json(), "fixed_mhz": None}
 
 
 def run_all(
@@ -133,8 +149,17 @@ def run_all(
 
 
 def cell(row: Row) -> tuple[Any, ...]:
-    """What identifies a row's cell: the same arrivals and deadlines, whatever the policy."""
-    return row["gpu"], row["mix"], row["load"], row["slo_mult"], row["seed"]
+    """What identifies a row's cell: the same arrivals and deadlines, whatever the policy
+    (on a node, under the same placement)."""
+    return (
+        row["gpu"],
+        row["mix"],
+        row["load"],
+        row["slo_mult"],
+        row["seed"],
+        row.get("gpus", 1),
+        row.get("placement", DEFAULT_PLACEMENT),
+    )
 
 
 def tabulate(results: Sequence[Row]) -> list[Row]:
@@ -188,6 +213,23 @@ def against_best_fixed(rows: Sequence[Row]) -> list[Row]:
                 else math.nan,
             }
         )
+    return out
+
+
+def against_spread(rows: Sequence[Row]) -> list[Row]:
+    """Node rows (several GPUs) with ``vs_spread``: energy per inference over the ``spread``
+    placement's on the same cell and policy."""
+    spread = {
+        (*cell(r)[:-1], r["policy"]): r["energy_per_inference_j"]
+        for r in rows
+        if r.get("placement") == DEFAULT_PLACEMENT
+    }
+    out = []
+    for r in rows:
+        if r.get("gpus", 1) < 2:
+            continue
+        base = spread.get((*cell(r)[:-1], r["policy"]), math.nan)
+        out.append({**r, "vs_spread": r["energy_per_inference_j"] / base})
     return out
 
 

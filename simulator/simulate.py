@@ -18,14 +18,17 @@ from typing import Any
 
 import numpy as np
 
+from dvfs.energy import EnergyCounter
 from dvfs.profiles import CNN, GpuProfile, ModelProfile, get_profile
 from dvfs.simulated import SimulatedDevice, shared_time_ms
 from dvfs.timesource import VirtualTime
 from scheduler.clients import ClientSpec
+from scheduler.config import PolicyConfig
 from scheduler.core import Scheduler, SchedulerConfig
 from scheduler.feedback import FeedbackParams
+from scheduler.isolation import ClientUsage, IsolationReport, isolation
+from scheduler.placement import PlacementParams
 from scheduler.policies import SlackParams
-from scheduler.registry import make_policy
 from scheduler.request import Request
 from scheduler.view import ModelServing
 from simulator.oracle import oracle_energy
@@ -41,8 +44,8 @@ from time2clock.online import OnlineTables
 from time2clock.profile import SimulatedMeasurer, sweep
 from time2clock.table import TableSet
 
-# At equal times: clock changes land, then completions, timers, arrivals.
-_CLOCK, _COMPLETE, _TIMER, _ARRIVAL = 0, 1, 2, 3
+# At equal times: clock changes land, then completions, timers, arrivals, energy counter reads.
+_CLOCK, _COMPLETE, _TIMER, _ARRIVAL, _ENERGY = 0, 1, 2, 3, 4
 
 
 @dataclass(frozen=True)
@@ -84,12 +87,17 @@ class SimConfig:
     ``load`` is a fraction of the GPU's capacity at its top clock with full batches, for the
     model mix given (see :func:`mix_capacity_rps`). Triton runs each model with ``instances``
     instances and its dynamic batcher (largest batch: the model's, ``batcher_delay_ms`` of
-    waiting for a fuller one); ``max_inflight`` caps what the sidecar keeps at Triton.
+    waiting for a fuller one, ``triton_priority_levels`` priority levels, the sidecar's level
+    sent as each request's priority, as the embedded models are configured; 0: first come,
+    first served); ``max_inflight`` caps what the sidecar keeps at Triton.
+
+    ``gpus`` > 1: a node of that many GPUs (:mod:`simulator.node`), ``load`` a fraction of the
+    node's capacity, ``placement`` choosing each request's GPU.
     """
 
     gpu: str = "v100"
-    policy: str = "adaptive"
-    slo_ms: float = 100.0
+    policy: str = PolicyConfig.name
+    slo_ms: float = SchedulerConfig.default_slo_ms
     duration_s: float = 30.0
     seed: int = 0
     load: float | None = 0.5
@@ -100,24 +108,52 @@ class SimConfig:
     models: tuple[ModelMix, ...] = (ModelMix(CNN),)
     instances: int = 2
     batcher_delay_ms: float = 0.0
-    max_inflight: int = 256
-    max_queue: int = 1000
-    priority_levels: int = 2
+    triton_priority_levels: int = 2  # each model's dynamic_batching.priority_levels (0: FIFO)
+    max_inflight: int = SchedulerConfig.max_inflight
+    max_queue: int = SchedulerConfig.max_queue
+    priority_levels: int = SchedulerConfig.priority_levels
     slo_multiplier: float | None = None  # what set the models' SLOs, for reports
     profile_requests_per_clock: int = 20
     with_oracle: bool = True
     slack: SlackParams = field(default_factory=SlackParams)
     feedback: FeedbackParams = field(default_factory=FeedbackParams)
     learn: bool = False  # refit the tables online from what the run measures
+    gpus: int = 1
+    placement: PlacementParams = field(default_factory=PlacementParams)
+
+    @property
+    def scheduler_config(self) -> SchedulerConfig:
+        """The scheduler's bounds, as the live sidecar's :class:`SchedulerConfig` has them."""
+        return SchedulerConfig(
+            max_inflight=self.max_inflight,
+            max_queue=self.max_queue,
+            priority_levels=self.priority_levels,
+            default_slo_ms=self.slo_ms,
+        )
+
+    @property
+    def policy_config(self) -> PolicyConfig:
+        """The policy and its parameters, as the live sidecar's :class:`PolicyConfig` has them."""
+        return PolicyConfig(self.policy, self.slack, self.feedback)
 
     def rate(self, profile: GpuProfile) -> float:
         if self.rate_rps is not None:
             return self.rate_rps
         assert self.load is not None
-        return self.load * mix_capacity_rps(profile, self.models)
+        return self.load * self.gpus * mix_capacity_rps(profile, self.models)
 
     def model_slo_ms(self, mix: ModelMix) -> float:
         return mix.slo_ms if mix.slo_ms is not None else self.slo_ms
+
+
+def isolation_work_ms(profile: GpuProfile, names: Sequence[str]) -> dict[str, float]:
+    """GPU time per request of each model, in full batches at the top clock: the unit of work
+    seed 000's isolation metric counts."""
+    return {
+        n: profile.model(n).mean_latency_ms(profile.max_clock_mhz, profile.model(n).max_batch)
+        / profile.model(n).max_batch
+        for n in names
+    }
 
 
 def mix_capacity_rps(profile: GpuProfile, models: Sequence[ModelMix]) -> float:
@@ -168,6 +204,8 @@ class ClientStats:
     met: int = 0
     service_ms: float = 0.0
     rejected: int = 0
+    offered_work_ms: float = 0.0  # what it sent while arrivals ran, in GPU time (see isolation)
+    served_work_ms: float = 0.0  # what was served of it by then
 
 
 @dataclass
@@ -205,8 +243,29 @@ class SimResult:
                 worst = ratio if math.isnan(worst) else max(worst, ratio)
         return worst
 
+    def isolation(self) -> IsolationReport:
+        """Seed 000's isolation metric over the clients (:mod:`scheduler.isolation`): GPU work
+        served while arrivals ran (the drain after them serves every backlog to the end, which
+        no fair share decides), against the same work shared by ideal CFS with what each client
+        offered as its demand."""
+        c = self.config
+        levels = SchedulerConfig(priority_levels=c.priority_levels)
+        return isolation(
+            [
+                ClientUsage(
+                    spec.name,
+                    levels.level_of(spec.priority),
+                    spec.nice,
+                    self.clients[spec.name].served_work_ms,
+                    self.clients[spec.name].offered_work_ms,
+                )
+                for spec in c.clients
+            ]
+        )
+
     def to_json(self) -> dict[str, Any]:
         c = self.config
+        iso = self.isolation()
         return {
             "policy": c.policy,
             "gpu": c.gpu,
@@ -253,9 +312,11 @@ class SimResult:
                     "p99_ms": self._pct(99, np.asarray(s.latencies_ms)),
                     "slo_attainment": s.met / s.completed if s.completed else math.nan,
                     "service_ms": s.service_ms,
+                    "dct_over_ideal": iso.ratio_of(name),
                 }
                 for name, s in self.clients.items()
             },
+            "isolation_deviation": iso.deviation,
         }
 
 
@@ -276,13 +337,22 @@ class _Triton:
     """Triton on the simulated GPU: per model, a queue, its dynamic batcher and ``instances``
     instances. Batches running at once share the GPU as :func:`dvfs.simulated.shared_time_ms`
     says; when the clock, or that sharing, changes mid-way, the rest of each batch's work goes
-    at the new speed.
+    at the new speed. With ``priority_levels`` the queue is Triton's priority queue: a request
+    goes ahead of every waiting one of a lower priority (a larger number), behind those of its
+    own, and batches are formed from the front; a running batch is never preempted.
     """
 
-    def __init__(self, profile: GpuProfile, device: SimulatedDevice, instances: int) -> None:
+    def __init__(
+        self,
+        profile: GpuProfile,
+        device: SimulatedDevice,
+        instances: int,
+        serving: dict[str, ModelServing] | None = None,
+    ) -> None:
         self.profile = profile
         self.device = device
         self.instances = instances
+        self.serving = serving or {}
         self.running: dict[int, _Execution] = {}
         self.busy: dict[str, int] = {}
         self.requests_running: dict[str, int] = {}
@@ -303,7 +373,21 @@ class _Triton:
             run.since_s = now
 
     def release(self, request: Request[None]) -> None:
-        self.queues.setdefault(request.model, deque()).append(request)
+        queue = self.queues.setdefault(request.model, deque())
+        serving = self.serving.get(request.model)
+        priority = None if serving is None else serving.triton_priority(request.level)
+        if priority is None:
+            queue.append(request)
+            return
+        at = len(queue)
+        while at and self._priority(queue[at - 1]) > priority:
+            at -= 1
+        queue.insert(at, request)
+
+    def _priority(self, request: Request[None]) -> int:
+        priority = self.serving[request.model].triton_priority(request.level)
+        assert priority is not None
+        return priority
 
     def start_batches(self, now: float) -> bool:
         """Every free instance takes a batch of what waits for it; whether any started."""
@@ -395,20 +479,24 @@ def simulate(
     )
 
     names = tuple(m.name for m in cfg.models)
+    serving = {
+        n: ModelServing(
+            profile.model(n).max_batch,
+            cfg.instances,
+            priority_levels=cfg.triton_priority_levels,
+            default_priority_level=cfg.triton_priority_levels,
+        )
+        for n in names
+    }
     tables = tables or profiled_tables(cfg.gpu, names, 0, cfg.profile_requests_per_clock)
     vt = VirtualTime()
     device = SimulatedDevice(profile, time_source=vt, rng=device_rng)
-    policy = make_policy(cfg.policy, device.supported_clocks_mhz(), cfg.slack, cfg.feedback)
+    policy = cfg.policy_config.build(device.supported_clocks_mhz())
     sched: Scheduler[None] = Scheduler(
         tables,
         policy,
-        SchedulerConfig(
-            max_inflight=cfg.max_inflight,
-            max_queue=cfg.max_queue,
-            priority_levels=cfg.priority_levels,
-            default_slo_ms=cfg.slo_ms,
-        ),
-        serving={n: ModelServing(profile.model(n).max_batch, cfg.instances) for n in names},
+        cfg.scheduler_config,
+        serving=serving,
         learner=(
             (learner or OnlineTables(device.supported_clocks_mhz(), gpu=cfg.gpu))
             if cfg.learn
@@ -423,6 +511,8 @@ def simulate(
         device.set_clock_mhz(initial)
 
     stats = {c.name: ClientStats() for c in cfg.clients}
+    arrivals_end_s = float(arrivals[-1]) if len(arrivals) else 0.0
+    work_ms = isolation_work_ms(profile, names)
     per_model = {n: ClientStats() for n in names}
     latencies: list[float] = []
     work = np.ones(len(arrivals))  # each request's drawn service time over its mean
@@ -435,12 +525,18 @@ def simulate(
     seq = len(arrivals)
     timer_at: float | None = None
     batcher_at: float | None = None
-    triton = _Triton(profile, device, cfg.instances)
+    triton = _Triton(profile, device, cfg.instances, serving)
 
     def push(t: float, kind: int, payload: Any) -> None:
         nonlocal seq
         heapq.heappush(heap, (t, kind, seq, payload))
         seq += 1
+
+    # Learning: the device's energy counter is read every ``poll_s``, as the live reader does.
+    energy = sched.learner.energy if sched.learner is not None else None
+    counter = EnergyCounter(device.energy_j, vt) if energy is not None else None
+    if energy is not None:
+        push(0.0, _ENERGY, None)
 
     def after_clock_request(now: float) -> None:
         """Schedule the moment a requested clock change lands, so running work speeds up."""
@@ -475,6 +571,12 @@ def simulate(
     while heap:
         now, kind, idx, payload = heapq.heappop(heap)
         vt.advance_to(now)
+        if kind == _ENERGY:
+            assert counter is not None and energy is not None
+            sched.on_energy(counter.read(), counter.update_interval_s)
+            if heap:  # while anything else is to come
+                push(now + energy.params.poll_s, _ENERGY, None)
+            continue
         events += 1
         if kind == _ARRIVAL:
             client = cfg.clients[who[idx]]
@@ -486,6 +588,7 @@ def simulate(
                 nice=client.nice,
                 client_id=client.name,
             )
+            stats[client.name].offered_work_ms += work_ms[req.model]
             result = sched.enqueue(req, now)
             if result.accepted:
                 index_of[req.seq] = idx
@@ -509,6 +612,8 @@ def simulate(
                 latencies.append(latency_ms)
                 ok = latency_ms <= req.slo_ms
                 met += ok
+                if now <= arrivals_end_s:
+                    stats[req.client_id].served_work_ms += work_ms[req.model]
                 for s in (stats[req.client_id], per_model[req.model]):
                     s.completed += 1
                     s.latencies_ms.append(latency_ms)

@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 
 from api.admission import Inbound, Outcome, admit
-from api.dispatcher import Job
+from api.dispatcher import Job, Send
 from api.grpc_frontend.protocol import (
     CHANNEL_OPTIONS,
     MODEL_INFER,
@@ -41,11 +41,13 @@ from api.grpc_frontend.protocol import (
 from api.runtime import Runtime
 from api.streaming import TokenMeter, token_slos
 from api.tensors import ModelLimits
+from api.triton_priority import grpc_with_priority
 from api.upstream import Upstream, UpstreamUnavailableError
 
 log = logging.getLogger(__name__)
 Context = Any  # grpc.aio.ServicerContext (grpc ships no type information)
 PROTOCOL = "grpc"
+GPU_METADATA = "x-sidecar-gpu"  # trailing metadata of a unary reply: which GPU served it
 STATUS = {
     Outcome.BAD_REQUEST: grpc.StatusCode.INVALID_ARGUMENT,
     Outcome.UNAUTHORIZED: grpc.StatusCode.UNAUTHENTICATED,
@@ -85,25 +87,45 @@ class GrpcBody:
         check_infer_request(self.request, max_elements=max_elements, model=model)
 
 
+@dataclass(slots=True)
+class _TritonChannel:
+    """One GPU's Triton, over gRPC: its channel and the method stubs on it."""
+
+    channel: Any
+    unary: dict[str, Any]
+    stream: Any
+
+    @classmethod
+    def open(cls, url: str) -> _TritonChannel:
+        channel = grpc.aio.insecure_channel(url, options=CHANNEL_OPTIONS)
+        unary = {name: channel.unary_unary(method_path(name)) for name in UNARY_METHODS}
+        return cls(channel, unary, channel.stream_stream(method_path(STREAM_INFER)))
+
+
 class GrpcFrontend:
     """Serves gRPC on ``host:grpc_port`` (0: a free port, read back as :attr:`port`) and talks
-    to Triton's gRPC over one channel."""
+    to each GPU's Triton over a channel of its own: an inference request goes to the Triton of
+    the GPU it was placed on, anything else to GPU 0's."""
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
         self.port = 0
         self._server: Any = None
-        self._channel: Any = None
-        self._unary: dict[str, Any] = {}
-        self._stream: Any = None
+        self._channels: dict[int, _TritonChannel] = {}  # by id() of the GPU's HTTP Upstream
+        self._unary: dict[str, Any] = {}  # GPU 0's: every call that is not an inference
+
+    def _to(self, upstream: Upstream) -> _TritonChannel:
+        """The gRPC channel of the GPU whose HTTP upstream is ``upstream``."""
+        return self._channels.get(id(upstream)) or next(iter(self._channels.values()))
 
     async def start(self) -> None:
         cfg = self.runtime.config
-        self._channel = grpc.aio.insecure_channel(
-            self.runtime.triton_grpc_url, options=CHANNEL_OPTIONS
-        )
-        self._unary = {name: self._channel.unary_unary(method_path(name)) for name in UNARY_METHODS}
-        self._stream = self._channel.stream_stream(method_path(STREAM_INFER))
+        for gpu in self.runtime.gpus:
+            if gpu.upstream is not None:
+                self._channels[id(gpu.upstream)] = _TritonChannel.open(gpu.grpc_url)
+        if not self._channels:  # no GPU started (a runtime assembled by hand)
+            self._channels[0] = _TritonChannel.open(self.runtime.triton_grpc_url)
+        self._unary = next(iter(self._channels.values())).unary
         handlers = {
             name: grpc.unary_unary_rpc_method_handler(self._passthrough(name))
             for name in UNARY_METHODS
@@ -122,15 +144,19 @@ class GrpcFrontend:
             raise OSError(f"cannot listen for gRPC on {cfg.host}:{cfg.grpc_port}")
         await self._server.start()
         log.info(
-            "gRPC on %s:%d, Triton's gRPC at %s", cfg.host, self.port, self.runtime.triton_grpc_url
+            "gRPC on %s:%d, Triton's gRPC at %s",
+            cfg.host,
+            self.port,
+            ", ".join(g.grpc_url for g in self.runtime.gpus) or self.runtime.triton_grpc_url,
         )
 
     async def stop(self, grace_s: float = 30.0) -> None:
-        """Refuse new calls, let those under way finish (up to ``grace_s``), close the channel."""
+        """Refuse new calls, let those under way finish (up to ``grace_s``), close the
+        channels."""
         if self._server is not None:
             await self._server.stop(grace_s)
-        if self._channel is not None:
-            await self._channel.close()
+        for triton in self._channels.values():
+            await triton.channel.close()
 
     # -- passthrough -------------------------------------------------------------------
 
@@ -164,15 +190,19 @@ class GrpcFrontend:
             self.runtime.metrics.count("unknown", "", "", Outcome.BAD_REQUEST, PROTOCOL)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
             raise
-        admission = await self._admit(
-            request, metadata, arrival_s, lambda _: self._upstream_infer(raw, metadata, deadline_s)
-        )
+
+        def unary(message: bytes) -> Send:
+            return lambda up: self._upstream_infer(message, metadata, deadline_s, self._to(up))
+
+        admission = await self._admit(request, metadata, arrival_s, unary, raw)
         answer: GrpcAnswer | None = admission.answer
         if answer is None:
             await context.abort(STATUS[admission.outcome], admission.message)
             raise AssertionError("abort raises")  # for the type checker
         if not answer.ok:
             await context.abort(answer.code, answer.details, answer.trailing)
+        if admission.gpu is not None:
+            context.set_trailing_metadata(((GPU_METADATA, admission.gpu),))
         return answer.body
 
     async def _admit(
@@ -180,12 +210,14 @@ class GrpcFrontend:
         request: Any,
         metadata: Metadata,
         arrival_s: float,
-        send: Callable[[Upstream], Awaitable[GrpcAnswer]],
+        sender: Callable[[bytes], Send],
+        raw: bytes,
         *,
         tokens: TokenMeter | None = None,
     ) -> Any:
-        """One request through :func:`api.admission.admit`; a shutdown past its grace
-        cancels it, as it cancels HTTP's."""
+        """One request through :func:`api.admission.admit` (``sender(raw)`` sends it; with
+        the sidecar's level as Triton's priority, a map entry appended); a shutdown past its
+        grace cancels it, as it cancels HTTP's."""
         task = asyncio.current_task()
         rt = self.runtime
         if task is not None:
@@ -199,7 +231,12 @@ class GrpcFrontend:
                     body=GrpcBody(request),
                     headers=text_metadata(metadata),
                     arrival_s=arrival_s,
-                    job=Job(send=send, stream=tokens is not None, tokens=tokens),
+                    job=Job(
+                        send=sender(raw),
+                        stream=tokens is not None,
+                        tokens=tokens,
+                        at_level=lambda level: sender(grpc_with_priority(raw, level)),
+                    ),
                 ),
             )
         finally:
@@ -207,12 +244,12 @@ class GrpcFrontend:
                 rt.pending.discard(task)
 
     async def _upstream_infer(
-        self, raw: bytes, metadata: Metadata, deadline_s: float | None
+        self, raw: bytes, metadata: Metadata, deadline_s: float | None, triton: _TritonChannel
     ) -> GrpcAnswer:
-        """Send to Triton with what is left of the client's deadline after the queue."""
+        """Send to ``triton`` with what is left of the client's deadline after the queue."""
         timeout_s = None if deadline_s is None else max(0.0, deadline_s - time.monotonic())
         try:
-            body: bytes = await self._unary[MODEL_INFER](raw, metadata=metadata, timeout=timeout_s)
+            body: bytes = await triton.unary[MODEL_INFER](raw, metadata=metadata, timeout=timeout_s)
         except grpc.aio.AioRpcError as err:
             return _failed(err)
         return GrpcAnswer(grpc.StatusCode.OK, body=body)
@@ -240,13 +277,11 @@ class GrpcFrontend:
                 model_label=self.runtime.models.label(request.model_name),
                 slos=token_slos(parameter_values(request.parameters)),
             )
-            admission = await self._admit(
-                request,
-                metadata,
-                arrival_s,
-                lambda _: self._upstream_stream(raw, metadata, out, meter),
-                tokens=meter,
-            )
+
+            def streamed(message: bytes) -> Send:
+                return lambda up: self._upstream_stream(message, metadata, out, meter, self._to(up))
+
+            admission = await self._admit(request, metadata, arrival_s, streamed, raw, tokens=meter)
             if admission.answer is None:
                 out.put_nowait(stream_error(admission.message, request))
 
@@ -271,10 +306,16 @@ class GrpcFrontend:
                 task.cancel()
 
     async def _upstream_stream(
-        self, raw: bytes, metadata: Metadata, out: asyncio.Queue[bytes | None], meter: TokenMeter
+        self,
+        raw: bytes,
+        metadata: Metadata,
+        out: asyncio.Queue[bytes | None],
+        meter: TokenMeter,
+        triton: _TritonChannel,
     ) -> GrpcAnswer:
-        """One request on its own stream to Triton, which ends the stream after its last reply."""
-        call = self._stream(metadata=metadata)
+        """One request on its own stream to ``triton``, which ends the stream after its last
+        reply."""
+        call = triton.stream(metadata=metadata)
         ok = True
         try:
             await call.write(raw)

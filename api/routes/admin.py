@@ -16,7 +16,7 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field, ValidationError
 
-from api.runtime import Runtime
+from api.runtime import Gpu, Runtime
 from dvfs.errors import DeviceError
 from scheduler.config import TOKENS
 from scheduler.policies import ClockPolicy, FixedPolicy
@@ -87,28 +87,64 @@ def _body_schema(model: type[BaseModel]) -> dict[str, Any]:
 
 @router.get("/state")
 async def state(rt: Admin) -> dict[str, Any]:
-    """Queues, in-flight requests, clock target and reading, policy, each model's batching and
-    table, requests taken by protocol (HTTP and gRPC feed the same queue)."""
-    assert rt.dispatcher is not None and rt.device is not None
-    clock_mhz = await asyncio.to_thread(rt.device.clock_mhz)  # may block: not in the loop
+    """Per GPU (``gpus``, each with its ``gpu`` label): queues, in-flight requests, clock target
+    and reading, policy, each model's batching and table, its Triton; the top level repeats
+    GPU 0's (as with one GPU) and adds the placement, and requests taken by protocol (HTTP and
+    gRPC feed the same queues)."""
+    gpus = []
+    for gpu in rt.gpus:
+        assert gpu.dispatcher is not None and gpu.device is not None
+        clock_mhz = await asyncio.to_thread(gpu.device.clock_mhz)  # may block: not in the loop
+        gpus.append(
+            {
+                **gpu.dispatcher.state(),
+                "clock_mhz": clock_mhz,
+                "triton_url": gpu.url,
+                "triton_grpc_url": gpu.grpc_url,
+                "triton_up": gpu.up,
+                "placed": rt.placer.placed[int(gpu.index)]
+                if len(rt.placer.placed) > int(gpu.index)
+                else 0,
+            }
+        )
     return {
-        **rt.dispatcher.state(),
-        "clock_mhz": clock_mhz,
-        "triton_url": rt.triton_url,
-        "triton_grpc_url": rt.triton_grpc_url,
+        **gpus[0],
+        "gpus": gpus,
+        "placement": {
+            "mode": rt.placer.mode,
+            "pack_slo_share": rt.placer.params.pack_slo_share,
+        },
         "requests_by_protocol": dict(rt.metrics.requests_by_protocol),
     }
 
 
-def _swap(rt: Runtime, build: Callable[[list[int]], ClockPolicy]) -> dict[str, Any]:
-    assert rt.dispatcher is not None and rt.device is not None
-    dispatcher = rt.dispatcher
+def _swap(rt: Runtime, build: Callable[[Gpu], ClockPolicy]) -> dict[str, Any]:
+    """Every GPU runs the policy ``build`` makes for it (all built before any is swapped: a
+    policy one GPU cannot run changes none, 400); GPU 0's answer (with one GPU, the only one),
+    and each GPU's under ``gpus``."""
     try:
-        policy = build(rt.device.supported_clocks_mhz())
-    except ValueError as err:  # a policy this GPU cannot run (tokens without an engine profile)
+        policies = [build(gpu) for gpu in rt.gpus]
+    except ValueError as err:  # tokens without an engine profile, a clock off the ladder
         raise HTTPException(400, str(err)) from None
-    dispatcher.set_policy(policy)
-    return {"policy": dispatcher.policy.name, "clock_target_mhz": dispatcher.clock_target_mhz}
+    out = []
+    for gpu, policy in zip(rt.gpus, policies, strict=True):
+        assert gpu.dispatcher is not None
+        dispatcher = gpu.dispatcher
+        dispatcher.set_policy(policy)
+        out.append(
+            {
+                "gpu": gpu.index,
+                "policy": dispatcher.policy.name,
+                "clock_target_mhz": dispatcher.clock_target_mhz,
+            }
+        )
+    first = {"policy": out[0]["policy"], "clock_target_mhz": out[0]["clock_target_mhz"]}
+    return first if len(out) == 1 else {**first, "gpus": out}
+
+
+def _clocks(gpu: Gpu) -> list[int]:
+    assert gpu.device is not None
+    return gpu.device.supported_clocks_mhz()
 
 
 async def _json(request: Request, model: type[BodyT]) -> BodyT:
@@ -124,47 +160,45 @@ async def _json(request: Request, model: type[BodyT]) -> BodyT:
 
 @router.put("/policy", openapi_extra=_body_schema(PolicyChange))
 async def change_policy(request: Request, rt: Admin) -> dict[str, Any]:
-    """Switch the clock policy now."""
+    """Switch every GPU's clock policy now."""
     change = await _json(request, PolicyChange)
     if change.policy not in (*POLICIES, TOKENS):
         raise HTTPException(
             400, f"policy must be one of {', '.join((*POLICIES, TOKENS))}, got {change.policy!r}"
         )
-    return _swap(rt, lambda _: rt.build_policy(change.policy))
+    return _swap(rt, lambda gpu: rt.build_policy(gpu, change.policy))
 
 
 @router.put("/clock", openapi_extra=_body_schema(ClockForce))
 async def force_clock(request: Request, rt: Admin) -> dict[str, Any]:
-    """Hold one clock (the policy becomes ``fixed``); ``null`` goes back to ``--policy``."""
+    """Hold one clock on every GPU (the policy becomes ``fixed``); ``null`` goes back to
+    ``--policy``."""
     force = await _json(request, ClockForce)
     if force.clock_mhz is None:
-        return _swap(rt, lambda _: rt.build_policy())
+        return _swap(rt, rt.build_policy)
     clock = force.clock_mhz
-    try:
-        return _swap(rt, lambda clocks: FixedPolicy(clocks, clock))
-    except ValueError as err:
-        raise HTTPException(400, str(err)) from None
+    return _swap(rt, lambda gpu: FixedPolicy(_clocks(gpu), clock))
 
 
 @router.post("/table", openapi_extra=_body_schema(TableReload))
 async def reload_table(request: Request, rt: Admin) -> dict[str, Any]:
-    """Load a time2clock table file; its models' tables replace theirs."""
+    """Load a time2clock table file; its models' tables replace theirs on every GPU."""
     reload = await _json(request, TableReload)
     try:
         loaded = await asyncio.to_thread(TableSet.load, Path(reload.path))
     except (TableError, OSError, ValueError) as err:
         raise HTTPException(400, str(err)) from None
+    for dispatcher in rt.dispatchers:
+        tables = TableSet(dispatcher.tables)
+        for table in loaded:
+            tables.add(table)
+        dispatcher.set_tables(tables)
     assert rt.dispatcher is not None
-    dispatcher = rt.dispatcher
-    tables = TableSet(dispatcher.tables)
-    for table in loaded:
-        tables.add(table)
-    dispatcher.set_tables(tables)
-    name = dispatcher.policy.name
+    name = rt.dispatcher.policy.name
     if name == "fixed":
         name = rt.config.policy.name
     try:
-        swapped = _swap(rt, lambda _: rt.build_policy(name))
+        swapped = _swap(rt, lambda gpu: rt.build_policy(gpu, name))
     except DeviceError as err:
         raise HTTPException(503, str(err)) from None
     return {**swapped, "table": reload.path, "models": loaded.models}

@@ -23,10 +23,12 @@ from api.errors import error_body
 from api.hints import HEADER_LENGTH, json_header_bytes, parse_json_object
 from api.runtime import Runtime
 from api.tensors import MAX_JSON_DEPTH, ModelLimits, check_request, nesting_bound
+from api.triton_priority import post_at_level
 from api.upstream import UpstreamResponse
 
 router = APIRouter(tags=["inference"])
 PASS_HEADERS = ("content-type", HEADER_LENGTH, "accept-encoding", "content-encoding")
+GPU_HEADER = "x-sidecar-gpu"  # which GPU of the node served the request
 Reply = tuple[int, dict[str, str], bytes]
 
 
@@ -84,12 +86,15 @@ async def infer(
         body=HttpBody(body, headers),
         headers=headers,
         arrival_s=time.monotonic(),
-        job=Job(send=post(path, body, forward)),
+        job=Job(send=post(path, body, forward), at_level=post_at_level(path, body, forward)),
     )
     admission = await admit(rt, inbound)
     if admission.answer is not None:
         answer: UpstreamResponse = admission.answer
-        return answer.status, answer.headers, answer.body
+        headers = answer.headers
+        if admission.gpu is not None:
+            headers = {**headers, GPU_HEADER: admission.gpu}
+        return answer.status, headers, answer.body
     status, out_headers, content = error_body(STATUS[admission.outcome], admission.message)
     if admission.retry:
         out_headers = {**out_headers, "retry-after": "1"}
