@@ -60,7 +60,7 @@ async def load(url: str, concurrency: int, duration_s: float, server_pid: int) -
         async def loop(until: float, count: bool) -> None:
             nonlocal calls
             while time.monotonic() < until:
-                status, _ = await client.infer(raw)
+                status, *_ = await client.infer(raw)
                 if status != 200:
                     raise RuntimeError(f"the fixed server answered {status}")
                 calls += count

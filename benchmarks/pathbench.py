@@ -33,7 +33,7 @@ from api.connection import bounded_protocol
 from api.dispatcher import GpuDispatcher, Job
 from api.embedded import INPUT_WIDTH, NOOP
 from api.grpc_frontend.protocol import MODEL_INFER
-from api.grpc_frontend.server import GrpcFrontend
+from api.grpc_frontend.server import GrpcFrontend, _TritonChannel
 from api.metrics import GatewayMetrics
 from api.runtime import Runtime, serving_from_config
 from api.upstream import Upstream, _Connection
@@ -214,7 +214,7 @@ def grpc_client(rt: Runtime) -> Callable[[], Awaitable[None]]:
         await asyncio.sleep(0)
         return reply
 
-    frontend._unary = {MODEL_INFER: triton}
+    frontend._channels[0] = _TritonChannel(None, {MODEL_INFER: triton}, None)
 
     class Context:
         def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
@@ -222,6 +222,9 @@ def grpc_client(rt: Runtime) -> Callable[[], Awaitable[None]]:
 
         def time_remaining(self) -> float | None:
             return None
+
+        def set_trailing_metadata(self, metadata: Any) -> None:
+            pass
 
         async def abort(self, code: Any, details: str = "", *_: Any) -> None:
             raise RuntimeError(f"the sidecar aborted: {code} {details}")

@@ -200,6 +200,8 @@ def _cmd_simulate(args: argparse.Namespace, console: Console) -> int:
 def _deviation(value: float) -> str:
     """Seed 000's isolation metric: the worst pair of clients' distance from ideal CFS."""
     return "-" if not math.isfinite(value) else f"{value:.1%}"
+
+
 def print_node(out: dict[str, Any], console: Console) -> None:
     """A node's run: what each GPU did, and the clients' shares against their weights."""
     per = Table(title=f"per GPU ({out['placement']} placement)")

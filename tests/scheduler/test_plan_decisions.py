@@ -3,10 +3,10 @@
 ``slack`` and ``adaptive`` plan with :mod:`scheduler.constraints` (work tables instead of a
 matrix product, two clocks checked around the last answer when feasibility is monotone, the
 per-plan caches). The figures below are what each run gave with the plain evaluation (every
-constraint at every clock, a matrix product per plan): every clock change, batch and
-completion time feeds into them, so a single decision that differs shows. A change that means
-to alter decisions updates them (``python -m tests.scheduler.test_plan_decisions`` prints the
-current ones).
+constraint at every clock, a matrix product per plan; the policies as of commit 2133b8b):
+every clock change, batch and completion time feeds into them, so a single decision that
+differs shows. A change that means to alter decisions updates them
+(``python -m tests.scheduler.test_plan_decisions`` prints the current ones).
 """
 
 from __future__ import annotations
@@ -22,16 +22,16 @@ from simulator.simulate import ModelMix, SimConfig, simulate
 # sum of latencies ms, median latency ms, largest latency ms)
 BEFORE = {
     ("adaptive", "poisson", 3): (
-        1175, 1106, 69, 648, 985.378407, 1424.915083, 73930.65039, 29.732857, 402.636335
+        1175, 997, 5, 895, 1142.587568, 1515.255343, 395174.163329, 29.117309, 5807.202349
     ),
     ("adaptive", "bursty", 5): (
-        961, 750, 88, 377, 878.0078, 1381.354606, 120314.154513, 38.87421, 954.828854
+        961, 470, 24, 717, 941.29534, 1492.009735, 266338.336177, 105.294766, 2048.030978
     ),
     ("slack", "poisson", 3): (
-        1175, 1109, 50, 646, 991.557495, 1448.132424, 72783.111428, 29.498895, 298.72533
+        1175, 989, 5, 885, 1141.881494, 1521.12835, 389187.818765, 30.289985, 5590.77316
     ),
     ("slack", "bursty", 5): (
-        961, 749, 24, 361, 853.542696, 1355.606581, 120010.615104, 40.735172, 946.367181
+        961, 485, 22, 726, 932.596067, 1475.953408, 261363.034151, 103.157213, 2044.44784
     ),
 }  # fmt: skip
 
