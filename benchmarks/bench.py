@@ -391,6 +391,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-check", action="store_true", help="skip loadgen's own check")
     parser.add_argument(
+        "--name", default="bench", help="the results files' name (default: bench.md, .json)"
+    )
+    parser.add_argument(
         "--results-dir",
         type=Path,
         default=DEFAULT_DIR,
@@ -465,9 +468,12 @@ def main(argv: list[str] | None = None) -> int:
         before = {(b.protocol, b.concurrency): b for b in costs["before"]}
         commit = _source_commit(args.before_tree)
         before_label = f"{args.before_tree}{f' ({commit[:12]})' if commit else ''}, side by side"
-    elif args.before is not None:
+    elif args.before is not None and args.before.exists():
         before = read_costs(args.before)
-        before_label = f"{args.before} (an earlier run)"
+        source = json.loads(args.before.read_text()).get("results", {}).get("before_source")
+        before_label = f"{args.before}" + (f", measured as {source}" if source else "")
+    elif args.before is not None:
+        before_label = f"none ({args.before} does not exist)"
     print(
         f"\nthe sidecar's cost (medians of {args.rounds} rounds of {args.duration_s:g} s; CPU: "
         f"its own process, per request; added: sidecar − direct; before: {before_label}):"
@@ -483,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
         data["before"] = [b.to_json() for b in before.values()]
         data["before_source"] = before_label
     md, _ = write_results(
-        "bench",
+        args.name,
         title="What the sidecar costs (python -m benchmarks.bench)",
         markdown=_report(costs["now"], before, before_label, checks, args),
         data=data,

@@ -33,7 +33,7 @@ from api.connection import bounded_protocol
 from api.dispatcher import GpuDispatcher, Job
 from api.embedded import INPUT_WIDTH, NOOP
 from api.grpc_frontend.protocol import MODEL_INFER
-from api.grpc_frontend.server import GrpcFrontend
+from api.grpc_frontend.server import GrpcFrontend, _TritonChannel
 from api.metrics import GatewayMetrics
 from api.runtime import Runtime, serving_from_config
 from api.upstream import Upstream, _Connection
@@ -42,6 +42,7 @@ from loadgen.classes import RequestClass
 from loadgen.engine import InputTensor, build_payloads
 from loadgen.grpc_client import grpc_payloads
 from scheduler.core import Scheduler
+from simulator.results import DEFAULT_DIR, markdown_table, write_results
 from time2clock.table import TableSet
 
 # What the embedded Triton says of ``noop``, and its reply to one request (as Triton sends it).
@@ -213,7 +214,7 @@ def grpc_client(rt: Runtime) -> Callable[[], Awaitable[None]]:
         await asyncio.sleep(0)
         return reply
 
-    frontend._unary = {MODEL_INFER: triton}
+    frontend._channels[0] = _TritonChannel(None, {MODEL_INFER: triton}, None)
 
     class Context:
         def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
@@ -221,6 +222,9 @@ def grpc_client(rt: Runtime) -> Callable[[], Awaitable[None]]:
 
         def time_remaining(self) -> float | None:
             return None
+
+        def set_trailing_metadata(self, metadata: Any) -> None:
+            pass
 
         async def abort(self, code: Any, details: str = "", *_: Any) -> None:
             raise RuntimeError(f"the sidecar aborted: {code} {details}")
@@ -265,12 +269,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", default="1,16")
     parser.add_argument("--protocols", default="http,grpc")
     parser.add_argument("--requests", type=int, default=20_000)
+    parser.add_argument(
+        "--results-dir", type=Path, default=DEFAULT_DIR, help="where pathbench.{md,json} go"
+    )
     args = parser.parse_args(argv)
     print("the sidecar's own Python per request, in process (no sockets, no Triton):")
+    rows = []
     for protocol in args.protocols.split(","):
         for c in (int(x) for x in args.concurrency.split(",")):
             us = uvloop.run(cost_us(protocol, c, args.requests))
+            rows.append({"protocol": protocol, "concurrency": c, "cpu_us": us})
             print(f"  {protocol:>4} concurrency {c:>2}: {us:6.1f} µs CPU per request", flush=True)
+    md, _ = write_results(
+        "pathbench",
+        title="The sidecar's own Python per request (python -m benchmarks.pathbench)",
+        markdown="In one process, no sockets, a fake Triton that answers at once; policy max; "
+        f"{args.requests} requests per cell.\n\n"
+        + markdown_table(
+            ["protocol", "concurrency", "CPU µs per request"],
+            [(r["protocol"], r["concurrency"], f"{r['cpu_us']:.1f}") for r in rows],
+        ),
+        data={"settings": {"requests": args.requests, "policy": "max"}, "cost": rows},
+        directory=args.results_dir,
+    )
+    print(f"written to {md} (and .json)")
     return 0
 
 

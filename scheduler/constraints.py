@@ -68,10 +68,8 @@ class Constraints:
     change_delay_ms: float
 
     def __post_init__(self) -> None:
-        self.tables = [
-            w.upto(max(self.known[k], int(self.row_n.max(initial=0))))
-            for k, w in enumerate(self.work)
-        ]
+        # ``known`` counts every request of a model, so no row's count passes it.
+        self.tables = [w.upto(self.known[k]) for k, w in enumerate(self.work)]
         self._now_room = self.room_ms * self.safety
         self._delayed_room = (self.room_ms - self.change_delay_ms) * self.safety
         self._masks = (

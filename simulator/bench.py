@@ -84,7 +84,9 @@ def simulator_speed(
 
 
 def run() -> list[str]:
-    lines = ["core cost (enqueue + dispatch + completion), queue held at 1000, 3 flows:"]
+    lines = [
+        "core cost in CPU time (enqueue + dispatch + completion), queue held at 1000, 3 flows:"
+    ]
     for name in POLICIES:
         c = core_cost(name)
         lines.append(f"  {name:8s} {c.us_per_enqueue_and_dispatch:7.1f} µs per request")

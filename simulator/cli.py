@@ -200,6 +200,8 @@ def _cmd_simulate(args: argparse.Namespace, console: Console) -> int:
 def _deviation(value: float) -> str:
     """Seed 000's isolation metric: the worst pair of clients' distance from ideal CFS."""
     return "-" if not math.isfinite(value) else f"{value:.1%}"
+
+
 def print_node(out: dict[str, Any], console: Console) -> None:
     """A node's run: what each GPU did, and the clients' shares against their weights."""
     per = Table(title=f"per GPU ({out['placement']} placement)")
@@ -380,9 +382,19 @@ def _cmd_tune(args: argparse.Namespace, console: Console) -> int:
 
 def _cmd_bench(args: argparse.Namespace, console: Console) -> int:
     from simulator.bench import run
+    from simulator.results import write_results
 
-    for line in run():
+    lines = run()
+    for line in lines:
         print(line)
+    md, _ = write_results(
+        "core",
+        title="The scheduler core's cost (python -m scheduler bench)",
+        markdown="CPU time of this process per request.\n\n```\n" + "\n".join(lines) + "\n```",
+        data={"lines": lines},
+        directory=args.results_dir,
+    )
+    print(f"written to {md} (and .json)")
     return 0
 
 
@@ -488,6 +500,7 @@ def build_parser() -> argparse.ArgumentParser:
             p.set_defaults(run=_cmd_tune)
 
     p = sub.add_parser("bench", help="the core's cost per decision and the simulator's speed")
+    p.add_argument("--results-dir", type=Path, default=Path("results"))
     p.set_defaults(run=_cmd_bench)
     add_generative_parser(sub)
     return parser
