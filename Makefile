@@ -44,8 +44,14 @@ demo: setup
 compare: setup
 	$(BIN)/python -m scheduler compare -o $(OUT)/compare
 
+# The sidecar's cost now against results/bench-before.json (the code before the cheaper data
+# path, measured side by side with it: python -m benchmarks.bench --before-tree DIR --name
+# bench-before); the same code's Python alone, without sockets; gRPC's own floor; then
+# batching and the core.
 bench: setup
-	$(BIN)/python -m benchmarks.bench
+	$(BIN)/python -m benchmarks.bench --before results/bench-before.json
+	$(BIN)/python -m benchmarks.pathbench
+	$(BIN)/python -m benchmarks.grpcfloor
 	$(BIN)/python -m benchmarks.batchbench
 	$(BIN)/python -m scheduler bench
 

@@ -47,7 +47,7 @@ class RequestBody(Protocol):
         """:class:`BadRequestError` unless the tensors agree with their shapes and bounds."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built per request, and cheaper so
 class Inbound:
     """One request as a front end hands it over."""
 
@@ -63,7 +63,7 @@ class Inbound:
     prompt_tokens: int = 0  # a generative request: its prompt's length, as the edge estimates it
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built per request, and cheaper so
 class Admission:
     """What became of a request: the upstream's answer when it was sent, else why not.
 
@@ -131,14 +131,16 @@ async def _admit(rt: Runtime, inbound: Inbound, tally: _Tally) -> Admission:
         return done(Outcome.BAD_REQUEST, str(err))
     except UnknownTokenError as err:
         return done(Outcome.UNAUTHORIZED, str(err))
-    metrics, model = rt.metrics, inbound.model
+    metrics, models, model = rt.metrics, rt.models, inbound.model
     tally.client = metrics.client_label(hints.client_id)
     tally.priority = str(dispatcher.level_of(hints.priority))
-    metrics.client_weight.labels(tally.client, tally.priority).set(weight_for_nice(hints.nice))
-    if inbound.resolve and not await rt.models.exists(model):
+    metrics.client_weight_of(tally.client, tally.priority).set(weight_for_nice(hints.nice))
+    if inbound.resolve and model not in models.known and not await models.exists(model):
         return done(Outcome.UNKNOWN_MODEL, f"Request for unknown model: '{model}' is not found")
     try:
-        limits = await rt.models.limits(model) if inbound.resolve else None
+        limits = (
+            (models.cached_limits(model) or await models.limits(model)) if inbound.resolve else None
+        )
         inbound.body.check(max_elements=rt.config.max_request_elements, model=limits)
     except BadRequestError as err:
         return done(Outcome.BAD_REQUEST, str(err))

@@ -173,7 +173,11 @@ class GpuDispatcher:
     # -- lifecycle ---------------------------------------------------------------------
 
     def start(self) -> None:
-        self.metrics.shadow_mode.labels(self.gpu).set(0.0 if self.shadow is None else 1.0)
+        metrics, scheduler = self.metrics, self.scheduler
+        metrics.shadow_mode.labels(self.gpu).set(0.0 if self.shadow is None else 1.0)
+        # Read when scraped, not written at every event.
+        metrics.queue_length.labels(self.gpu).set_function(lambda: scheduler.queue_len)
+        metrics.inflight.labels(self.gpu).set_function(lambda: len(scheduler.inflight))
         if self.shadow is not None:
             self.shadow.start()
         self._clock.start()
@@ -283,7 +287,6 @@ class GpuDispatcher:
     def _forget(self, request: Request[Job]) -> bool:
         if not self.scheduler.cancel(request):
             return False
-        self._gauges()
         self._arm_timer()
         return True
 
@@ -300,7 +303,7 @@ class GpuDispatcher:
                 self._apply(self.scheduler.on_complete(request, 0.0, now, measured=False).clock_mhz)
                 self._fail(request, UnavailableError("Request timeout expired"))
                 continue
-            self.metrics.queue_delay.labels(self.metrics.model_label(request.model)).observe(
+            self.metrics.queue_delay_of(self.metrics.model_label(request.model)).observe(
                 now - request.arrival_s
             )
             task = asyncio.create_task(self._send(request, now))
@@ -311,7 +314,6 @@ class GpuDispatcher:
             if job.stream:
                 self._streams[request.seq] = task
                 task.add_done_callback(partial(self._stream_done, request.seq))
-        self._gauges()
         self._arm_timer()
 
     def _token(self, request: Request[Job], now_s: float) -> None:
@@ -353,24 +355,24 @@ class GpuDispatcher:
             request, service_s, now, measured=served and not job.stream
         )
         self._apply(done.clock_mhz)
+        metrics = self.metrics
+        model = metrics.model_label(request.model)
         scale = self.scheduler.policy.model_scale(request.model)
         if scale is not None:
-            label = self.metrics.model_label(request.model)
-            self.metrics.slo_scale.labels(self.gpu, label).set(scale)
-        client = self.metrics.client_label(request.client_id)
-        self.metrics.gpu_time.labels(client, str(request.level), str(request.nice)).inc(service_s)
+            metrics.slo_scale.labels(self.gpu, model).set(scale)
+        client = metrics.client_label(request.client_id)
+        metrics.gpu_time_of(client, str(request.level), str(request.nice)).inc(service_s)
         if error is not None or response is None:
             self._fail(request, error or UnavailableError("no response from Triton"))
         else:
             latency_s = now - request.arrival_s
-            model = self.metrics.model_label(request.model)
-            self.metrics.latency.labels(model, client).observe(latency_s)
+            metrics.latency_of(model, client).observe(latency_s)
             if response.ok:
                 self._served.inc()
                 if self.shadow is not None:
                     self.shadow.on_complete(request.model)
                 met = "true" if latency_s * 1000.0 <= request.slo_ms else "false"
-                self.metrics.slo.labels(model, client, met).inc()
+                metrics.slo_of(model, client, met).inc()
             if not job.future.done():
                 job.future.set_result(response)
         self._pump()
@@ -409,10 +411,6 @@ class GpuDispatcher:
         self._timer, self._timer_at = None, None
         self._apply(self.scheduler.poll(self._now()))
         self._pump()
-
-    def _gauges(self) -> None:
-        self.metrics.queue_length.labels(self.gpu).set(self.scheduler.queue_len)
-        self.metrics.inflight.labels(self.gpu).set(len(self.scheduler.inflight))
 
     def state(self) -> dict[str, object]:
         """A snapshot for the admin API, taken in the event loop (the only thread that changes

@@ -17,6 +17,7 @@ import logging
 import os
 import re
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -126,9 +127,16 @@ class LearnedTableSaver:
 
 
 class EnergyReader:
-    """Reads the GPU's energy counter every ``poll_s`` in a worker thread (an NVML call blocks)
-    and hands each new value, with the counter's refresh interval as learned, to
-    ``on_reading`` in the event loop (the scheduler's thread)."""
+    """Reads the GPU's energy counter every ``poll_s`` in a thread of its own (an NVML call
+    blocks) and hands the new values, in order and each with the counter's refresh interval as
+    learned, to ``on_reading`` in the event loop (the scheduler's thread).
+
+    The values are handed over in batches, at most every ``deliver_s``: each carries the time
+    it became current, and the energy fit attributes it by that time, so a value that reaches
+    the loop a little later is attributed exactly as one that came at once. Polling in one
+    long-lived thread and waking the loop a few times a second, rather than a worker-thread
+    hop per read, is what keeps an idle sidecar's CPU near zero.
+    """
 
     def __init__(
         self,
@@ -136,38 +144,70 @@ class EnergyReader:
         on_reading: Callable[[EnergyReading, float | None], None],
         *,
         poll_s: float,
+        deliver_s: float = 0.1,
         time_source: Callable[[], float] = time.monotonic,
     ) -> None:
+        if poll_s <= 0 or deliver_s < 0:
+            raise ValueError(f"poll_s must be > 0 and deliver_s >= 0, got {poll_s}, {deliver_s}")
         self.counter = EnergyCounter(device.energy_j, time_source)
         self.poll_s = poll_s
+        self.deliver_s = deliver_s
         self._on_reading = on_reading
-        self._task: asyncio.Task[None] | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
         self.readings = 0
         self.errors = 0
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="energy-reader")
+        """Start reading, handing values to the running event loop."""
+        loop = asyncio.get_running_loop()
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=self._run, args=(loop,), name="energy-reader", daemon=True
+        )
+        self._thread.start()
 
     async def stop(self) -> None:
-        await cancel_and_wait(self._task)
-        self._task = None
+        """Stop reading; values read and not yet handed over are dropped."""
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        self._stop.set()
+        await asyncio.to_thread(thread.join)
 
-    async def _run(self) -> None:
+    def _deliver(self, batch: list[tuple[EnergyReading, float | None]]) -> None:
+        if self._thread is None:
+            return  # stopped meanwhile
+        for reading, update_interval_s in batch:
+            self.readings += 1
+            self._on_reading(reading, update_interval_s)
+
+    def _run(self, loop: asyncio.AbstractEventLoop) -> None:
         last: EnergyReading | None = None
-        while True:
+        batch: list[tuple[EnergyReading, float | None]] = []
+        delivered_s = time.monotonic()
+        wait_s = self.poll_s
+        while not self._stop.wait(wait_s):
+            wait_s = self.poll_s
             try:
-                reading = await asyncio.to_thread(self.counter.read)
+                reading = self.counter.read()
             except DeviceError as err:
                 self.errors += 1
                 if self.errors == 1:
                     log.warning("cannot read the GPU's energy counter (%s); retrying", err)
-                await asyncio.sleep(max(1.0, self.poll_s))
+                wait_s = max(1.0, self.poll_s)
                 continue
             if reading != last:
                 last = reading
-                self.readings += 1
-                self._on_reading(reading, self.counter.update_interval_s)
-            await asyncio.sleep(self.poll_s)
+                batch.append((reading, self.counter.update_interval_s))
+            now_s = time.monotonic()
+            if batch and now_s - delivered_s >= self.deliver_s:
+                try:
+                    loop.call_soon_threadsafe(self._deliver, batch)
+                except RuntimeError:  # the loop closed under us
+                    return
+                batch = []
+                delivered_s = now_s
 
 
 class LearningCollector(Collector):

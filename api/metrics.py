@@ -52,6 +52,25 @@ def sanitize_label(value: str) -> str:
     return _UNSAFE.sub("_", value[:MAX_LABEL_CHARS]) or "_"
 
 
+class Children:
+    """A labelled metric's children, cached by their label values: ``labels()`` checks and
+    copies its arguments at every call, and the request path asks for several children per
+    request. The label values are bounded where they are made (model and client labels), so
+    the cache is as bounded as the metric itself."""
+
+    __slots__ = ("_cache", "_metric")
+
+    def __init__(self, metric: Any) -> None:
+        self._metric = metric
+        self._cache: dict[tuple[str, ...], Any] = {}
+
+    def __call__(self, *values: str) -> Any:
+        child = self._cache.get(values)
+        if child is None:
+            child = self._cache[values] = self._metric.labels(*values)
+        return child
+
+
 class DeviceCollector(Collector):
     """Reads the GPUs at scrape time: clock, power, energy counter; one family of each, a
     sample per GPU."""
@@ -212,32 +231,39 @@ class GatewayMetrics:
             registry=r,
         )
         self._clients: set[str] = set()
+        self._client_labels: dict[str, str] = {}  # client id as sent -> its label
         # The model label: the runtime puts its model index here (known names, else "unknown").
         self.model_label: Callable[[str], str] = sanitize_label
-        self._request_children: dict[tuple[str, str, str, str, str], Any] = {}
+        # The children the request path uses, cached (see Children).
+        self.requests_of = Children(self.requests)
+        self.latency_of = Children(self.latency)
+        self.queue_delay_of = Children(self.queue_delay)
+        self.slo_of = Children(self.slo)
+        self.gpu_time_of = Children(self.gpu_time)
+        self.client_weight_of = Children(self.client_weight)
         self.requests_by_protocol: dict[str, int] = {}  # for the admin state
         self._device_collector: DeviceCollector | None = None
 
     def count(
         self, model: str, priority: str, client: str, outcome: str, protocol: str = "http"
     ) -> None:
-        """One request with this outcome (label children cached: ``labels()`` is not free)."""
-        key = (model, priority, client, outcome, protocol)
-        child = self._request_children.get(key)
-        if child is None:
-            child = self._request_children[key] = self.requests.labels(*key)
-        child.inc()
+        """One request with this outcome."""
+        self.requests_of(model, priority, client, outcome, protocol).inc()
         self.requests_by_protocol[protocol] = self.requests_by_protocol.get(protocol, 0) + 1
 
     def client_label(self, client_id: str) -> str:
         """The first ``MAX_CLIENT_LABELS`` clients by name (sanitised), then ``other``."""
+        label = self._client_labels.get(client_id)
+        if label is not None:
+            return label
         label = sanitize_label(client_id)
-        if label in self._clients:
-            return label
-        if len(self._clients) < MAX_CLIENT_LABELS:
+        if label not in self._clients:
+            if len(self._clients) >= MAX_CLIENT_LABELS:
+                return "other"  # not remembered: a flood of made-up ids stays bounded
             self._clients.add(label)
-            return label
-        return "other"
+        if len(self._client_labels) < 4 * MAX_CLIENT_LABELS:
+            self._client_labels[client_id] = label
+        return label
 
     def watch_device(self, device: Device, index: str) -> None:
         """Export ``device`` (the GPU labelled ``index``) at every scrape."""

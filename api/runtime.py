@@ -184,6 +184,10 @@ class Runtime:
     def upstream(self) -> Upstream | None:
         return self.gpus[0].upstream if self.gpus else None
 
+    @upstream.setter
+    def upstream(self, value: Upstream | None) -> None:
+        self._first().upstream = value
+
     @property
     def embedded(self) -> EmbeddedTriton | None:
         return self.gpus[0].embedded if self.gpus else None

@@ -240,10 +240,21 @@ def running(
     *,
     state_dir: Path,
     stop_timeout_s: float = 60.0,
+    starts: int = 1,
     **options: Any,
 ) -> Iterator[SidecarProcess]:
-    """:func:`start` for the duration of a block; stopped (its whole tree) on every way out."""
-    sc = start(flags, state_dir=state_dir, **options)
+    """:func:`start` for the duration of a block; stopped (its whole tree) on every way out.
+    ``starts`` > 1: a sidecar that exits during start-up (it happens on a loaded machine) is
+    started again, up to that many times in all."""
+    if starts < 1:
+        raise ValueError(f"starts must be >= 1, got {starts}")
+    for attempt in range(1, starts + 1):
+        try:
+            sc = start(flags, state_dir=state_dir, **options)
+            break
+        except RuntimeError:
+            if attempt == starts:
+                raise
     try:
         yield sc
     finally:

@@ -1,5 +1,8 @@
 """``python -m loadgen -m MODEL -u HOST:PORT``: perf_analyzer's options and CSV, plus joules per
-inference, the GPU clock and SLO attainment per client class."""
+inference, the GPU clock and SLO attainment per client class.
+
+``python -m loadgen generative -m MODEL -u HOST:PORT``: streamed load on a generative model,
+measured as aiperf measures it (see :mod:`loadgen.genai`)."""
 
 from __future__ import annotations
 
@@ -106,6 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
         help='client classes: "a:share=0.5,priority=1,slo_ms=30;b:share=0.5,nice=5"',
     )
     p.add_argument("--seed", type=int, default=0, help="for random data, Poisson gaps and the mix")
+    # The generative mode is a command of its own; the usage names it first.
+    own = p.format_usage().removeprefix("usage: ").replace("%", "%%")
+    p.usage = f"%(prog)s {{generative}} ...   (see: %(prog)s generative --help)\n       {own}"
     return p
 
 
@@ -260,6 +266,11 @@ def _summary(console: Console, steps: Sequence[StepResult], mode: str, batch: in
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["generative"]:
+        from loadgen.genai import main as generative
+
+        return generative(argv[1:])
     args = build_parser().parse_args(argv)
     console = Console(width=None if sys.stdout.isatty() else PIPE_WIDTH)
     for name, value in (

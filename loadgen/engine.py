@@ -125,12 +125,14 @@ async def _on_sent(
         ctx.trace_request_ctx["sent"] = time.monotonic()
 
 
-def new_session(limit: int = 0) -> aiohttp.ClientSession:
+def new_session(limit: int = 0, timeout_s: float = 120.0) -> aiohttp.ClientSession:
+    """A pooled session (``limit`` 0: no cap on connections) whose requests may take up to
+    ``timeout_s`` each, body included."""
     trace = aiohttp.TraceConfig()
     trace.on_request_chunk_sent.append(_on_sent)
     return aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=limit, keepalive_timeout=60),
-        timeout=aiohttp.ClientTimeout(total=120),
+        timeout=aiohttp.ClientTimeout(total=timeout_s),
         trace_configs=[trace],
         skip_auto_headers=("Accept-Encoding",),
     )
@@ -187,19 +189,28 @@ async def closed_loop(
     await asyncio.gather(*(worker() for _ in range(concurrency)))
 
 
+def arrival_times(
+    rate_rps: float, n: int, distribution: str, rng: np.random.Generator
+) -> npt.NDArray[np.float64]:
+    """``n`` send times (s from the start): ``constant`` spacing or ``poisson`` (exponential
+    gaps, the first one included)."""
+    if rate_rps <= 0:
+        raise ValueError(f"request rate must be > 0, got {rate_rps}")
+    if distribution == "constant":
+        return np.arange(n) / rate_rps
+    if distribution == "poisson":
+        return np.cumsum(rng.exponential(1.0 / rate_rps, n))
+    raise ValueError(f"request distribution must be constant or poisson, got {distribution!r}")
+
+
 def schedule(
     rate_rps: float, duration_s: float, distribution: str, rng: np.random.Generator
 ) -> npt.NDArray[np.float64]:
-    """Send times (s from the start): ``constant`` spacing or ``poisson`` (exponential gaps)."""
+    """The send times of :func:`arrival_times` that fall within ``duration_s``."""
     if rate_rps <= 0:
         raise ValueError(f"request rate must be > 0, got {rate_rps}")
     n = max(1, int(rate_rps * duration_s * 1.5) + 10)
-    if distribution == "constant":
-        times = np.arange(n) / rate_rps
-    elif distribution == "poisson":
-        times = np.cumsum(rng.exponential(1.0 / rate_rps, n))
-    else:
-        raise ValueError(f"request distribution must be constant or poisson, got {distribution!r}")
+    times = arrival_times(rate_rps, n, distribution, rng)
     return times[times < duration_s]
 
 

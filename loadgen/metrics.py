@@ -31,6 +31,20 @@ def scrape_values(text: str) -> dict[str, float]:
     return out
 
 
+def histogram_totals(text: str, family: str) -> tuple[float, float]:
+    """A histogram's ``_sum`` and ``_count`` over all its label sets (0, 0 when absent)."""
+    total, count = 0.0, 0.0
+    for fam in text_string_to_metric_families(text):
+        if fam.name != family:
+            continue
+        for s in fam.samples:
+            if s.name == family + "_sum":
+                total += s.value
+            elif s.name == family + "_count":
+                count += s.value
+    return total, count
+
+
 async def scrape(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
     async with session.get(url) as resp:
         resp.raise_for_status()

@@ -114,6 +114,10 @@ class Scheduler(Generic[P]):
         self._queued_kinds: dict[tuple[str, int], int] = {}  # (model, level) -> waiting
         self.bound = WaitBound()
         self._serving = dict(serving or {})
+        # Derived from the tables, kept until they change: how a model not registered is
+        # served, and what a request is charged at a clock (asked at every dispatch).
+        self._derived: dict[str, ModelServing] = {}
+        self._charges: dict[tuple[str, int | None], float] = {}
         policy.attach(self)
         self.clock_target_mhz: int | None = policy.initial_clock_mhz()
         self._seq = 0
@@ -139,6 +143,8 @@ class Scheduler(Generic[P]):
     def set_tables(self, tables: TableSet) -> None:
         """Replace every model's table (the admin API does this)."""
         self._tables = tables
+        self._derived.clear()
+        self._charges.clear()
         self.policy.tables_changed()
 
     def table_for(self, model: str) -> ModelTable | None:
@@ -147,11 +153,14 @@ class Scheduler(Generic[P]):
     def serving(self, model: str) -> ModelServing:
         """How Triton serves ``model``: as registered, else its table's largest batch on one
         instance."""
-        known = self._serving.get(model)
+        known = self._serving.get(model) or self._derived.get(model)
         if known is not None:
             return known
         table = self._tables.get(model)
-        return ModelServing(max_batch=table.max_batch if table is not None else 1)
+        derived = ModelServing(max_batch=table.max_batch if table is not None else 1)
+        if len(self._derived) < 1024:  # models named, bounded
+            self._derived[model] = derived
+        return derived
 
     def serving_known(self, model: str) -> ModelServing | None:
         """How Triton serves ``model``, if it was registered (None: not known yet)."""
@@ -173,6 +182,7 @@ class Scheduler(Generic[P]):
 
     def set_serving(self, model: str, serving: ModelServing) -> None:
         self._serving[model] = serving
+        self._derived.pop(model, None)
         self.policy.tables_changed()
 
     # -- what policies read (scheduler.view.SchedulerView) --------------------------------
@@ -188,16 +198,24 @@ class Scheduler(Generic[P]):
     def charge_ms(self, model: str) -> float:
         """What CFS charges a request of ``model`` when it is sent (completion corrects it with
         the time measured): what requests of the model have been charged lately in all, else
-        one execution's predicted time at the clock now targeted. Charging much less than the
-        final charge would let a flow take many free slots before its completions catch up."""
+        one execution's predicted time at the clock now targeted (cached per clock). Charging
+        much less than the final charge would let a flow take many free slots before its
+        completions catch up."""
         served = self.queue.service_ms(model)
         if served is not None:
             return served
+        key = (model, self.clock_target_mhz)
+        charge = self._charges.get(key)
+        if charge is not None:
+            return charge
         table = self._tables.get(model)
         if table is None:
             return self.config.default_slo_ms / 4
-        clocks = table.clocks_mhz
-        return table.predict_ms(self.clock_target_mhz or clocks[-1])
+        charge = table.predict_ms(self.clock_target_mhz or table.clocks_mhz[-1])
+        if len(self._charges) >= 4096:  # (model, clock) pairs: bounded
+            self._charges.clear()
+        self._charges[key] = charge
+        return charge
 
     def iter_queue(self, limit: int) -> Iterator[Request[P]]:
         head = self.queue.peek()

@@ -8,6 +8,7 @@ GPU" (the device is reset, not locked).
 
 from __future__ import annotations
 
+import bisect
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -17,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy.stats import gamma
 
+from scheduler.constraints import Constraints, WorkTable
 from scheduler.view import QueuedRequest, SchedulerView
 from time2clock.table import TAIL_QUANTILES, ModelTable
 
@@ -79,10 +81,8 @@ class ClockPolicy(ABC):
 
     def _snap_up(self, clock_mhz: float) -> int:
         """The lowest ladder clock at or above ``clock_mhz`` (the top one if none)."""
-        for c in self.clocks_mhz:
-            if c >= clock_mhz:
-                return c
-        return self.clocks_mhz[-1]
+        i = bisect.bisect_left(self.clocks_mhz, clock_mhz)
+        return self.clocks_mhz[min(i, len(self.clocks_mhz) - 1)]
 
 
 class MaxPolicy(ClockPolicy):
@@ -205,6 +205,7 @@ class ModelPlan:
             [[0.0] * len(clocks_mhz)]
             + [[table.predict_ms(c, b) for c in clocks_mhz] for b in range(1, max_batch + 1)]
         )
+        self.work = WorkTable(self.times_ms, max_batch)
         self.margin_ms = table.tail_margin_ms(quantile)
         self.floor_mhz = table.energy_optimal_clock_mhz()
         # Below this clock even a full batch costs more energy per inference, not less.
@@ -261,6 +262,7 @@ class SlackPolicy(ClockPolicy):
         self.current_mhz = self.clocks_mhz[0]
         self._lower_since_s: float | None = None
         self._plans: dict[str, ModelPlan | None] = {}
+        self._hints = [0, 0]  # the last plans' answers (clock index: now, after a delay)
         self._holds: dict[str, float] = {}  # model -> when to look again at requests held
         self._released_upto: dict[str, int] = {}  # model -> the last request of a batch let go
         # The j-th of a Poisson stream's next arrivals comes after Gamma(j, 1/λ); plan for it
@@ -269,6 +271,7 @@ class SlackPolicy(ClockPolicy):
             float(gamma.ppf(self.params.arrival_quantile, j))
             for j in range(1, self.params.phantoms + 1)
         ]
+        self._phantom_gaps_arr = np.array(self._phantom_gaps)
 
     def _slo_scale(self, model: str, slo_ms: float) -> float:
         """The share of a request's SLO the plan aims at (1: its SLO; a feedback policy moves
@@ -369,8 +372,10 @@ class SlackPolicy(ClockPolicy):
             if m not in plans:
                 models.append(m)
                 plans[m] = self._plan(s, m)
-        feasible = self._feasible(s, now_s, models, plans, inflight, queued, rates)
-        clock = self._first(feasible)
+        constraints = self._constraints(s, now_s, models, plans, inflight, queued, rates)
+        if constraints is None:
+            return self.clocks_mhz[-1]  # a model with no table
+        clock = self._first(constraints)
         # the energy fit may lower the floor for a while, to measure a clock under it
         return max(clock, s.energy_floor_mhz(self._floor(s, models), now_s))
 
@@ -386,12 +391,13 @@ class SlackPolicy(ClockPolicy):
         ]
         return self._snap_up(max(floors)) if floors else self.clocks_mhz[0]
 
-    def _first(self, feasible: tuple[BoolArray, BoolArray]) -> int:
-        """The lowest clock meeting every constraint (as it stands, or after a raise's delay)."""
-        now_ok, delayed_ok = feasible
-        idx = int(np.argmax(now_ok)) if now_ok.any() else len(self.clocks_mhz) - 1
+    def _first(self, constraints: Constraints) -> int:
+        """The lowest clock meeting every constraint (as it stands, or after a raise's delay).
+        The previous plans' answers are where the search looks first (see
+        :mod:`scheduler.constraints`): they change how fast the answer is found, not which."""
+        idx = self._hints[0] = constraints.first(False, self._hints[0])
         if self.clocks_mhz[idx] > self.current_mhz:
-            idx = int(np.argmax(delayed_ok)) if delayed_ok.any() else len(self.clocks_mhz) - 1
+            idx = self._hints[1] = constraints.first(True, self._hints[1])
         return self.clocks_mhz[idx]
 
     def _feasible(
@@ -405,105 +411,132 @@ class SlackPolicy(ClockPolicy):
         rates: dict[str, float],
     ) -> tuple[BoolArray, BoolArray]:
         """Per clock, whether every constraint holds: as the clock stands, and if a raise must
-        first wait ``change_delay_ms``.
+        first wait ``change_delay_ms`` (see :meth:`scheduler.constraints.Constraints.evaluate`).
+        """
+        constraints = self._constraints(s, now_s, models, plans, inflight, queued, rates)
+        if constraints is None:
+            none = np.zeros(len(self.clocks_mhz), bool)
+            return none, none
+        return constraints.everywhere()
+
+    def _constraints(
+        self,
+        s: SchedulerView,
+        now_s: float,
+        models: list[str],
+        plans: dict[str, ModelPlan | None],
+        inflight: Mapping[str, list[QueuedRequest]],
+        queued: list[QueuedRequest],
+        rates: dict[str, float],
+    ) -> Constraints | None:
+        """Every constraint of the plan; None when a model waiting has no table.
 
         A constraint is a request (or a bound on several) of model ``M`` with ``n`` of ``M``
-        ahead of it: its own model's work ``X = W_M(n) − credit`` plus, for every other model
-        ``M'``, ``min(X, Y_M')`` with ``Y_M'`` all the work of ``M'`` known (in flight, queued,
-        about to arrive): models time-share the GPU, so another model's work delays it until
-        either is done, whether it came before or after.
+        ahead of it, in dispatch order after those in flight: the requests in flight (one per
+        model, its earliest deadline), the first ``lookahead`` queued, a bound on the rest of
+        each model's queue (the earliest deadline of all), and the ``phantoms`` about to arrive.
         """
         p = self.params
         plan_of = {m: plan for m in models if (plan := plans[m]) is not None}
         margin = max(plan.margin_ms for plan in plan_of.values())
+        index = {m: k for k, m in enumerate(models)}
         counts = dict.fromkeys(models, 0)
-        # (model, its count ahead, room_ms, margin scale) per constraint
-        rows: list[tuple[str, int, float, float]] = []
+        # One constraint per entry of these lists: its model (index), how many of that model
+        # are ahead of it (itself included), its room (ms).
+        row_model: list[int] = []
+        row_n: list[int] = []
+        row_room: list[float] = []
+        scales: dict[tuple[str, float], float] = {}  # the plan's scale per class, this once
+
+        def deadline_s(r: QueuedRequest) -> float:
+            """:meth:`_deadline_s`, its class's scale looked up once per plan."""
+            key = (r.model, r.slo_ms)
+            scale = scales.get(key)
+            if scale is None:
+                scale = scales[key] = self._slo_scale(r.model, r.slo_ms)
+            return r.deadline_s if scale == 1.0 else r.arrival_s + scale * r.slo_ms / 1000.0
+
         since = dict.fromkeys(models, now_s)
         for m, reqs in inflight.items():
             counts[m] = len(reqs)
             since[m] = max(min(r.dispatch_s for r in reqs), s.last_completion_s(m))
-            rows.append((m, counts[m], (min(map(self._deadline_s, reqs)) - now_s) * 1e3, 1.0))
+            row_model.append(index[m])
+            row_n.append(counts[m])
+            row_room.append((min(map(deadline_s, reqs)) - now_s) * 1e3)
         inflight_counts = dict(counts)
         for r in queued:
-            counts[r.model] += 1
-            rows.append((r.model, counts[r.model], (self._deadline_s(r) - now_s) * 1000.0, 1.0))
+            m = r.model
+            counts[m] += 1
+            row_model.append(index[m])
+            row_n.append(counts[m])
+            row_room.append((deadline_s(r) - now_s) * 1000.0)
         if s.queue_len > len(queued):
             earliest = s.earliest_deadline_s()
             assert earliest is not None
+            waiting = s.queued_by_model()
             # The bound on the rest: its earliest deadline, moved as the tightest class's is.
             earliest += min(
                 (self._slo_scale(m, s.last_slo_ms(m)) - 1.0) * s.last_slo_ms(m) / 1000.0
-                for m in s.queued_by_model()
+                for m in waiting
             )
-            for m, n in s.queued_by_model().items():
+            for m, n in waiting.items():
                 if m not in counts:
-                    none = np.zeros(len(self.clocks_mhz), bool)
-                    return none, none  # a model with no table: the top clock
+                    return None
                 counts[m] = inflight_counts[m] + n
-                rows.append((m, counts[m], (earliest - now_s) * 1000.0, 1.0))
+                row_model.append(index[m])
+                row_n.append(counts[m])
+                row_room.append((earliest - now_s) * 1000.0)
+        model_of = np.array(row_model, dtype=int)
+        ahead = np.array(row_n, dtype=int)
+        room = np.array(row_room)
+        known_rows = len(row_n)  # the rest are phantoms, with their own margin scale
         total_rate = sum(rates.values())
         if total_rate > 0:
-            given = dict.fromkeys(rates, 0)
             ms_per_gap = 1000.0 / total_rate
-            for j, gap in enumerate(self._phantom_gaps, start=1):
-                m = max(rates, key=lambda x: rates[x] * j / total_rate - given[x])
-                given[m] += 1
-                counts[m] += 1
-                slo_ms = s.last_slo_ms(m)
-                room_ms = gap * ms_per_gap + self._slo_scale(m, slo_ms) * slo_ms
-                rows.append((m, counts[m], room_ms, p.phantom_margin))
+            # A phantom's room beyond its gap: its model's last SLO, scaled as its class's.
+            slo_room = {m: self._slo_scale(m, s.last_slo_ms(m)) * s.last_slo_ms(m) for m in rates}
+            if len(rates) == 1:  # every phantom is of the one model arriving
+                (m,) = rates
+                phantoms = len(self._phantom_gaps)
+                model_of = np.concatenate([model_of, np.full(phantoms, index[m])])
+                ahead = np.concatenate([ahead, np.arange(1, phantoms + 1) + counts[m]])
+                room = np.concatenate([room, self._phantom_gaps_arr * ms_per_gap + slo_room[m]])
+                counts[m] += phantoms
+            else:  # each the model most behind its share of the arrivals so far
+                given = dict.fromkeys(rates, 0)
+                rows_model, rows_n, rows_room = [], [], []
+                for j, gap in enumerate(self._phantom_gaps, start=1):
+                    m = max(rates, key=lambda x: rates[x] * j / total_rate - given[x])
+                    given[m] += 1
+                    counts[m] += 1
+                    rows_model.append(index[m])
+                    rows_n.append(counts[m])
+                    rows_room.append(gap * ms_per_gap + slo_room[m])
+                model_of = np.concatenate([model_of, np.array(rows_model, dtype=int)])
+                ahead = np.concatenate([ahead, np.array(rows_n, dtype=int)])
+                room = np.concatenate([room, np.array(rows_room)])
 
-        # One matrix product for every constraint: row i counts, per (model, batch size), the
-        # executions ahead of it; times holds each (model, batch)'s mean ms at every clock.
-        offsets: dict[str, int] = {}
-        blocks: list[FloatArray] = []
-        for m in models:
-            offsets[m] = sum(len(b) for b in blocks)
-            blocks.append(plan_of[m].times_ms)
-        times = np.vstack(blocks)
-        index = {m: k for k, m in enumerate(models)}
-
-        def coefficients(m: str, n: int, row: FloatArray) -> int:
-            """Add ``n`` requests of ``m`` in full batches to ``row``; the executions it takes."""
-            batch = plan_of[m].max_batch
-            full, part = divmod(n, batch)
-            row[offsets[m] + batch] += full
-            row[offsets[m] + part] += 1  # part 0: the zero row
-            return full + (part > 0)
-
-        def work(counts_by_model: dict[str, int]) -> FloatArray:
-            """Mean ms of these requests, per model, at every clock (models × clocks)."""
-            coef = np.zeros((len(models), len(times)))
-            for m, n in counts_by_model.items():
-                coefficients(m, n, coef[index[m]])
-            result: FloatArray = coef @ times
-            return result
-
+        # The tail margin: ``k`` executions in a row carry ``margin · √k`` (phantoms scaled).
+        batches = np.array([plan_of[m].max_batch for m in models], dtype=int)
+        full, part = np.divmod(ahead, batches[model_of])
+        executions = (full + (part > 0)).astype(float)
+        scale = np.ones(len(ahead))
+        scale[known_rows:] = p.phantom_margin
         # Work done on what is in flight: at most the time since the model's last completion
         # (all earlier work has left the in-flight set), shared among the models running.
         share = 1.0 / max(1, len(inflight))
-        elapsed = np.array([(now_s - since[m]) * 1000.0 * share for m in models])
-        credit = np.minimum(elapsed[:, None], 0.95 * work(inflight_counts))
-        known = work(counts) - credit
-        coef = np.zeros((len(rows), len(times)))
-        executions = np.empty(len(rows))
-        room = np.empty(len(rows))
-        scale = np.empty(len(rows))
-        model_of = np.empty(len(rows), dtype=int)
-        for i, (m, n, room_ms, margin_scale) in enumerate(rows):
-            executions[i] = coefficients(m, n, coef[i])
-            room[i], scale[i], model_of[i] = room_ms, margin_scale, index[m]
-        own = coef @ times - credit[model_of]
-        total = own.copy()
-        for k in range(len(models)):
-            others = model_of != k
-            if others.any():
-                total[others] += np.minimum(own[others], known[k])
-        need = total + (margin * scale * np.sqrt(np.maximum(executions, 1.0)))[:, None]
-        now_ok = (need <= (room * p.safety)[:, None]).all(axis=0)
-        delayed_ok = (need <= ((room - p.change_delay_ms) * p.safety)[:, None]).all(axis=0)
-        return now_ok, delayed_ok
+        return Constraints(
+            work=[plan_of[m].work for m in models],
+            row_model=model_of,
+            row_n=ahead,
+            room_ms=room,
+            margin_ms=margin * scale * np.sqrt(np.maximum(executions, 1.0)),
+            inflight=[inflight_counts[m] for m in models],
+            known=[counts[m] for m in models],
+            elapsed_ms=[(now_s - since[m]) * 1000.0 * share for m in models],
+            safety=p.safety,
+            change_delay_ms=p.change_delay_ms,
+        )
 
     def _decide(self, s: SchedulerView, now_s: float) -> int | None:
         target = self.target_mhz(s, now_s)

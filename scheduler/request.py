@@ -39,7 +39,7 @@ class Request(Generic[P]):
         return self.arrival_s + self.slo_ms / 1000.0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built per request, and cheaper so
 class EnqueueResult:
     """Accepted (with a sequence number) or refused (with the reason); a clock to set, if any."""
 
@@ -48,7 +48,7 @@ class EnqueueResult:
     reason: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built per request, and cheaper so
 class Dispatch(Generic[P]):
     """Send ``request`` to the GPU now; set ``clock_mhz`` first when it is not None."""
 
@@ -56,7 +56,7 @@ class Dispatch(Generic[P]):
     clock_mhz: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built per request, and cheaper so
 class Completion(Generic[P]):
     """A finished request and the clock to set now, if any."""
 

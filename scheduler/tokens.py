@@ -41,7 +41,14 @@ millisecond to hundreds of them to land, published for NVIDIA GPUs):
   fit the budgets: each SLO × ``headroom`` × the scale of a
   :class:`scheduler.feedback.TailController` fed every measured TTFT and TPOT (misses cut the
   budget fast, tails well under the SLO let it creep back), so the loop closes on the measured
-  token tails, not on the model's promise.
+  token tails, not on the model's promise. The scale lets the budget rise up to the SLO
+  itself while the measured tails stay under the feedback's setpoint.
+* Calibration on the measured tails: the history's p99 mixes the loads of the last
+  ``history_s`` (a burst's queueing, a peak's prompts) and errs on the slow side; where the p99
+  the feedback measured over its recent window sits under the history's prediction at the clock
+  in force, every candidate's prediction is scaled down by that ratio (to
+  ``calibration_floor`` at most, never up). A tail far under the SLO then means the clock is
+  too high, and the clock comes down in a trough as soon as the recent tails show it.
 * Hysteresis: while the present clock's predictions fit, a change waits ``dwell_s`` after the
   last one, needs ``min_gain`` of energy and must look best ``confirm_periods`` periods in a row
   (then the highest of the clocks that did is taken); when they do not fit, the change to the
@@ -60,7 +67,7 @@ import itertools
 import math
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -156,12 +163,12 @@ class TokenPolicyParams:
     rate_window_s: float = 20.0  # the prompt rate's window
     history_s: float = 120.0  # the requests whose ratios predict the tails
     history_cap: int = 4000
-    dwell_s: float = 10.0
-    min_gain: float = 0.05
-    headroom: float = 0.85
-    min_samples: int = 100
-    confirm_periods: int = 3  # a lower clock must look best this many periods in a row
-    down_band: float = 0.9  # a lower clock's predictions must be within this share of budget
+    dwell_s: float = 5.0
+    min_gain: float = 0.03
+    headroom: float = 0.9
+    min_samples: int = 40
+    confirm_periods: int = 2  # a lower clock must look best this many periods in a row
+    down_band: float = 0.95  # a lower clock's predictions must be within this share of budget
     boost_hold_s: float = 1.0  # a boost for waiting prompts lasts at least this long
     batched_tokens: int = 2048  # the engine's tokens per iteration (its own setting)
     change_latency_s: float = 0.05  # how long a clock change takes to land (the GPU's)
@@ -170,8 +177,9 @@ class TokenPolicyParams:
     min_gap_samples: int = 20
     clock_stride: int = 2  # candidate clocks: every this many ladder steps
     max_seqs: int = 256
+    calibration_floor: float = 0.6  # the measured tails scale the predictions down to this
     feedback: FeedbackParams = field(
-        default_factory=lambda: FeedbackParams(setpoint=0.8, min_samples=30, max_scale=1 / 0.85)
+        default_factory=lambda: FeedbackParams(setpoint=0.85, min_samples=30, max_scale=1 / 0.9)
     )
 
     def __post_init__(self) -> None:
@@ -185,6 +193,8 @@ class TokenPolicyParams:
             raise ValueError("clock_stride, max_seqs, min_samples and history_cap must be >= 1")
         if self.confirm_periods < 1:
             raise ValueError(f"confirm_periods must be >= 1, got {self.confirm_periods}")
+        if not 0 < self.calibration_floor <= 1:
+            raise ValueError(f"calibration_floor must be in (0, 1], got {self.calibration_floor}")
         if not 0 < self.down_band <= 1:
             raise ValueError(f"down_band must be in (0, 1], got {self.down_band}")
         if self.batched_tokens < 2 or self.boost_hold_s < 0 or self.change_latency_s < 0:
@@ -348,6 +358,7 @@ class TokenPolicy:
         self.admission_limit = self.params.max_seqs
         self._wanted: deque[int | None] = deque(maxlen=self.params.confirm_periods)
         self.plans: list[ClockPlan] = []
+        self.calibration = (1.0, 1.0)  # the TTFT and TPOT factors of the last plans
         self.changes = 0
 
     # -- what the caller reports ------------------------------------------------------------
@@ -578,7 +589,36 @@ class TokenPolicy:
                     feasible=ttft <= budget_ttft and tpot <= budget_tpot,
                 )
             )
-        return plans
+        return self._calibrated(plans, budget_ttft, budget_tpot)
+
+    def _calibrated(
+        self, plans: list[ClockPlan], budget_ttft: float, budget_tpot: float
+    ) -> list[ClockPlan]:
+        """The plans scaled down to the measured tails: where the p99 the feedback measured
+        over its recent window sits under what the history predicts at the clock in force, every
+        candidate's prediction is multiplied by their ratio (at least ``calibration_floor``;
+        never above 1, so the measured tails only ever take out the model's pessimism)."""
+        here = next((pl for pl in plans if pl.clock_mhz == self.clock_mhz), None)
+        if here is None or self.params.calibration_floor >= 1.0:
+            return plans
+        factors = []
+        for loop, slo_ms, predicted in (
+            (self.ttft_loop, self.slo.ttft_ms, here.ttft_p99_ms),
+            (self.tpot_loop, self.slo.tpot_ms, here.tpot_p99_ms),
+        ):
+            measured = loop.tail_ratio() * slo_ms
+            ok = math.isfinite(measured) and math.isfinite(predicted) and predicted > 0
+            ratio = measured / predicted if ok else 1.0
+            factors.append(min(1.0, max(self.params.calibration_floor, ratio)))
+        self.calibration = (factors[0], factors[1])
+        if factors == [1.0, 1.0]:
+            return plans
+        out = []
+        for pl in plans:
+            ttft, tpot = pl.ttft_p99_ms * factors[0], pl.tpot_p99_ms * factors[1]
+            feasible = ttft <= budget_ttft and tpot <= budget_tpot
+            out.append(replace(pl, ttft_p99_ms=ttft, tpot_p99_ms=tpot, feasible=feasible))
+        return out
 
     def state(self) -> dict[str, object]:
         """What the policy believes now, for the admin state."""

@@ -391,9 +391,19 @@ def _cmd_tune(args: argparse.Namespace, console: Console) -> int:
 
 def _cmd_bench(args: argparse.Namespace, console: Console) -> int:
     from simulator.bench import run
+    from simulator.results import write_results
 
-    for line in run():
+    lines = run()
+    for line in lines:
         print(line)
+    md, _ = write_results(
+        "core",
+        title="The scheduler core's cost (python -m scheduler bench)",
+        markdown="CPU time of this process per request.\n\n```\n" + "\n".join(lines) + "\n```",
+        data={"lines": lines},
+        directory=args.results_dir,
+    )
+    print(f"written to {md} (and .json)")
     return 0
 
 
@@ -499,6 +509,7 @@ def build_parser() -> argparse.ArgumentParser:
             p.set_defaults(run=_cmd_tune)
 
     p = sub.add_parser("bench", help="the core's cost per decision and the simulator's speed")
+    p.add_argument("--results-dir", type=Path, default=Path("results"))
     p.set_defaults(run=_cmd_bench)
     add_generative_parser(sub)
     return parser

@@ -57,7 +57,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence, Sized
+from collections.abc import Mapping, Sequence, Sized
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
@@ -368,7 +368,6 @@ class OnlineEnergy:
         self._new: list[EnergyWindow] = []  # since the last refit
         self._models: dict[str, _ModelEnergy] = {}
         self.windows_total = 0
-        self.refits_total = 0
         self.idle: PowerLaw | None = None  # the idle power, as last fitted
         self.noise_w: float | None = None  # the windows' noise (mean power), as last fitted
         self.update_interval_s: float | None = None
@@ -442,7 +441,6 @@ class OnlineEnergy:
         fit = self._fit(prior, tables) if new and self._windows else None
         if fit is not None:
             self.idle = fit.idle
-            self.refits_total += 1
         for table in tables:
             before = prior.get(table.model)
             refitted = None
@@ -765,18 +763,6 @@ def _moved_with_times(table: ModelTable, before: ModelTable) -> ModelTable | Non
         curves[b] = with_power(curve, powers)
         changed = True
     return replace(table, curves=curves) if changed else None
-
-
-def windows_from(
-    readings: Iterable[tuple[EnergyReading, float | None]], windows: ClockWindows
-) -> list[EnergyWindow]:
-    """Every window ``readings`` close (for replaying recorded readings)."""
-    out = []
-    for reading, interval in readings:
-        window = windows.reading(reading, interval)
-        if window is not None:
-            out.append(window)
-    return out
 
 
 def _prior_power(

@@ -57,7 +57,7 @@ STATUS = {
 }
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built per request, and cheaper so
 class GrpcAnswer:
     """Triton's answer to one request: its status, and for a unary call the reply's bytes."""
 

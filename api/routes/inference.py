@@ -20,9 +20,9 @@ from fastapi.responses import Response
 from api.admission import Inbound, Outcome, admit
 from api.dispatcher import Job, post
 from api.errors import error_body
-from api.hints import HEADER_LENGTH, json_header
+from api.hints import HEADER_LENGTH, json_header_bytes, parse_json_object
 from api.runtime import Runtime
-from api.tensors import ModelLimits, check_request
+from api.tensors import MAX_JSON_DEPTH, ModelLimits, check_request, nesting_bound
 from api.triton_priority import post_at_level
 from api.upstream import UpstreamResponse
 
@@ -36,16 +36,19 @@ class HttpBody:
     """An HTTP inference body as admission reads it: the JSON (or the binary extension's JSON
     header), parsed once."""
 
-    __slots__ = ("_body", "_headers", "_json")
+    __slots__ = ("_body", "_headers", "_json", "_shallow")
 
     def __init__(self, body: bytes, headers: Mapping[str, str]) -> None:
         self._body = body
         self._headers = headers
         self._json: dict[str, Any] | None = None
+        self._shallow = False
 
     def _parsed(self) -> dict[str, Any]:
         if self._json is None:
-            self._json = json_header(self._body, self._headers)
+            raw = json_header_bytes(self._body, self._headers)
+            self._json = parse_json_object(raw)
+            self._shallow = nesting_bound(raw) <= MAX_JSON_DEPTH
         return self._json
 
     def parameters(self) -> Any:
@@ -54,7 +57,10 @@ class HttpBody:
     def check(self, *, max_elements: int, model: ModelLimits | None) -> None:
         header_length = self._headers.get(HEADER_LENGTH)
         binary = len(self._body) - int(header_length) if header_length is not None else 0
-        check_request(self._parsed(), binary, max_elements=max_elements, model=model)
+        request = self._parsed()
+        check_request(
+            request, binary, max_elements=max_elements, model=model, shallow=self._shallow
+        )
 
 
 STATUS = {
@@ -245,6 +251,17 @@ class InferenceFastPath:
         reply = work.result()
         if reply is not None:
             await _send_reply(send, reply)
+
+
+def infer_target(path: str) -> tuple[str, str | None] | None:
+    """``(model, version)`` when ``path`` is an inference path (version None when it names
+    none), else None."""
+    parts = path.split("/")
+    # ["", "v2", "models", m, "infer"] or ["", "v2", "models", m, "versions", v, "infer"]
+    shaped = len(parts) == 5 or (len(parts) == 7 and parts[4] == "versions")
+    if shaped and parts[1] == "v2" and parts[2] == "models" and parts[-1] == "infer":
+        return parts[3], parts[5] if len(parts) == 7 else None
+    return None
 
 
 async def _disconnected(receive: Receive) -> None:

@@ -317,6 +317,7 @@ def test_the_adaptive_policys_classes_are_in_the_admin_state_and_metrics(
 
 
 def test_the_default_policy_moves_the_clock_with_the_queue(sidecar: LiveSidecar) -> None:
+    time.sleep(0.3)  # the earlier tests' requests are done: the clock is at rest
     floor = admin(sidecar, "GET", "/state").json()["clock_target_mhz"]
     seen: list[int] = []
     stop = threading.Event()
@@ -329,18 +330,19 @@ def test_the_default_policy_moves_the_clock_with_the_queue(sidecar: LiveSidecar)
     watcher = threading.Thread(target=watch)
     watcher.start()
     x = np.ones((1, 16), dtype=np.float32)
-    with ThreadPoolExecutor(7) as pool:  # 7 at once, 40 ms SLO: the queue needs a faster clock
+    with ThreadPoolExecutor(8) as pool:  # 8 at once, 25 ms SLO: the queue needs a faster clock
         list(
             pool.map(
-                lambda _: client(sidecar).infer("simnet", [tensor(x)], parameters={"slo_ms": 40}),
-                range(7),
+                lambda _: client(sidecar).infer("simnet", [tensor(x)], parameters={"slo_ms": 25}),
+                range(8),
             )
         )
     time.sleep(0.3)  # longer than the 50 ms hold: back down
     stop.set()
     watcher.join()
     assert max(seen) > floor
-    assert seen[-1] == floor
+    # back down: to the resting clock, or under it while the energy fit probes a lower floor
+    assert seen[-1] <= floor
 
 
 def test_triton_down_is_503_and_admin_can_be_disabled(tmp_path: Path) -> None:

@@ -17,10 +17,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from api.config import GatewayConfig, add_arguments, from_args
 from api.embedded import EMULATED
-from api.learning import LearnedTableSaver, learned_path, load_learned, save_atomic
+from api.learning import EnergyReader, LearnedTableSaver, learned_path, load_learned, save_atomic
 from api.runtime import TABLES_VERSION
 from benchmarks.recovery import wrong_energy
+from dvfs.energy import EnergyReading
 from dvfs.profiles import get_profile
+from dvfs.simulated import SimulatedDevice
 from tests.api.live import LiveSidecar, embedded_config, simnet_tables
 from tests.time2clock.test_online import V100_CLOCKS
 from tests.time2clock.test_online_energy import floor_of
@@ -179,7 +181,8 @@ def test_energy_refits_show_in_the_admin_state_and_the_metrics(tmp_path: Path) -
     x = httpclient.InferInput("INPUT0", [1, 16], "FP32")
     x.set_data_from_numpy(np.ones((1, 16), np.float32))
     with LiveSidecar(config) as sc:
-        stop = time.monotonic() + 60.0
+        # about 30 s on a quiet machine; one probe every 10 s, so a loaded one needs longer
+        stop = time.monotonic() + 180.0
 
         def send(seed: int) -> None:
             client = httpclient.InferenceServerClient(sc.url, network_timeout=60.0)
@@ -217,3 +220,34 @@ def test_energy_refits_show_in_the_admin_state_and_the_metrics(tmp_path: Path) -
         assert kept and kept[0] >= energy["busy_s_in_window"]
     saved = TableSet.load(learned_path(tmp_path, "v100", TABLES_VERSION)).get("simnet")
     assert floor_of(saved) < top - 60  # kept on disk
+
+
+def test_the_energy_reader_hands_every_new_value_in_order_to_the_loop() -> None:
+    """Values read in the reader's thread reach ``on_reading`` in the event loop's thread, in
+    order, each once; stopping joins the thread."""
+    device = SimulatedDevice("v100", rng=np.random.default_rng(0))
+    got: list[tuple[EnergyReading, int]] = []
+
+    async def run() -> EnergyReader:
+        loop_thread = threading.get_ident()
+        reader = EnergyReader(
+            device, lambda r, _i: got.append((r, threading.get_ident())), poll_s=0.005,
+            deliver_s=0.05,
+        )  # fmt: skip
+        reader.start()
+        await asyncio.sleep(0.6)
+        await reader.stop()
+        assert all(ident == loop_thread for _r, ident in got)
+        return reader
+
+    reader = asyncio.run(run())
+    assert reader._thread is None and not any(
+        t.name == "energy-reader" for t in threading.enumerate()
+    )
+    assert len(got) == reader.readings >= 5
+    times = [r.as_of_s for r, _ in got]
+    energies = [r.energy_j for r, _ in got]
+    assert times == sorted(times) and len(set(times)) == len(times)
+    assert energies == sorted(energies)
+    with pytest.raises(ValueError, match="poll_s"):
+        EnergyReader(device, lambda r, i: None, poll_s=0.0)

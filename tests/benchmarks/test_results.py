@@ -122,21 +122,41 @@ def run(label: str, throughput: float, p50_us: float, p99_us: float) -> bench.Ru
     return bench.Run(label, 16, throughput, p50_us, p99_us, p50_us)
 
 
-def test_bench_report_gives_the_ratios() -> None:
-    summary = [
-        (
-            "http",
-            16,
-            {"throughput": 2000.0, "p50_us": 4000.0, "p99_us": 9000.0},
-            {"throughput": 1500.0, "p50_us": 5000.0, "p99_us": 12000.0},
-        )
+def cost(protocol: str, concurrency: int, cpu_us: float, p50_us: float) -> bench.Cost:
+    return bench.Cost(
+        protocol,
+        concurrency,
+        {"infer_per_s": 2000.0, "p50_us": 4000.0, "p99_us": 9000.0},
+        {"infer_per_s": 1500.0, "p50_us": p50_us, "p99_us": 12000.0, "cpu_us": cpu_us},
+    )
+
+
+def test_bench_report_gives_cpu_ratios_and_added_latency_before_and_now() -> None:
+    now = [cost("http", 16, 140.0, 5000.0)]
+    before = {("http", 16): cost("http", 16, 340.0, 6000.0)}
+    checks = [
+        {
+            "concurrency": 1,
+            "loadgen_infer_per_s": 500.0,
+            "loadgen_mean_us": 1900.0,
+            "tritonclient_infer_per_s": 520.0,
+            "tritonclient_mean_us": 1850.0,
+        }
     ]
-    checks = [(1, run("direct", 500.0, 1900.0, 2500.0), 520.0, 1850.0)]
     args = argparse.Namespace(duration_s=5.0, rounds=2)
-    text = bench._report(summary, checks, args)
-    row = "| http | 16 | 75% (1500 vs 2000 infer/s) | +1.00 ms (1.25×) | +3.00 ms (1.33×) |"
+    text = bench._report(now, before, "an earlier tree", checks, args)
+    row = "| http | 16 | 340 | 140 | ≤ 150 | 75% | 75% | +2000 | +1000 |  | +3000 | +3000 |"
     assert row in text
     assert "| 1 | 500 | 1900 | 520 | 1850 |" in text
+
+
+def test_bench_reads_the_before_figures_of_an_earlier_run(tmp_path: Path) -> None:
+    earlier = {"results": {"cost": [cost("grpc", 1, 900.0, 5000.0).to_json()]}}
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(earlier))
+    before = bench.read_costs(path)
+    assert before[("grpc", 1)].sidecar["cpu_us"] == 900.0
+    assert before[("grpc", 1)].added_us("p50_us") == 1000.0
 
 
 def test_batchbench_report_compares_with_max() -> None:

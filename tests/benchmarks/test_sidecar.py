@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import sidecar as helper
 from benchmarks.sidecar import SidecarProcess, descendants, processes, start
 
 SLEEP = "import time; time.sleep(120)"
@@ -57,3 +58,40 @@ def test_kill_tree_finds_what_a_killed_top_left_behind_and_nothing_else(tmp_path
         sc.kill_tree()
         bystander.kill()
         bystander.wait()
+
+
+def test_running_starts_again_a_sidecar_that_exits_during_start_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``starts``: a start that fails (RuntimeError, as :func:`start` raises when the sidecar
+    exits during start-up) is tried again; the last failure is raised."""
+    tries: list[int] = []
+    stopped: list[float] = []
+
+    class Started:
+        def stop(self, timeout_s: float) -> int:
+            stopped.append(timeout_s)
+            return 0
+
+    def flaky(flags: object, **options: object) -> Started:
+        tries.append(1)
+        if len(tries) < 3:
+            raise RuntimeError("the sidecar exited during start-up")
+        return Started()
+
+    monkeypatch.setattr(helper, "start", flaky)
+    with helper.running(state_dir=tmp_path, starts=3) as sc:
+        assert isinstance(sc, Started)
+    assert len(tries) == 3 and stopped == [60.0]
+    tries.clear()
+    with (
+        pytest.raises(RuntimeError, match="start-up"),
+        helper.running(state_dir=tmp_path, starts=2),
+    ):
+        pass
+    assert len(tries) == 2
+    with (
+        pytest.raises(ValueError, match="starts must be"),
+        helper.running(state_dir=tmp_path, starts=0),
+    ):
+        pass

@@ -233,3 +233,37 @@ def test_in_the_core_its_admission_limit_caps_streams_and_it_hears_every_token()
     assert core.next_dispatch(0.08) is not None and core.next_dispatch(0.08) is None
     state = policy.state()
     assert state is not None and state[0]["admission_limit"] == 2
+
+
+def test_measured_tails_far_under_the_slos_let_the_budget_pass_the_planned_share() -> None:
+    """The model errs slow: while the measured tails stay far under the SLOs the feedback takes
+    the budget past SLO × headroom (up to the feedback's bound), and a measured miss cuts it."""
+    policy = make_policy()
+    plant = Plant(policy)
+    plant.run(60.0, rate_hz=10, prompt=200, tokens=20, ttft_ms=40, gap_ms=5)
+    ttft_budget, tpot_budget = policy.budgets()
+    h = policy.params.headroom
+    assert ttft_budget > policy.slo.ttft_ms * h and tpot_budget > policy.slo.tpot_ms * h
+    cap = h * policy.params.feedback.max_scale
+    assert ttft_budget <= policy.slo.ttft_ms * cap + 1e-9
+    plant.run(5.0, rate_hz=10, prompt=200, tokens=20, ttft_ms=40, gap_ms=45)
+    assert policy.budgets()[1] < tpot_budget
+
+
+def test_measured_tails_under_the_history_scale_the_predictions_down() -> None:
+    """Tails measured far under the history's prediction (a burst's ratios still in it) scale
+    every candidate's prediction down, never below the floor; without calibration they stand."""
+    runs = {}
+    for floor in (1.0, 0.6):
+        policy = make_policy(calibration_floor=floor, history_s=120.0)
+        plant = Plant(policy)
+        # A burst whose first tokens came late (queueing the model does not see), then calm.
+        plant.run(10.0, rate_hz=10, prompt=200, tokens=20, ttft_ms=400, gap_ms=5)
+        plant.run(20.0, rate_hz=10, prompt=200, tokens=20, ttft_ms=40, gap_ms=5)
+        runs[floor] = (policy.predict(plant.t), policy.calibration)
+    raw, calibrated = runs[1.0][0], runs[0.6][0]
+    ttft_factor, _ = runs[0.6][1]
+    assert runs[1.0][1] == (1.0, 1.0)
+    assert 0.6 <= ttft_factor < 1.0
+    for a, b in zip(raw, calibrated, strict=True):
+        assert b.ttft_p99_ms <= a.ttft_p99_ms
