@@ -7,6 +7,7 @@ import json
 import math
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from simulator.compare import (
     Matrix,
     Row,
     against_best_fixed,
+    against_one_gpu,
     against_spread,
     plot,
     run_all,
@@ -222,13 +224,17 @@ def print_node(out: dict[str, Any], console: Console) -> None:
 
 
 PLACEMENT_COLUMNS = ("GPU", "load", "SLO ×", "seed", "policy", "placement", "J/inf",
-                     "vs spread", "p99/SLO", "SLO met", "req/s", "GPUs used",
+                     "vs spread", "p99/SLO", "SLO met", "req/s", "× one GPU", "GPUs used",
                      "isolation")  # fmt: skip
+ONE_GPU_COLUMNS = ("GPU", "mix", "load", "SLO ×", "seed", "policy", "req/s", "p99/SLO",
+                   "SLO met", "refused")  # fmt: skip
 
 
 def placement_cells(rows: Sequence[Row]) -> list[list[str]]:
     """Each node row against ``spread`` on the same arrivals, as :data:`PLACEMENT_COLUMNS`
-    (isolation: seed 000's metric, the worst pair of clients' distance from ideal CFS)."""
+    (× one GPU: its throughput over the most one GPU carried, where ``rows`` hold one-GPU runs;
+    isolation: seed 000's metric, the worst pair of clients' distance from ideal CFS)."""
+    scaled, _ = against_one_gpu(rows)
     return [
         [
             r["gpu"],
@@ -242,11 +248,67 @@ def placement_cells(rows: Sequence[Row]) -> list[list[str]]:
             f"{r['p99_over_slo']:.2f}",
             f"{r['slo_attainment']:.1%}",
             f"{r['throughput_rps']:.0f}",
+            "-" if not math.isfinite(s["vs_one_gpu"]) else f"{s['vs_one_gpu']:.2f}",
             str(r["gpus_used"]),
             _deviation(r["isolation_deviation"]),
         ]
-        for r in against_spread(rows)
+        for r, s in zip(against_spread(rows), scaled, strict=True)
     ]
+
+
+def one_gpu_cells(rows: Sequence[Row]) -> list[list[str]]:
+    """The one-GPU runs beside a node's, as :data:`ONE_GPU_COLUMNS`."""
+    return [
+        [
+            r["gpu"],
+            r["mix"],
+            f"{r['load']:g}",
+            f"{r['slo_mult']:g}",
+            str(r["seed"]),
+            r["policy"],
+            f"{r['throughput_rps']:.0f}",
+            f"{r['p99_over_slo']:.2f}",
+            f"{r['slo_attainment']:.1%}",
+            str(r["rejected"]),
+        ]
+        for r in rows
+        if r.get("gpus", 1) == 1
+    ]
+
+
+def client_cells(rows: Sequence[Row]) -> list[list[str]]:
+    """Each node row's clients (where it has several): the share of its level's GPU time each
+    was served against the share ideal CFS gives it by weight (seed 000's isolation metric is
+    the worst pair of these ratios)."""
+    out = []
+    for r in against_spread(rows):
+        clients = r.get("clients") or {}
+        if len(clients) < 2:
+            continue
+        level_ms: dict[int, float] = {}
+        for c in clients.values():
+            level_ms[c["level"]] = level_ms.get(c["level"], 0.0) + c["served_work_ms"]
+        for name, c in clients.items():
+            total = level_ms[c["level"]]
+            served = c["served_work_ms"] / total if total else math.nan
+            ideal = c["ideal_work_ms"] / total if total else math.nan
+            out.append(
+                [
+                    f"{r['load']:g}",
+                    r["policy"],
+                    r["placement"],
+                    name,
+                    str(c["nice"]),
+                    f"{ideal:.2%}",
+                    f"{served:.2%}",
+                    "-" if not ideal else f"{served / ideal - 1:+.2%}",
+                ]
+            )
+    return out
+
+
+CLIENT_COLUMNS = ("load", "policy", "placement", "client", "nice", "ideal CFS share",
+                  "share served", "served vs ideal")  # fmt: skip
 
 
 def print_placements(rows: Sequence[Row], console: Console) -> None:
@@ -280,12 +342,36 @@ def _matrix(args: argparse.Namespace, **extra: object) -> Matrix:
     )
 
 
+def placements_markdown(rows: Sequence[Row]) -> str:
+    """``placements.md``'s body: the placements against ``spread``, the one-GPU runs beside
+    them, and the clients' shares against ideal CFS's, where ``rows`` have them."""
+    parts = [markdown_table(PLACEMENT_COLUMNS, placement_cells(rows))]
+    if ones := one_gpu_cells(rows):
+        parts += [
+            "One GPU of the same profile, same policies, mix and SLOs (× one GPU above: a node "
+            "row's req/s over the most one GPU carried at any of these loads):",
+            markdown_table(ONE_GPU_COLUMNS, ones),
+        ]
+    if clients := client_cells(rows):
+        parts += [
+            "Each client's share of its level's GPU time (served while arrivals ran) against "
+            "ideal CFS's by weight:",
+            markdown_table(CLIENT_COLUMNS, clients),
+        ]
+    return "\n\n".join(parts)
+
+
 def _cmd_compare(args: argparse.Namespace, console: Console) -> int:
     matrix = _matrix(args, policies=args.policies, seeds=args.seeds)
     configs = matrix.configs()
+    if args.one_gpu_loads and matrix.node_gpus > 1:
+        alone = replace(matrix, node_gpus=1, loads=args.one_gpu_loads)
+        configs += alone.configs()
     with _progress(console) as bar:
         task = bar.add_task("simulating", total=len(configs))
-        rows = tabulate(run_all(configs, jobs=args.jobs, progress=lambda n: bar.advance(task, n)))
+        every = tabulate(run_all(configs, jobs=args.jobs, progress=lambda n: bar.advance(task, n)))
+    one_gpu = [r for r in every if r["gpus"] == 1] if matrix.node_gpus > 1 else []
+    rows = [r for r in every if r["gpus"] == matrix.node_gpus]
     view = Table(
         title=f"policy comparison ({args.duration_s:g} s per run, seeds "
         f"{','.join(map(str, args.seeds))}); ratios are energy per inference"
@@ -346,16 +432,16 @@ def _cmd_compare(args: argparse.Namespace, console: Console) -> int:
         console.print(summary)
     out = Path(args.out_dir)
     if matrix.node_gpus > 1:
-        print_placements(rows, console)
+        print_placements(rows + one_gpu, console)
         md, _ = write_results(
             "placements",
             title=f"placements on a node of {matrix.node_gpus} simulated GPUs",
-            markdown=markdown_table(PLACEMENT_COLUMNS, placement_cells(rows)),
-            data={"rows": against_spread(rows)},
+            markdown=placements_markdown(rows + one_gpu),
+            data={"rows": against_one_gpu(against_spread(rows) + one_gpu)[0], "one_gpu": one_gpu},
             directory=out,
         )
         console.print(f"wrote {md} and {md.with_suffix('.json')}")
-    write_csv(rows, out / "compare.csv")
+    write_csv(rows + one_gpu, out / "compare.csv")
     # On a node, each placement is a series of its own beside the policies.
     shown = rows if matrix.node_gpus == 1 else [
         {**r, "policy": f"{r['policy']} {r['placement']}"} for r in rows
@@ -498,6 +584,13 @@ def build_parser() -> argparse.ArgumentParser:
                 help=f"any of {', '.join(POLICIES)}, fixed:MHZ, {BEST_FIXED}",
             )
             p.add_argument("--seeds", type=_ints, default=(0,), help="e.g. 0,1,2,3,4")
+            p.add_argument(
+                "--one-gpu-loads",
+                type=_floats,
+                default=(),
+                help="with --gpus N: also run one GPU at these loads (its own capacity's), to "
+                "give each node row's throughput over the most one GPU carried",
+            )
             p.add_argument("-o", "--out-dir", default="out/compare")
             p.set_defaults(run=_cmd_compare)
         else:

@@ -250,6 +250,7 @@ class SimResult:
     def to_json(self) -> dict[str, Any]:
         c = self.config
         iso = self.isolation()
+        shares = {share.name: share for share in iso.clients}
         return {
             "policy": c.policy,
             "gpu": c.gpu,
@@ -297,6 +298,11 @@ class SimResult:
                     "slo_attainment": s.met / s.completed if s.completed else math.nan,
                     "service_ms": s.service_ms,
                     "dct_over_ideal": iso.ratio_of(name),
+                    # GPU time served while arrivals ran, and ideal CFS's share of it
+                    "level": shares[name].level,
+                    "nice": shares[name].nice,
+                    "served_work_ms": shares[name].served,
+                    "ideal_work_ms": shares[name].ideal,
                 }
                 for name, s in self.clients.items()
             },
