@@ -44,15 +44,21 @@ demo: setup
 compare: setup
 	$(BIN)/python -m scheduler compare -o $(OUT)/compare
 
-# The matrices of docs/policy.md, five seeds each (about 50 and 30 minutes on 2 cores).
+# The matrices of docs/simulator.md, five seeds each (about 50 and 30 minutes on 2 cores).
 compare-steady: setup
 	$(BIN)/python -m scheduler compare --matrix steady --full -o $(OUT)/compare-steady
 
 compare-varying: setup
 	$(BIN)/python -m scheduler compare --matrix varying --full -o $(OUT)/compare-varying
 
+# The sidecar's cost now against results/bench-before.json (the code before the cheaper data
+# path, measured side by side with it: python -m benchmarks.bench --before-tree DIR --name
+# bench-before); the same code's Python alone, without sockets; gRPC's own floor; then
+# batching and the core.
 bench: setup
-	$(BIN)/python -m benchmarks.bench
+	$(BIN)/python -m benchmarks.bench --before results/bench-before.json
+	$(BIN)/python -m benchmarks.pathbench
+	$(BIN)/python -m benchmarks.grpcfloor
 	$(BIN)/python -m benchmarks.batchbench
 	$(BIN)/python -m scheduler bench
 
@@ -60,7 +66,7 @@ monitor: setup $(PROMETHEUS)
 	grafana/monitor.sh $(SIDECAR) $(TRITON_METRICS)
 
 # Read-only check on a machine with an NVIDIA GPU (never changes a GPU setting); without a GPU
-# it says so and fails. Offline GPU machines: see README, "Checking on a real GPU".
+# it says so and fails. Offline GPU machines: see docs/operations.md, "Checking on a real GPU".
 gpu-check:
 	scripts/gpu-check $(ARGS)
 

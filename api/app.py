@@ -13,7 +13,7 @@ from api import errors
 from api.config import GatewayConfig
 from api.grpc_frontend.server import GrpcFrontend
 from api.metrics import GatewayMetrics
-from api.routes import admin, health, inference, metrics
+from api.routes import admin, generate, health, inference, metrics, openai
 from api.routes.inference import InferenceFastPath
 from api.runtime import Runtime
 
@@ -45,11 +45,17 @@ def create_app(config: GatewayConfig, *, registry: CollectorRegistry | None = No
     app.state.runtime = runtime
     app.state.grpc = grpc_frontend
     errors.install(app)
-    for module in (inference, health, metrics, admin):
+    for module in (inference, health, metrics, admin, openai):
         app.include_router(module.router)
     return app
 
 
 def create_asgi(app: FastAPI) -> InferenceFastPath:
-    """What uvicorn serves: the inference fast path in front of ``app``."""
-    return InferenceFastPath(app)
+    """What uvicorn serves: the inference fast path (infer, generate, generate_stream) in front
+    of ``app``."""
+    fast = InferenceFastPath(app)
+    fast.add_verb("generate", generate.generate)
+    fast.add_verb("generate_stream", generate.generate_stream)
+    fast.add_path(openai.COMPLETIONS, openai.completions)
+    fast.add_path(openai.CHAT, openai.chat_completions)
+    return fast

@@ -1,15 +1,35 @@
-"""The sidecar's options: each a flag of ``python -m api serve`` and an environment variable."""
+"""The sidecar's options: one tree, set by flags, ``SIDECAR_*`` variables and a TOML file.
+
+:class:`GatewayConfig` nests the scheduler's bounds (:class:`scheduler.core.SchedulerConfig`) and
+the clock policy with all its parameters (:class:`scheduler.config.PolicyConfig`), the same
+classes the simulator nests, so each default is written once. Every leaf of the tree has a flag of
+``python -m api serve`` (``--max-inflight``, ``--slack-hold-s``, ``--feedback-target``…), a
+variable (``SIDECAR_MAX_INFLIGHT``…) and a key in the file given by ``--config``
+(``SIDECAR_CONFIG``), whose tables mirror the tree: top-level keys for the gateway,
+``[scheduler]``, ``[placement]``, ``[policy]``, ``[policy.slack]``, ``[policy.feedback]``.
+Precedence, highest first: flag, variable, file, built-in default.
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import MISSING, dataclass, field, fields
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, Field, dataclass, field, fields, replace
 from pathlib import Path
+from typing import Any
 
-from scheduler.registry import DEFAULT_POLICY, POLICIES
+from dvfs.factory import parse_device_list
+from scheduler.config import PolicyConfig
+from scheduler.core import SchedulerConfig
+from scheduler.feedback import FeedbackParams
+from scheduler.placement import PLACEMENTS, PlacementParams
+from scheduler.policies import SlackParams
+from scheduler.registry import POLICIES
 
 ENV_PREFIX = "SIDECAR_"
+CONFIG_ENV = ENV_PREFIX + "CONFIG"
 
 
 def default_state_dir() -> Path:
@@ -18,20 +38,16 @@ def default_state_dir() -> Path:
 
 @dataclass(frozen=True)
 class GatewayConfig:
-    """What ``python -m api serve`` runs; every field has a flag and a ``SIDECAR_*`` variable."""
+    """What ``python -m api serve`` runs; every leaf has a flag, a variable and a file key."""
 
     host: str = "127.0.0.1"
     port: int = 8000
     grpc_port: int = 8001
     triton_url: str | None = None
     triton_grpc_url: str | None = None
+    upstream: str | None = None
     device: str | None = None
-    policy: str = DEFAULT_POLICY
     table: tuple[Path, ...] = ()
-    slo_ms: float = 100.0
-    max_inflight: int = 256
-    max_queue: int = 1000
-    priority_levels: int = 2
     admin_token: str | None = None
     admin_token_file: Path | None = None
     tenants: Path | None = None
@@ -51,22 +67,21 @@ class GatewayConfig:
     log_level: str = "info"
     shadow: bool = False
     learn: bool = True
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    placement: PlacementParams = field(default_factory=PlacementParams)
 
     def __post_init__(self) -> None:
-        if self.policy not in POLICIES and not self.policy.startswith("fixed:"):
-            raise ValueError(
-                f"--policy must be one of {', '.join(POLICIES)} or fixed:MHZ, got {self.policy!r}"
-            )
         if not 0 <= self.port < 65536:
             raise ValueError(f"--port must be in 0..65535 (0: any free port), got {self.port}")
         if not 0 <= self.grpc_port < 65536:
             raise ValueError(
                 f"--grpc-port must be in 0..65535 (0: any free port), got {self.grpc_port}"
             )
-        if self.slo_ms <= 0:
-            raise ValueError(f"--slo-ms must be > 0, got {self.slo_ms}")
-        if self.max_inflight < 1 or self.max_queue < 1:
-            raise ValueError("--max-inflight and --max-queue must be >= 1")
+        if self.upstream is not None and not self.upstream.startswith("openai=http"):
+            raise ValueError(f"--upstream must be openai=http://host:port, got {self.upstream!r}")
+        if not self.scheduler.default_slo_ms > 0:
+            raise ValueError(f"--slo-ms must be > 0, got {self.scheduler.default_slo_ms}")
         for name in (
             "max_body_bytes",
             "max_request_elements",
@@ -84,35 +99,111 @@ class GatewayConfig:
         ):
             if not getattr(self, name) > 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0")
+        gpus = len(parse_device_list(self.device)) if self.device is not None else None
+        for flag, urls in (("--triton-url", self.triton_urls),
+                           ("--triton-grpc-url", self.triton_grpc_urls)):  # fmt: skip
+            if urls is None or len(urls) == (gpus or 1):
+                continue
+            if gpus is None:
+                raise ValueError(
+                    f"{flag} names {len(urls)} Tritons: give --device with as many GPUs "
+                    "(one Triton per GPU, in the same order)"
+                )
+            raise ValueError(
+                f"{flag} names {len(urls)} Triton(s) for the {gpus} GPU(s) of --device "
+                f"{self.device}: give one per GPU, in the same order"
+            )
 
     @property
     def embedded(self) -> bool:
         return self.triton_url is None
 
+    @property
+    def triton_urls(self) -> list[str] | None:
+        """One Triton per GPU, in the order of ``device`` (None: the embedded default)."""
+        return _split(self.triton_url)
 
-_HELP = {
+    @property
+    def triton_grpc_urls(self) -> list[str] | None:
+        """Their gRPC endpoints (None: each Triton's HTTP port + 1)."""
+        return _split(self.triton_grpc_url)
+
+    @property
+    def openai_url(self) -> str | None:
+        """The OpenAI-compatible engine's base URL, if one is configured."""
+        return None if self.upstream is None else self.upstream.removeprefix("openai=")
+
+    @property
+    def slo_ms(self) -> float:
+        """The default latency SLO of a request that gives none."""
+        return self.scheduler.default_slo_ms
+
+    def with_policy(self, name: str) -> GatewayConfig:
+        """The same configuration running policy ``name`` (its parameters kept)."""
+        return replace(self, policy=replace(self.policy, name=name))
+
+
+def _split(urls: str | None) -> list[str] | None:
+    if urls is None:
+        return None
+    items = [u.strip() for u in urls.split(",")]
+    if not all(items):
+        raise ValueError(f"an empty item in the list of Tritons {urls!r}")
+    return items
+
+
+@dataclass(frozen=True)
+class Option:
+    """One leaf of the tree: where it sits, its flag and what it means."""
+
+    path: tuple[str, ...]  # ("port",), ("scheduler", "max_inflight"), ("policy", "slack", "hold_s")
+    flag: str  # without the leading dashes
+    help: str
+    type_name: str
+    builtin: Any
+
+    @property
+    def dest(self) -> str:
+        return self.flag.replace("-", "_")
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.dest.upper()
+
+    @property
+    def file_key(self) -> str:
+        """Where it sits in the TOML file: ``[scheduler] max_inflight``, or a top-level key."""
+        return ".".join(self.path)
+
+    @property
+    def is_bool(self) -> bool:
+        return self.type_name == "bool"
+
+
+_GATEWAY_HELP = {
     "host": "address to listen on",
     "port": "port to listen on (Triton's own HTTP port, so the sidecar can take its place)",
     "grpc_port": "port for the KServe v2 gRPC front end (Triton's own gRPC port; 0: any free)",
-    "triton_url": "an existing Triton (host:port); omitted: start the embedded default",
-    "triton_grpc_url": "that Triton's gRPC (host:port); omitted: --triton-url's host, port + 1",
-    "device": "sim:<profile> or nvml:<index> (default: NVML GPU 0 if present, else sim:v100)",
-    "policy": "clock policy: " + ", ".join(POLICIES) + ", or fixed:MHZ",
+    "triton_url": "an existing Triton (host:port), or one per GPU of --device, comma-separated "
+    "in the same order; omitted: start the embedded default (one Triton per simulated GPU)",
+    "triton_grpc_url": "those Tritons' gRPC (host:port, comma-separated); omitted: each "
+    "--triton-url's host, port + 1",
+    "upstream": "an OpenAI-compatible engine for /v1/* (openai=http://host:port: vLLM, "
+    "TensorRT-LLM, Triton's OpenAI front end); omitted: /v1/* speaks to Triton's generate",
+    "device": "the GPU(s) to drive: sim:<profile> or nvml:<index>, or several, comma-separated "
+    "(nvml:0,1,2,3; sim:v100x2; sim:v100,sim:a100) (default: NVML GPU 0 if present, else "
+    "sim:v100)",
     "table": "time2clock table file(s), comma-separated (each holds one or more models); "
     "omitted in the embedded default: profile and cache one per model",
-    "slo_ms": "default latency SLO per request, ms",
-    "max_inflight": "a cap on requests at Triton per GPU (each model gets what its batcher "
-    "can use: (instances + 1) × max_batch_size, or less when the policy says so)",
-    "max_queue": "requests waiting per GPU before new ones are refused (429)",
-    "priority_levels": "priority levels (1 highest; 0 in a request means the lowest)",
     "admin_token": "bearer token for /admin (none: admin API disabled); prefer the variable "
     "or --admin-token-file: a flag shows in the process list",
     "admin_token_file": "a file holding the bearer token for /admin (first line)",
     "tenants": "a tenants file (TOML): bearer tokens → client id, highest priority, lowest nice, "
     "default SLO; none: every client is trusted with its hints",
-    "max_body_bytes": "largest request body, checked while it streams in (413 beyond)",
-    "max_request_elements": "most tensor elements one request may declare (400 beyond); "
-    "models' configs bound each input further",
+    "max_body_bytes": "largest request body or gRPC message, checked while it streams in "
+    "(HTTP 413, gRPC RESOURCE_EXHAUSTED beyond)",
+    "max_request_elements": "most tensor elements one request may declare (400 / "
+    "INVALID_ARGUMENT beyond); models' configs bound each input further",
     "max_header_bytes": "largest request line + headers (431 beyond, connection closed)",
     "max_connections": "open connections (and requests) at once; beyond them, 503",
     "read_timeout_s": "seconds a client may take to send its headers, and between body chunks",
@@ -129,65 +220,262 @@ _HELP = {
     "learn": "refit each model's table from live traffic, save it in the state dir and prefer "
     "it at the next start (off in shadow mode)",
 }
+# The scheduler's fields keep the flags users know.
+_SCHEDULER_FLAGS = {
+    "default_slo_ms": ("slo-ms", "default latency SLO per request, ms"),
+    "max_inflight": (
+        "max-inflight",
+        "a cap on requests at Triton per GPU (each model gets what its batcher can use, "
+        "or less when the policy says so)",
+    ),
+    "max_queue": ("max-queue", "requests waiting per GPU before new ones are refused (429)"),
+    "priority_levels": (
+        "priority-levels",
+        "priority levels (1 highest; 0 in a request means the default level)",
+    ),
+    "default_priority_level": (
+        "default-priority-level",
+        "the level of a request with priority 0 (default: the lowest)",
+    ),
+    # priority: the release depth (scheduler/core.py)
+    "triton_batches": (
+        "triton-batches",
+        "full batches of each model kept at Triton; the rest waits in the sidecar's queue, "
+        "where priority, nice weights and cancellation apply (more: throughput over isolation)",
+    ),
+}
+_PLACEMENT_FLAGS = {
+    "mode": (
+        "placement",
+        "with several GPUs, which one takes each request: " + ", ".join(PLACEMENTS) + " (spread: "
+        "where it finishes soonest, counting work ahead by level and weight; energy: pack onto "
+        "busy GPUs while the deadline allows; round-robin)",
+    ),
+    "pack_slo_share": (
+        "pack-slo-share",
+        "energy placement: pack a request onto a busy GPU only if it is expected to finish "
+        "within this share of the time left to its deadline",
+    ),
+}
+_SLACK_HELP = {
+    "batch_hold": "slack: how long a model may hold for a fuller batch, as a share of its room",
+    "quantile": "slack: the table quantile the plan budgets (mean, p50, p90, p95, p99)",
+    "lookahead": "slack: queued requests the plan looks at",
+    "phantoms": "slack: future arrivals (at the measured rate) the plan reserves room for",
+    "hold_s": "slack: seconds before stepping the clock down (hysteresis)",
+    "safety": "slack: share of each deadline the plan may use",
+    "change_delay_ms": "slack: what a clock change costs, ms (counted against every deadline)",
+    "arrival_quantile": "slack: quantile of the inter-arrival time the phantoms assume",
+    "phantom_margin": "slack: multiplier on the phantoms' arrival rate",
+    "hold_while_busy": "slack: hold requests for a fuller batch while the model runs too",
+}
+_FEEDBACK_HELP = {
+    "target": "adaptive: the quantile of latency/SLO each SLO class holds at the setpoint",
+    "setpoint": "adaptive: the share of the SLO that quantile is held at",
+    "gain": "adaptive: the base speed's step (log) per near miss, times target",
+    "far_below": "adaptive: a tail under this share of the setpoint walks down faster",
+    "fast_descent": "adaptive: how many times faster the base walks down far below it",
+    "min_samples": "adaptive: completions of a class before its base moves",
+    "window_s": "adaptive: seconds of completions the reported tail is measured over",
+    "max_samples": "adaptive: most completions kept per window",
+    "idle_depth": "adaptive: the share of the tightest SLO a wake-up from the idle clock may cost",
+    "idle_power_w": "adaptive: the GPU's idle power at its lowest clock (none: read at start)",
+    "idle_power_top_w": "adaptive: the GPU's idle power at its top clock (none: unknown)",
+    "floor_tolerance": "adaptive: the energy floor is the lowest clock within this share of the "
+    "least energy",
+    "phantoms": "adaptive: arrivals to come the plan counts",
+    "raise_quantile": "adaptive: the execution times raises plan for (mean, or a quantile)",
+    "batch_hold": "adaptive: the longest a model's requests are held for a fuller batch, as a "
+    "share of their SLO",
+    "hold_while_busy": "adaptive: hold requests for a fuller batch while the model runs too",
+    "rest_while_holding": "adaptive: idle clock while every model waiting is held back",
+}
+
+
+def _builtin(f: Field[Any]) -> Any:
+    if f.default is not MISSING:
+        return f.default
+    assert f.default_factory is not MISSING
+    return f.default_factory()
+
+
+def _options() -> tuple[Option, ...]:
+    out: list[Option] = []
+    for f in fields(GatewayConfig):
+        if f.name in ("scheduler", "policy", "placement"):
+            continue
+        out.append(
+            Option((f.name,), f.name.replace("_", "-"), _GATEWAY_HELP[f.name], str(f.type),
+                   _builtin(f))
+        )  # fmt: skip
+    for f in fields(SchedulerConfig):
+        flag, text = _SCHEDULER_FLAGS[f.name]
+        out.append(Option(("scheduler", f.name), flag, text, str(f.type), _builtin(f)))
+    for f in fields(PlacementParams):
+        flag, text = _PLACEMENT_FLAGS[f.name]
+        out.append(Option(("placement", f.name), flag, text, str(f.type), _builtin(f)))
+    out.append(
+        Option(("policy", "name"), "policy", "clock policy: " + ", ".join(POLICIES) +
+               ", tokens (a GPU serving an LLM engine), or fixed:MHZ", "str", PolicyConfig().name)
+    )  # fmt: skip
+    for name, text in (
+        ("ttft_ms", "tokens: the p99 time to first token it holds, ms"),
+        ("tpot_ms", "tokens: the p99 time per output token it holds, ms"),
+    ):
+        out.append(Option(("policy", name), name.replace("_", "-"), text, "float",
+                          getattr(PolicyConfig(), name)))  # fmt: skip
+    for cls, section, texts in ((SlackParams, "slack", _SLACK_HELP),
+                                (FeedbackParams, "feedback", _FEEDBACK_HELP)):  # fmt: skip
+        for f in fields(cls):
+            out.append(
+                Option(("policy", section, f.name), f"{section}-{f.name.replace('_', '-')}",
+                       texts[f.name], str(f.type), _builtin(f))
+            )  # fmt: skip
+    return tuple(out)
+
+
+OPTIONS: tuple[Option, ...] = _options()
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
 
 
-def _flag(name: str, value: object) -> bool:
-    """A boolean option: the flag's own value, or ``SIDECAR_<NAME>`` as text."""
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in _TRUE or text in _FALSE:
-        return text in _TRUE
-    env = ENV_PREFIX + name.upper()
-    raise ValueError(f"{env} must be one of {', '.join(_TRUE + _FALSE[:-1])}, got {value!r}")
+def _convert(option: Option, value: Any, source: str) -> Any:
+    """``value`` (text from a flag or a variable, or a TOML value) as the option's type;
+    ValueError names ``source`` and what is allowed."""
+    kind = option.type_name.replace(" | None", "")
+    nullable = option.type_name.endswith("| None")
+    try:
+        if option.is_bool:
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text not in _TRUE + _FALSE:
+                raise ValueError(f"one of {', '.join(_TRUE + _FALSE[:-1])}")
+            return text in _TRUE
+        if nullable and value in ("", None):
+            return None
+        if kind.startswith("tuple["):
+            items = value if isinstance(value, list | tuple) else str(value).split(",")
+            texts = [str(x).strip() for x in items if str(x).strip()]
+            return tuple(Path(x) for x in texts) if "Path" in kind else tuple(texts)
+        if isinstance(value, bool):  # TOML true where a number or text is expected
+            raise ValueError(f"a {kind}")
+        if kind == "int":
+            if isinstance(value, float):
+                raise ValueError("a whole number")
+            return int(value)
+        if kind == "float":
+            return float(value)
+        if kind == "Path":
+            return Path(str(value))
+        if isinstance(value, list | dict):
+            raise ValueError("text")
+        return str(value)
+    except ValueError as err:
+        raise ValueError(f"{source} must be {_expected(err, kind)}, got {value!r}") from None
+
+
+def _expected(err: ValueError, kind: str) -> str:
+    text = str(err)
+    if text.startswith(("one of", "a ", "text")):
+        return text
+    return {"int": "a whole number", "float": "a number"}.get(kind, f"a {kind}")
+
+
+def load_file(path: Path) -> dict[str, Any]:
+    """The TOML file's leaves by option path; ValueError names an unknown key or a bad file."""
+    try:
+        with path.open("rb") as f:
+            data = tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError) as err:
+        raise ValueError(f"--config {path}: {err}") from None
+    known = {o.path: o for o in OPTIONS}
+    sections = {o.path[:i] for o in OPTIONS for i in range(1, len(o.path))}
+    values: dict[str, Any] = {}
+
+    def walk(table: Mapping[str, Any], prefix: tuple[str, ...]) -> None:
+        for key, value in table.items():
+            at = (*prefix, key)
+            if isinstance(value, dict) and at in sections:
+                walk(value, at)
+            elif at in known:
+                values[".".join(at)] = _convert(known[at], value, f"{'.'.join(at)} in {path}")
+            else:
+                raise ValueError(f"--config {path}: unknown key {'.'.join(at)!r}")
+
+    walk(data, ())
+    return values
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """One flag per field, its default taken from ``SIDECAR_<FIELD>`` when set."""
-    for f in fields(GatewayConfig):
-        env = ENV_PREFIX + f.name.upper()
-        builtin = f.default_factory() if f.default is MISSING else f.default  # type: ignore[operator]
-        default = os.environ.get(env, builtin)
-        if str(f.type) == "bool":
-            parser.add_argument(
-                "--" + f.name.replace("_", "-"),
-                default=default,
-                action=argparse.BooleanOptionalAction,
-                help=f"{_HELP[f.name]} (env {env}=1; default {builtin})",
-            )
-            continue
-        kind = {"int": int, "float": float}.get(str(f.type).split(" ")[0], str)
-        parser.add_argument(
-            "--" + f.name.replace("_", "-"),
-            default=default,
-            type=kind,
-            help=f"{_HELP[f.name]} (env {env}; default {builtin})",
-        )
+    """``--config`` and one flag per leaf; what was not given is resolved by :func:`from_args`
+    (variable, then file, then the built-in default)."""
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help=f"a TOML file of options (env {CONFIG_ENV}); flags and variables win over it",
+    )
+    for o in OPTIONS:
+        shown = ",".join(map(str, o.builtin)) if isinstance(o.builtin, tuple) else o.builtin
+        text = f"{o.help} (env {o.env}; default {shown})"
+        if o.is_bool:
+            parser.add_argument("--" + o.flag, default=None, action=argparse.BooleanOptionalAction,
+                                help=text)  # fmt: skip
+        else:
+            parser.add_argument("--" + o.flag, default=None, help=text)
 
 
-def _list(value: object) -> tuple[str, ...]:
-    """A comma-separated flag (or a default tuple) as a tuple of non-empty strings."""
-    if isinstance(value, tuple):
-        return tuple(str(v) for v in value)
-    return tuple(x.strip() for x in str(value or "").split(",") if x.strip())
+def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> GatewayConfig:
+    """The configuration: each leaf from its flag, else its variable, else the file, else the
+    default. ValueError names the flag, variable or file key that is wrong."""
+    env = os.environ if environ is None else environ
+    file_path = args.config or (Path(env[CONFIG_ENV]) if env.get(CONFIG_ENV) else None)
+    from_file = load_file(Path(file_path)) if file_path is not None else {}
+    leaves: dict[tuple[str, ...], Any] = {}
+    for o in OPTIONS:
+        given = getattr(args, o.dest, None)
+        if given is not None:
+            leaves[o.path] = _convert(o, given, "--" + o.flag)
+        elif o.env in env:
+            leaves[o.path] = _convert(o, env[o.env], o.env)
+        elif o.file_key in from_file:
+            leaves[o.path] = from_file[o.file_key]
+    return build(leaves)
 
 
-def from_args(args: argparse.Namespace) -> GatewayConfig:
-    values = {f.name: getattr(args, f.name) for f in fields(GatewayConfig)}
-    values["shadow"] = _flag("shadow", values["shadow"])
-    values["learn"] = _flag("learn", values["learn"])
-    values["state_dir"] = Path(values["state_dir"])
-    values["table"] = tuple(Path(p) for p in _list(values["table"]))
-    values["profile_models"] = _list(values["profile_models"])
-    for name in ("admin_token_file", "tenants"):
-        values[name] = Path(values[name]) if values[name] not in ("", None) else None
-    for name in ("triton_url", "triton_grpc_url", "device", "admin_token"):
-        if values[name] in ("", None):
-            values[name] = None
-    if values["admin_token_file"] is not None and values["admin_token"] is None:
+def from_options(**values: Any) -> GatewayConfig:
+    """A configuration from options named as their flags are (``slo_ms=60``, ``policy="max"``,
+    ``slack_hold_s=0.1``, ``port=0``), values already of their types; TypeError names an
+    unknown one."""
+    by_dest = {o.dest: o for o in OPTIONS}
+    unknown = sorted(set(values) - set(by_dest))
+    if unknown:
+        raise TypeError(f"unknown option(s): {', '.join(unknown)}")
+    return build({by_dest[k].path: v for k, v in values.items()})
+
+
+def build(leaves: Mapping[tuple[str, ...], Any]) -> GatewayConfig:
+    """A :class:`GatewayConfig` from the leaves given (the rest keep their defaults)."""
+
+    def part(cls: Callable[..., Any], prefix: tuple[str, ...]) -> Any:
+        values = {p[len(prefix)]: v for p, v in leaves.items()
+                  if len(p) == len(prefix) + 1 and p[: len(prefix)] == prefix}  # fmt: skip
+        return cls(**values)
+
+    values = {p[0]: v for p, v in leaves.items() if len(p) == 1}
+    if values.get("admin_token_file") is not None and values.get("admin_token") is None:
         values["admin_token"] = read_token(values["admin_token_file"])
-    return GatewayConfig(**values)
+    policy = PolicyConfig(
+        **{p[1]: v for p, v in leaves.items() if len(p) == 2 and p[0] == "policy"},
+        slack=part(SlackParams, ("policy", "slack")),
+        feedback=part(FeedbackParams, ("policy", "feedback")),
+    )
+    return GatewayConfig(
+        **values,
+        scheduler=part(SchedulerConfig, ("scheduler",)),
+        policy=policy,
+        placement=part(PlacementParams, ("placement",)),
+    )
 
 
 def read_token(path: Path) -> str:

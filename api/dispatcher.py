@@ -14,7 +14,8 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from functools import partial
+from typing import Any, Protocol
 
 from api.metrics import GatewayMetrics
 from api.shadow import ShadowLedger
@@ -22,10 +23,11 @@ from api.tasks import cancel_and_wait
 from api.upstream import Upstream, UpstreamUnavailableError
 from dvfs.device import Device
 from dvfs.errors import DeviceError
-from scheduler.adaptive import AdaptivePolicy
 from scheduler.core import Scheduler
+from scheduler.policies import ClockPolicy
 from scheduler.request import Request
-from time2clock.table import ModelTable
+from scheduler.view import ModelServing
+from time2clock.table import ModelTable, TableSet
 
 log = logging.getLogger(__name__)
 MAX_TIMER_US = 86_400 * 10**6  # a queued timeout longer than a day is not worth a timer
@@ -39,23 +41,50 @@ class UnavailableError(Exception):
     """An accepted request could not be served: Triton down, timeout expired, shutting down."""
 
 
+class TokenSource(Protocol):
+    """What times a stream's tokens (:class:`api.streaming.TokenMeter`): it calls each
+    listener with the time of every token."""
+
+    def listen(self, listener: Callable[[float], None]) -> None: ...
+
+
+class Answer(Protocol):
+    """An upstream's answer to one request: ``ok`` when the upstream served it."""
+
+    @property
+    def ok(self) -> bool: ...
+
+
+Send = Callable[[Upstream], Awaitable[Answer]]
+
+
 @dataclass(slots=True)
 class Job:
-    """What the gateway needs to send one request to Triton and answer it.
+    """One request as the dispatcher sends it: ``send`` carries it to the upstream (each
+    protocol brings its own) and returns the answer. A cancelled ``future`` (the client went
+    away) is never sent. ``at_level(p)``, where the protocol can, is the same request with
+    Triton's ``priority`` set to ``p`` (sent instead when the model has priority levels)."""
 
-    HTTP gives ``path``/``body``/``headers`` (POSTed to Triton); another protocol gives ``send``,
-    whose answer has ``ok`` (Triton served it). A cancelled ``future`` (the client went away) is
-    never sent.
-    """
-
-    path: str = ""
-    body: bytes = b""
-    headers: dict[str, str] = field(default_factory=dict)
+    send: Send
     timeout_us: int | None = None
     future: asyncio.Future[Any] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
-    send: Callable[[], Awaitable[Any]] | None = None
+    # A stream (tokens of a generative model): when its client leaves after it was sent, the
+    # send is cut short and its place at the upstream freed at once; ``tokens`` tells the
+    # policy of each token as it goes by.
+    stream: bool = False
+    tokens: TokenSource | None = None
+    at_level: Callable[[int], Send] | None = None
+
+
+def post(path: str, body: bytes, headers: dict[str, str]) -> Send:
+    """A ``send`` that POSTs ``body`` to ``path`` on the upstream's HTTP endpoint."""
+
+    def send(upstream: Upstream) -> Awaitable[Answer]:
+        return upstream.request("POST", path, body, headers)
+
+    return send
 
 
 class ClockApplier:
@@ -134,7 +163,9 @@ class GpuDispatcher:
             self.shadow = ShadowLedger(
                 gpu=gpu, device=device, tables=lambda: scheduler.tables, metrics=metrics
             )
+        self._served = metrics.gpu_requests.labels(gpu)
         self._sends: set[asyncio.Task[None]] = set()
+        self._streams: dict[int, asyncio.Task[None]] = {}  # in-flight streams by request seq
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._closed = False
@@ -142,11 +173,15 @@ class GpuDispatcher:
     # -- lifecycle ---------------------------------------------------------------------
 
     def start(self) -> None:
-        self.metrics.shadow_mode.labels(self.gpu).set(0.0 if self.shadow is None else 1.0)
+        metrics, scheduler = self.metrics, self.scheduler
+        metrics.shadow_mode.labels(self.gpu).set(0.0 if self.shadow is None else 1.0)
+        # Read when scraped, not written at every event.
+        metrics.queue_length.labels(self.gpu).set_function(lambda: scheduler.queue_len)
+        metrics.inflight.labels(self.gpu).set_function(lambda: len(scheduler.inflight))
         if self.shadow is not None:
             self.shadow.start()
         self._clock.start()
-        self.change_policy()
+        self._policy_changed()
 
     async def stop(self, inflight_timeout_s: float = 30.0) -> None:
         """Answer everything still waiting, give in-flight requests ``inflight_timeout_s`` to
@@ -171,11 +206,51 @@ class GpuDispatcher:
         """Nothing waiting and nothing in flight."""
         return not self.scheduler.queue_len and not self.scheduler.inflight
 
-    def change_policy(self) -> None:
+    def _policy_changed(self) -> None:
         """The core's policy is new (or first): apply its clock, publish it, arm its timer."""
         self._clock.request(self.scheduler.clock_target_mhz)
         self.metrics.set_policy(self.gpu, self.scheduler.policy.name)
         self._arm_timer()
+
+    # -- the scheduler's lifecycle: every change goes through here -----------------------
+
+    @property
+    def policy(self) -> ClockPolicy:
+        return self.scheduler.policy
+
+    @property
+    def clock_target_mhz(self) -> int | None:
+        return self.scheduler.clock_target_mhz
+
+    def set_policy(self, policy: ClockPolicy) -> None:
+        """Run ``policy`` from now on: its initial clock is applied, its timer armed."""
+        self.scheduler.set_policy(policy)
+        self._policy_changed()
+
+    @property
+    def tables(self) -> TableSet:
+        return self.scheduler.tables
+
+    def set_tables(self, tables: TableSet) -> None:
+        """Replace every model's table; the policy re-plans from the next event."""
+        self.scheduler.set_tables(tables)
+        self._pump()
+
+    def set_serving(self, model: str, serving: ModelServing) -> None:
+        """How Triton serves ``model`` (read from its config); a change re-plans, the same
+        serving again changes nothing."""
+        if self.scheduler.serving_known(model) == serving:
+            return
+        self.scheduler.set_serving(model, serving)
+        self._pump()
+
+    @property
+    def priority_levels(self) -> int:
+        return self.scheduler.config.priority_levels
+
+    def level_of(self, priority: int) -> int:
+        """The queue level a request's ``priority`` puts it in (0: the default level)."""
+        return self.scheduler.config.level_of(priority)
 
     # -- requests ----------------------------------------------------------------------
 
@@ -197,7 +272,8 @@ class GpuDispatcher:
         try:
             return await job.future
         except asyncio.CancelledError:  # the client went away: its place in the queue goes too
-            self._forget(request)
+            if not self._forget(request) and (stream := self._streams.get(request.seq)):
+                stream.cancel()  # already sent: the upstream stops generating for nobody
             raise
         finally:
             if timer is not None:
@@ -211,7 +287,6 @@ class GpuDispatcher:
     def _forget(self, request: Request[Job]) -> bool:
         if not self.scheduler.cancel(request):
             return False
-        self._gauges()
         self._arm_timer()
         return True
 
@@ -222,33 +297,51 @@ class GpuDispatcher:
             request, job = d.request, _job(d.request)
             now = self._now()
             if job.future.cancelled():  # its client is gone: nothing to send, nobody to answer
-                self.scheduler.on_complete(request, 0.0, now, measured=False)
+                self._apply(self.scheduler.on_complete(request, 0.0, now, measured=False).clock_mhz)
                 continue
             if job.timeout_us is not None and (now - request.arrival_s) * 1e6 > job.timeout_us:
-                self.scheduler.on_complete(request, 0.0, now, measured=False)
+                self._apply(self.scheduler.on_complete(request, 0.0, now, measured=False).clock_mhz)
                 self._fail(request, UnavailableError("Request timeout expired"))
                 continue
-            self.metrics.queue_delay.labels(self.metrics.model_label(request.model)).observe(
+            self.metrics.queue_delay_of(self.metrics.model_label(request.model)).observe(
                 now - request.arrival_s
             )
             task = asyncio.create_task(self._send(request, now))
             self._sends.add(task)
             task.add_done_callback(self._sends.discard)
-        self._gauges()
+            if job.tokens is not None:
+                job.tokens.listen(partial(self._token, request))
+            if job.stream:
+                self._streams[request.seq] = task
+                task.add_done_callback(partial(self._stream_done, request.seq))
         self._arm_timer()
+
+    def _token(self, request: Request[Job], now_s: float) -> None:
+        if request.seq in self.scheduler.inflight:
+            self._apply(self.scheduler.on_token(request, now_s))
+
+    def _stream_done(self, seq: int, _: asyncio.Task[None]) -> None:
+        self._streams.pop(seq, None)
 
     async def _send(self, request: Request[Job], sent_s: float) -> None:
         job = _job(request)
         error: Exception | None = None
         response: Any = None
         try:
-            if job.send is not None:
-                response = await job.send()
-            else:
-                response = await self.upstream.request("POST", job.path, job.body, job.headers)
-        except asyncio.CancelledError:  # shutting down with Triton not answering
-            self._fail(request, UnavailableError("the sidecar is shutting down"))
-            raise
+            # priority: the sidecar's level carried to Triton's priority queue (docs/priority.md)
+            level = self.scheduler.serving(request.model).triton_priority(request.level)
+            send = job.send if level is None or job.at_level is None else job.at_level(level)
+            response = await send(self.upstream)
+        except asyncio.CancelledError:
+            if self._closed:  # shutting down with Triton not answering
+                self._fail(request, UnavailableError("the sidecar is shutting down"))
+                raise
+            # A stream whose client left: its place at the upstream is free now.
+            done = self.scheduler.on_complete(request, self._now() - sent_s, self._now(),
+                                              measured=False)  # fmt: skip
+            self._apply(done.clock_mhz)
+            self._pump()
+            return
         except UpstreamUnavailableError as err:
             error = UnavailableError(str(err))
         except Exception as err:  # answered below, never silently dropped
@@ -257,27 +350,29 @@ class GpuDispatcher:
         now = self._now()
         service_s = now - sent_s
         served = error is None and response is not None and bool(response.ok)
-        done = self.scheduler.on_complete(request, service_s, now, measured=served)
+        # A stream's length is its output's, not an execution time: tables do not learn from it.
+        done = self.scheduler.on_complete(
+            request, service_s, now, measured=served and not job.stream
+        )
         self._apply(done.clock_mhz)
-        policy = self.scheduler.policy
-        if isinstance(policy, AdaptivePolicy):
-            scale = policy.model_scale(request.model)
-            if scale is not None:
-                label = self.metrics.model_label(request.model)
-                self.metrics.slo_scale.labels(self.gpu, label).set(scale)
-        client = self.metrics.client_label(request.client_id)
-        self.metrics.gpu_time.labels(client, str(request.level), str(request.nice)).inc(service_s)
+        metrics = self.metrics
+        model = metrics.model_label(request.model)
+        scale = self.scheduler.policy.model_scale(request.model)
+        if scale is not None:
+            metrics.base_speed.labels(self.gpu, model).set(scale)
+        client = metrics.client_label(request.client_id)
+        metrics.gpu_time_of(client, str(request.level), str(request.nice)).inc(service_s)
         if error is not None or response is None:
             self._fail(request, error or UnavailableError("no response from Triton"))
         else:
             latency_s = now - request.arrival_s
-            model = self.metrics.model_label(request.model)
-            self.metrics.latency.labels(model, client).observe(latency_s)
+            metrics.latency_of(model, client).observe(latency_s)
             if response.ok:
+                self._served.inc()
                 if self.shadow is not None:
                     self.shadow.on_complete(request.model)
                 met = "true" if latency_s * 1000.0 <= request.slo_ms else "false"
-                self.metrics.slo.labels(model, client, met).inc()
+                metrics.slo_of(model, client, met).inc()
             if not job.future.done():
                 job.future.set_result(response)
         self._pump()
@@ -317,10 +412,6 @@ class GpuDispatcher:
         self._apply(self.scheduler.poll(self._now()))
         self._pump()
 
-    def _gauges(self) -> None:
-        self.metrics.queue_length.labels(self.gpu).set(self.scheduler.queue_len)
-        self.metrics.inflight.labels(self.gpu).set(len(self.scheduler.inflight))
-
     def state(self) -> dict[str, object]:
         """A snapshot for the admin API, taken in the event loop (the only thread that changes
         the scheduler); the device is not read here (an NVML call may block)."""
@@ -354,9 +445,10 @@ class GpuDispatcher:
                 m: {
                     "queued": s.queued_by_model().get(m, 0),
                     "inflight": s.inflight_count(m),
-                    "depth": s.serving(m).depth,
+                    "depth": s.release_depth(m),
                     "max_batch": s.serving(m).max_batch,
                     "instances": s.serving(m).instances,
+                    "triton_priority_levels": s.serving(m).priority_levels,
                     "arrival_rate_rps": round(rates.get(m, 0.0), 3),
                     "table": _table_summary(s.table_for(m)),
                     "learning": None if learner is None else learner.state(m, now),
@@ -364,7 +456,7 @@ class GpuDispatcher:
                 for m in models
             },
             **({} if self.shadow is None else {"shadow": self.shadow.state()}),
-            **({"feedback": s.policy.state()} if isinstance(s.policy, AdaptivePolicy) else {}),
+            **({} if (held := s.policy.state()) is None else {"feedback": held}),
         }
 
 

@@ -3,14 +3,18 @@
 ``simnet`` (a ResNet-50-class CNN) and ``simbert`` (a BERT-large-class transformer, several times
 slower and batching less well) both take ``INPUT0`` FP32 ``[-1, 16]`` and answer ``OUTPUT0 =
 2·INPUT0``. Triton's dynamic batcher forms their batches (up to each model's largest, two
-instances each); each batch takes as long as the simulated GPU says for that model, that batch
-size and the clock the sidecar set (read from the device's shared state file), speeding up or
-slowing down mid-batch when the clock, or the number of batches sharing the GPU, changes, and
-adds its energy to that GPU's counter. ``noop`` answers at once (for measuring the sidecar's own
+instances each) from two priority levels, as the sidecar's (it sends each request's level).
+Each batch takes as long as the simulated GPU says for that model, that batch size and the
+clock the sidecar set (read from the device's shared state file), speeding up or slowing down
+mid-batch when the clock, or the number of batches sharing the GPU, changes, and adds its
+energy to that GPU's counter. ``noop`` answers at once (for measuring the sidecar's own
 cost).
 
-Triton runs in a child process that the sidecar starts, waits for, and stops on every exit path;
-the child also stops Triton when its parent disappears, so a killed sidecar leaves nothing behind.
+Triton runs in a child process that the sidecar starts, waits for, and stops on every exit path.
+The child leads a process group of its own, which holds everything Triton starts (its backend
+stubs, their helpers), and watches its parent from a thread: when the sidecar is gone (even
+``kill -9``), Triton is stopped in order if that takes at most ``ORPHAN_GRACE_S``, and then every
+process left in the group is killed, so a killed sidecar leaves nothing running.
 """
 
 from __future__ import annotations
@@ -20,9 +24,11 @@ import importlib.util
 import logging
 import multiprocessing as mp
 import os
+import shutil
 import signal
 import socket
 import sysconfig
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,8 +51,12 @@ NOOP = "noop"
 EMULATED = {SIMNET: CNN, SIMBERT: TRANSFORMER}  # Triton's model name -> the simulated model
 INSTANCES = 2
 BATCHER_DELAY_US = 500  # how long Triton's batcher may wait for a fuller batch
+PRIORITY_LEVELS = 2  # Triton's priority queue: the sidecar sends each request's level
 INPUT_WIDTH = 16
 STEP_S = 0.002  # how often a running batch re-reads the clock
+PARENT_POLL_S = 0.1  # how often the Triton child checks that the sidecar is still there
+ORPHAN_GRACE_S = 3.0  # the sidecar gone: Triton's orderly stop gets this long, then all is killed
+SHM_DIR = Path("/dev/shm")
 
 
 @dataclass(frozen=True)
@@ -109,15 +119,25 @@ def emulate_batch(device: SimulatedDevice, model: str, batch: int) -> None:
 Binder = Callable[[Any, str, int], None]
 
 
-def _serve(state_path: str, ports: EmbeddedPorts, instances: int, binder: Binder) -> None:
+def _serve(
+    state_path: str, ports: EmbeddedPorts, instances: int, binder: Binder, parent: int
+) -> None:
     """Child process: run PyTriton with the models ``binder`` binds, until SIGTERM or until the
-    sidecar is gone.
+    sidecar (``parent``) is gone.
 
     It starts its own session, so a Ctrl-C or a signal to the sidecar's process group does not
     kill Triton under PyTriton's feet: only the sidecar stops it, in order. No lock is shared
     with the parent (a process killed while holding one would deadlock the other).
     """
-    os.setsid()
+    os.setsid()  # first: the group that the orphan watch kills must be this one, not the sidecar's
+    orphaned, stopped = threading.Event(), threading.Event()
+    workspace: list[Path] = []  # PyTriton's, once made: removed if Triton cannot remove it
+    threading.Thread(
+        target=_watch_parent,
+        args=(parent, orphaned, stopped, workspace),
+        name="watch-sidecar",
+        daemon=True,
+    ).start()
     # Triton, its backend stubs and PyTriton talk a lot, at shutdown most of all: their output
     # goes to the log beside the state file, not to the sidecar's console.
     log_path = Path(state_path).with_suffix(".triton.log")
@@ -132,8 +152,8 @@ def _serve(state_path: str, ports: EmbeddedPorts, instances: int, binder: Binder
     libdir = sysconfig.get_config_var("LIBDIR") or ""
     os.environ["LD_LIBRARY_PATH"] = f"{libdir}:{os.environ.get('LD_LIBRARY_PATH', '')}"
     from pytriton.triton import Triton, TritonConfig, TritonSecurityConfig
+    from pytriton.utils.workspace import Workspace
 
-    parent = os.getppid()
     logging.getLogger("pytriton").setLevel(logging.WARNING)
     config = TritonConfig(  # every port on localhost only: nothing may bypass the sidecar
         http_address="127.0.0.1",
@@ -148,16 +168,75 @@ def _serve(state_path: str, ports: EmbeddedPorts, instances: int, binder: Binder
     )
     # Pitfall 2: open the statistics endpoints that perf_analyzer-style tools read.
     security = TritonSecurityConfig(restricted_endpoints=[])
-    with Triton(config=config, security_config=security) as triton:
-        binder(triton, state_path, instances)
-        triton.run()
-        # The sidecar gone: do not outlive it. Triton gone (killed, crashed): exit, so that the
-        # sidecar sees this process end and starts a fresh one.
-        while not stopping[0] and os.getppid() == parent and triton.is_alive():
-            time.sleep(0.2)
+    if not orphaned.is_set():
+        space = Workspace()
+        workspace.append(space.path)
+        with Triton(config=config, security_config=security, workspace=space) as triton:
+            binder(triton, state_path, instances)
+            triton.run()
+            # The sidecar gone: do not outlive it. Triton gone (killed, crashed): exit, so that
+            # the sidecar sees this process end and starts a fresh one.
+            while not stopping[0] and not orphaned.wait(0.2) and triton.is_alive():
+                pass
+    stopped.set()
+    if orphaned.is_set():
+        _end_orphaned(workspace)
     # Whatever Triton left behind (a backend stub that missed the shutdown) is in our group.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     os.killpg(0, signal.SIGTERM)
+
+
+def _watch_parent(
+    parent: int, orphaned: threading.Event, stopped: threading.Event, workspace: list[Path]
+) -> None:
+    """Thread of the Triton child: once the sidecar is gone (this process re-parented), ask the
+    main thread to stop Triton; if it has not within ``ORPHAN_GRACE_S`` (a slow shutdown, or
+    Triton still starting), end everything here.
+
+    Polling ``getppid`` against the pid the sidecar passed in tells a dead parent reliably,
+    even one that died before this thread started. ``PR_SET_PDEATHSIG`` would not: it fires when
+    the *thread* that started the child ends (the sidecar starts Triton from worker threads),
+    and Triton's own children need a group kill anyway (its backend stubs outlive it).
+    """
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_S)
+    orphaned.set()
+    if not stopped.wait(ORPHAN_GRACE_S):
+        _end_orphaned(workspace)
+
+
+def _end_orphaned(workspace: list[Path]) -> None:
+    """Kill every other process of this group (Triton, its stubs, their helpers), remove what
+    PyTriton would have removed on an orderly stop (its workspace, a copy of Triton; this
+    process's shared-memory segments), and exit."""
+    me = os.getpid()
+    for _ in range(20):  # a process may fork while we look: look again until none is left
+        others = [p for p in _group_members(os.getpgrp()) if p != me]
+        if not others:
+            break
+        for pid in others:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.05)
+    for path in workspace:
+        shutil.rmtree(path, ignore_errors=True)
+    for segment in SHM_DIR.glob(f"pytrtion{me}-*"):  # PyTriton names them after this process
+        with contextlib.suppress(OSError):
+            segment.unlink()
+    os._exit(0)
+
+
+def _group_members(pgid: int) -> list[int]:
+    """The live processes of process group ``pgid`` (Linux ``/proc``; zombies are not)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+                members.append(int(entry.name))
+    return members
 
 
 def bind_emulated(triton: Any, state_path: str, instances: int) -> None:
@@ -184,7 +263,11 @@ def bind_emulated(triton: Any, state_path: str, instances: int) -> None:
         "inputs": [Tensor(name="INPUT0", dtype=np.float32, shape=(INPUT_WIDTH,))],
         "outputs": [Tensor(name="OUTPUT0", dtype=np.float32, shape=(INPUT_WIDTH,))],
     }
-    batcher = DynamicBatcher(max_queue_delay_microseconds=BATCHER_DELAY_US)
+    batcher = DynamicBatcher(
+        max_queue_delay_microseconds=BATCHER_DELAY_US,
+        priority_levels=PRIORITY_LEVELS,
+        default_priority_level=PRIORITY_LEVELS,
+    )
     probe = SimulatedDevice.attach(Path(state_path))
     profile = probe.profile
     probe.close()
@@ -195,6 +278,10 @@ def bind_emulated(triton: Any, state_path: str, instances: int) -> None:
             config=ModelConfig(max_batch_size=profile.model(model).max_batch, batcher=batcher),
             **tensors,
         )
+    from api.embedded_llm import bind_llm
+
+    bind_llm(triton, state_path)  # on a GPU with an LLM profile: the generative model too
+    # Last: it is the one whose readiness says every model is loaded.
     triton.bind(NOOP, [noop] * instances, config=ModelConfig(max_batch_size=8), **tensors)
 
 
@@ -265,7 +352,7 @@ class EmbeddedTriton:
             target=_serve,
             name="embedded-triton",
             daemon=False,
-            args=(str(self.state_path), self.ports, self.instances, self.binder),
+            args=(str(self.state_path), self.ports, self.instances, self.binder, os.getpid()),
         )
         self._proc.start()
         try:

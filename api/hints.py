@@ -2,8 +2,9 @@
 
 Hints ride in the request's JSON ``parameters`` (for binary-tensor requests, in the JSON header
 that ``Inference-Header-Content-Length`` delimits, so the tensors are never touched): ``priority``
-and ``timeout`` with Triton's meaning, and ``nice``, ``slo_ms``, ``client_id``. Clients that cannot
-set parameters may send the headers ``x-nice``, ``x-slo-ms``, ``x-client-id`` instead; parameters
+and ``timeout`` with Triton's meaning, and ``nice``, ``slo_ms``, ``client_id`` (and, for streams of
+tokens, ``ttft_ms`` and ``tpot_ms``). Clients that cannot set parameters may send the headers
+``x-nice``, ``x-slo-ms``, ``x-client-id``, ``x-ttft-ms``, ``x-tpot-ms`` instead; parameters
 win when both are given. Triton accepts the extra parameters, so the body is forwarded as is.
 """
 
@@ -14,6 +15,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from scheduler.request import Request
 from scheduler.weights import NICE_MAX, NICE_MIN
@@ -30,13 +33,15 @@ class BadRequestError(ValueError):
     """A malformed body or a bad hint; the message names the field and what is allowed."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: built per request, and cheaper so
 class Hints:
     priority: int = 0
     timeout_us: int | None = None
     nice: int = 0
     slo_ms: float | None = None
     client_id: str = "default"
+    ttft_ms: float | None = None  # generative models: time to the first token
+    tpot_ms: float | None = None  # and time per output token after it
 
     def request(
         self, model: str, arrival_s: float, default_slo_ms: float, job: Job
@@ -50,30 +55,47 @@ class Hints:
             nice=self.nice,
             client_id=self.client_id,
             payload=job,
+            ttft_ms=self.ttft_ms,
+            tpot_ms=self.tpot_ms,
         )
 
 
 def json_header(body: bytes, headers: Mapping[str, str]) -> dict[str, Any]:
     """The request's JSON object: the whole body, or its binary-extension header."""
+    return parse_json_object(json_header_bytes(body, headers))
+
+
+def json_header_bytes(body: bytes, headers: Mapping[str, str]) -> bytes:
+    """The bytes of the request's JSON: the whole body, or what ``Inference-Header-Content-
+    Length`` delimits."""
     length_text = headers.get(HEADER_LENGTH)
-    if length_text is not None:
-        try:
-            length = int(length_text)
-        except ValueError:
-            raise BadRequestError(
-                f"{HEADER_LENGTH} must be an integer, got {length_text!r}"
-            ) from None
-        if not 0 < length <= len(body):
-            raise BadRequestError(f"{HEADER_LENGTH} is {length} but the body has {len(body)} bytes")
-        raw = body[:length]
-    else:
-        raw = body
+    if length_text is None:
+        return body
     try:
-        obj = json.loads(raw)
-    except ValueError as err:  # bad JSON or UTF-8, or an integer past Python's 4,300 digits
-        raise BadRequestError(f"malformed request body: {err}") from None
-    except RecursionError:
-        raise BadRequestError("malformed request body: JSON nested too deeply") from None
+        length = int(length_text)
+    except ValueError:
+        raise BadRequestError(f"{HEADER_LENGTH} must be an integer, got {length_text!r}") from None
+    if not 0 < length <= len(body):
+        raise BadRequestError(f"{HEADER_LENGTH} is {length} but the body has {len(body)} bytes")
+    return body[:length]
+
+
+_decode = msgspec.json.Decoder().decode
+
+
+def parse_json_object(raw: bytes) -> dict[str, Any]:
+    """``raw`` as a JSON object. msgspec reads it (several times faster than the standard
+    library); what msgspec refuses is read again by :func:`json.loads`, which decides, so that
+    exactly what the standard library accepts is accepted (``NaN``, lone surrogates...)."""
+    try:
+        obj = _decode(raw)
+    except (msgspec.DecodeError, ValueError, RecursionError):  # bad UTF-8 raises ValueError
+        try:
+            obj = json.loads(raw)
+        except ValueError as err:  # bad JSON or UTF-8, or an integer past 4,300 digits
+            raise BadRequestError(f"malformed request body: {err}") from None
+        except RecursionError:
+            raise BadRequestError("malformed request body: JSON nested too deeply") from None
     if not isinstance(obj, dict):
         raise BadRequestError("malformed request body: expected a JSON object")
     return obj
@@ -133,6 +155,8 @@ def parse_hints(
     timeout_us = None if timeout is None else _strict_int("timeout", timeout, 0, MAX_TIMEOUT_US)
     nice = pick("nice", "x-nice")
     slo = pick("slo_ms", "x-slo-ms")
+    ttft = pick("ttft_ms", "x-ttft-ms")
+    tpot = pick("tpot_ms", "x-tpot-ms")
     client = pick("client_id", "x-client-id")
     if client is not None and (not isinstance(client, str) or not 0 < len(client) <= MAX_CLIENT_ID):
         raise BadRequestError(f"client_id must be a string of 1..{MAX_CLIENT_ID} characters")
@@ -142,4 +166,6 @@ def parse_hints(
         nice=0 if nice is None else _int("nice", nice, NICE_MIN, NICE_MAX),
         slo_ms=None if slo is None else _positive("slo_ms", slo),
         client_id=client or "default",
+        ttft_ms=None if ttft is None else _positive("ttft_ms", ttft),
+        tpot_ms=None if tpot is None else _positive("tpot_ms", tpot),
     )

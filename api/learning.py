@@ -1,5 +1,5 @@
-"""Tables that learn, live: where the learned tables are kept, how they are saved, and what
-they export.
+"""Tables that learn, live: where the learned tables are kept, how they are saved, what they
+export, and the reader that feeds the GPU's energy counter to the energy fit.
 
 The scheduler core refits the tables (:mod:`time2clock.online`); this module keeps the result
 across restarts. Every ``save_every_s`` the tables of the models refitted since the last save
@@ -17,6 +17,8 @@ import logging
 import os
 import re
 import tempfile
+import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
@@ -24,6 +26,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from api.tasks import cancel_and_wait
+from dvfs.device import Device
+from dvfs.energy import EnergyCounter, EnergyReading
+from dvfs.errors import DeviceError
 from time2clock.online import OnlineTables
 from time2clock.table import TableError, TableSet
 
@@ -121,14 +126,102 @@ class LearnedTableSaver:
         self.saves += 1
 
 
+class EnergyReader:
+    """Reads the GPU's energy counter every ``poll_s`` in a thread of its own (an NVML call
+    blocks) and hands the new values, in order and each with the counter's refresh interval as
+    learned, to ``on_reading`` in the event loop (the scheduler's thread).
+
+    The values are handed over in batches, at most every ``deliver_s``: each carries the time
+    it became current, and the energy fit attributes it by that time, so a value that reaches
+    the loop a little later is attributed exactly as one that came at once. Polling in one
+    long-lived thread and waking the loop a few times a second, rather than a worker-thread
+    hop per read, is what keeps an idle sidecar's CPU near zero.
+    """
+
+    def __init__(
+        self,
+        device: Device,
+        on_reading: Callable[[EnergyReading, float | None], None],
+        *,
+        poll_s: float,
+        deliver_s: float = 0.1,
+        time_source: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if poll_s <= 0 or deliver_s < 0:
+            raise ValueError(f"poll_s must be > 0 and deliver_s >= 0, got {poll_s}, {deliver_s}")
+        self.counter = EnergyCounter(device.energy_j, time_source)
+        self.poll_s = poll_s
+        self.deliver_s = deliver_s
+        self._on_reading = on_reading
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.readings = 0
+        self.errors = 0
+
+    def start(self) -> None:
+        """Start reading, handing values to the running event loop."""
+        loop = asyncio.get_running_loop()
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=self._run, args=(loop,), name="energy-reader", daemon=True
+        )
+        self._thread.start()
+
+    async def stop(self) -> None:
+        """Stop reading; values read and not yet handed over are dropped."""
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        self._stop.set()
+        await asyncio.to_thread(thread.join)
+
+    def _deliver(self, batch: list[tuple[EnergyReading, float | None]]) -> None:
+        if self._thread is None:
+            return  # stopped meanwhile
+        for reading, update_interval_s in batch:
+            self.readings += 1
+            self._on_reading(reading, update_interval_s)
+
+    def _run(self, loop: asyncio.AbstractEventLoop) -> None:
+        last: EnergyReading | None = None
+        batch: list[tuple[EnergyReading, float | None]] = []
+        delivered_s = time.monotonic()
+        wait_s = self.poll_s
+        while not self._stop.wait(wait_s):
+            wait_s = self.poll_s
+            try:
+                reading = self.counter.read()
+            except DeviceError as err:
+                self.errors += 1
+                if self.errors == 1:
+                    log.warning("cannot read the GPU's energy counter (%s); retrying", err)
+                wait_s = max(1.0, self.poll_s)
+                continue
+            if reading != last:
+                last = reading
+                batch.append((reading, self.counter.update_interval_s))
+            now_s = time.monotonic()
+            if batch and now_s - delivered_s >= self.deliver_s:
+                try:
+                    loop.call_soon_threadsafe(self._deliver, batch)
+                except RuntimeError:  # the loop closed under us
+                    return
+                batch = []
+                delivered_s = now_s
+
+
 class LearningCollector(Collector):
-    """At scrape time, per model: the table's error on what was measured since the last refit,
-    the samples measured, the refits."""
+    """At scrape time, per GPU and model: the table's error on what was measured since the last
+    refit, the samples measured, the refits; the same of the energy fit, and its windows (one
+    family of each over every GPU's learner)."""
 
     def __init__(self, learner: OnlineTables, gpu: str, model_label: Callable[[str], str]):
-        self.learner = learner
-        self.gpu = gpu
+        self.learners: list[tuple[str, OnlineTables]] = [(gpu, learner)]
         self.model_label = model_label
+
+    def add(self, learner: OnlineTables, gpu: str) -> None:
+        """Export another GPU's learner too."""
+        self.learners.append((gpu, learner))
 
     def collect(self) -> Iterator[Metric]:
         error = GaugeMetricFamily(
@@ -145,18 +238,65 @@ class LearningCollector(Collector):
         refits = CounterMetricFamily(
             "sidecar_table_refits", "Online refits that changed the table.", labels=["gpu", "model"]
         )
-        errors: dict[str, float] = {}
-        counts: dict[str, tuple[int, int]] = {}
-        for model in self.learner.models:
-            label = self.model_label(model)  # bounded: two models may share one
-            value = self.learner.error(model)
-            if value is not None:
-                errors[label] = max(value, errors.get(label, 0.0))
-            n, r = counts.get(label, (0, 0))
-            counts[label] = (n + self.learner.samples_total(model), r + self.learner.refits(model))
-        for label, value in sorted(errors.items()):
-            error.add_metric([self.gpu, label], value)
-        for label, (n, r) in sorted(counts.items()):
-            samples.add_metric([self.gpu, label], n)
-            refits.add_metric([self.gpu, label], r)
+        for gpu, learner in self.learners:
+            errors: dict[str, float] = {}
+            counts: dict[str, tuple[int, int]] = {}
+            for model in learner.models:
+                label = self.model_label(model)  # bounded: two models may share one
+                value = learner.error(model)
+                if value is not None:
+                    errors[label] = max(value, errors.get(label, 0.0))
+                n, r = counts.get(label, (0, 0))
+                counts[label] = (n + learner.samples_total(model), r + learner.refits(model))
+            for label, value in sorted(errors.items()):
+                error.add_metric([gpu, label], value)
+            for label, (n, r) in sorted(counts.items()):
+                samples.add_metric([gpu, label], n)
+                refits.add_metric([gpu, label], r)
         yield from (error, samples, refits)
+        if any(learner.energy is not None for _, learner in self.learners):
+            yield from self._energy()
+
+    def _energy(self) -> Iterator[Metric]:
+        error = GaugeMetricFamily(
+            "sidecar_table_energy_error_ratio",
+            "Median |measured / predicted - 1| of the energy of the clock windows the model kept "
+            "busy, measured since the last energy refit, against the table in force.",
+            labels=["gpu", "model"],
+        )
+        refits = CounterMetricFamily(
+            "sidecar_table_energy_refits",
+            "Online refits of the model's energy per inference from the GPU's energy counter.",
+            labels=["gpu", "model"],
+        )
+        attributed = CounterMetricFamily(
+            "sidecar_energy_attributed_seconds",
+            "Time of the GPU's energy counter attributed to clock windows (kept), or not (dropped: "
+            "a clock change inside, or a clock the sidecar did not set).",
+            labels=["gpu", "outcome"],
+        )
+        probes = CounterMetricFamily(
+            "sidecar_energy_probes",
+            "Times the energy floor was lowered for a while to measure a clock under it.",
+            labels=["gpu"],
+        )
+        for gpu, learner in self.learners:
+            energy = learner.energy
+            if energy is None:
+                continue
+            errors: dict[str, float] = {}
+            counts: dict[str, int] = {}
+            for model in energy.models:
+                label = self.model_label(model)
+                value = energy.error(model)
+                if value is not None:
+                    errors[label] = max(value, errors.get(label, 0.0))
+                counts[label] = counts.get(label, 0) + energy.refits(model)
+            for label, value in sorted(errors.items()):
+                error.add_metric([gpu, label], value)
+            for label, count in sorted(counts.items()):
+                refits.add_metric([gpu, label], count)
+            attributed.add_metric([gpu, "kept"], energy.attribution.kept_s)
+            attributed.add_metric([gpu, "dropped"], energy.attribution.dropped_s)
+            probes.add_metric([gpu], energy.probes)
+        yield from (error, refits, attributed, probes)

@@ -36,6 +36,11 @@ LATENCY_BUCKETS_S = (
     5.0,
     10.0,
 )
+# Decode steps of a large model on a GPU take a few to a few hundred milliseconds.
+TOKEN_GAP_BUCKETS_S = (
+    *(0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075),
+    *(0.1, 0.15, 0.25, 0.5, 1.0),
+)
 MAX_CLIENT_LABELS = 100  # beyond this, clients share the label "other" (bounded cardinality)
 MAX_LABEL_CHARS = 64
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.:@/+=-]")
@@ -47,27 +52,47 @@ def sanitize_label(value: str) -> str:
     return _UNSAFE.sub("_", value[:MAX_LABEL_CHARS]) or "_"
 
 
-class DeviceCollector(Collector):
-    """Reads the GPU at scrape time: clock, power, energy counter."""
+class Children:
+    """A labelled metric's children, cached by their label values: ``labels()`` checks and
+    copies its arguments at every call, and the request path asks for several children per
+    request. The label values are bounded where they are made (model and client labels), so
+    the cache is as bounded as the metric itself."""
 
-    def __init__(self, device: Device, index: str) -> None:
-        self.device = device
-        self.index = index
+    __slots__ = ("_cache", "_metric")
+
+    def __init__(self, metric: Any) -> None:
+        self._metric = metric
+        self._cache: dict[tuple[str, ...], Any] = {}
+
+    def __call__(self, *values: str) -> Any:
+        child = self._cache.get(values)
+        if child is None:
+            child = self._cache[values] = self._metric.labels(*values)
+        return child
+
+
+class DeviceCollector(Collector):
+    """Reads the GPUs at scrape time: clock, power, energy counter; one family of each, a
+    sample per GPU."""
+
+    def __init__(self, device: Device | None = None, index: str = "0") -> None:
+        self.devices: list[tuple[str, Device]] = [] if device is None else [(index, device)]
 
     def collect(self) -> Iterator[Metric]:
-        labels = [self.index, self.device.identity.name]
         clock = GaugeMetricFamily(
             "sidecar_gpu_clock_hertz", "Graphics clock read from the GPU.", labels=["gpu", "name"]
         )
-        clock.add_metric(labels, self.device.clock_mhz() * 1e6)
         power = GaugeMetricFamily(
             "sidecar_gpu_power_watts", "Power the GPU draws.", labels=["gpu", "name"]
         )
-        power.add_metric(labels, self.device.power_w())
         energy = CounterMetricFamily(
             "sidecar_gpu_energy_joules", "Energy the GPU used.", labels=["gpu", "name"]
         )
-        energy.add_metric(labels, self.device.energy_j())
+        for index, device in self.devices:
+            labels = [index, device.identity.name]
+            clock.add_metric(labels, device.clock_mhz() * 1e6)
+            power.add_metric(labels, device.power_w())
+            energy.add_metric(labels, device.energy_j())
         yield from (clock, power, energy)
 
 
@@ -88,6 +113,32 @@ class GatewayMetrics:
             "End-to-end latency in the sidecar (queue + Triton).",
             ["model", "client"],
             buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "sidecar_time_to_first_token_seconds",
+            "Streams of tokens: from arrival to the first token.",
+            ["model"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.inter_token = Histogram(
+            "sidecar_inter_token_seconds",
+            "Streams of tokens: time between one token and the next.",
+            ["model"],
+            buckets=TOKEN_GAP_BUCKETS_S,
+            registry=r,
+        )
+        self.output_tokens = Counter(
+            "sidecar_output_tokens",
+            "Tokens streamed back to clients (energy per token: the GPUs' energy over this).",
+            ["model"],
+            registry=r,
+        )
+        self.token_slo = Counter(
+            "sidecar_token_slo_requests",
+            "Streams by token SLO (ttft, tpot) and whether they met it.",
+            ["model", "slo", "met"],
             registry=r,
         )
         self.queue_delay = Histogram(
@@ -149,11 +200,11 @@ class GatewayMetrics:
             ["gpu", "policy"],
             registry=r,
         )
-        self.slo_scale = Gauge(
-            "sidecar_slo_scale",
-            "Policy adaptive: the share of its SLO the clock plan aims at for the model's "
-            "requests (the lowest of its SLO classes; 1 = the SLO itself, above 1 the room the "
-            "plan's margins leave is used, below 1 it plans tighter than the SLO).",
+        self.base_speed = Gauge(
+            "sidecar_base_speed",
+            "Policy adaptive: the speed the model's SLO classes ask of the GPU while busy, over "
+            "the top clock's (the fastest of its classes, learned from the measured tail; 1 = "
+            "the top clock).",
             ["gpu", "model"],
             registry=r,
         )
@@ -166,35 +217,63 @@ class GatewayMetrics:
         self.default_slo = Gauge(
             "sidecar_default_slo_seconds", "SLO of requests that name none.", registry=r
         )
+        self.gpu_requests = Counter(
+            "sidecar_gpu_requests",
+            "Requests each GPU's Triton answered (its share of the node's work).",
+            ["gpu"],
+            registry=r,
+        )
+        self.placement = Gauge(
+            "sidecar_placement_info",
+            "How requests are placed on the node's GPUs (1 for the mode in force), and how many "
+            "GPUs the sidecar drives.",
+            ["placement", "gpus"],
+            registry=r,
+        )
         self._clients: set[str] = set()
+        self._client_labels: dict[str, str] = {}  # client id as sent -> its label
         # The model label: the runtime puts its model index here (known names, else "unknown").
         self.model_label: Callable[[str], str] = sanitize_label
-        self._request_children: dict[tuple[str, str, str, str, str], Any] = {}
+        # The children the request path uses, cached (see Children).
+        self.requests_of = Children(self.requests)
+        self.latency_of = Children(self.latency)
+        self.queue_delay_of = Children(self.queue_delay)
+        self.slo_of = Children(self.slo)
+        self.gpu_time_of = Children(self.gpu_time)
+        self.client_weight_of = Children(self.client_weight)
         self.requests_by_protocol: dict[str, int] = {}  # for the admin state
+        self._device_collector: DeviceCollector | None = None
 
     def count(
         self, model: str, priority: str, client: str, outcome: str, protocol: str = "http"
     ) -> None:
-        """One request with this outcome (label children cached: ``labels()`` is not free)."""
-        key = (model, priority, client, outcome, protocol)
-        child = self._request_children.get(key)
-        if child is None:
-            child = self._request_children[key] = self.requests.labels(*key)
-        child.inc()
+        """One request with this outcome."""
+        self.requests_of(model, priority, client, outcome, protocol).inc()
         self.requests_by_protocol[protocol] = self.requests_by_protocol.get(protocol, 0) + 1
 
     def client_label(self, client_id: str) -> str:
         """The first ``MAX_CLIENT_LABELS`` clients by name (sanitised), then ``other``."""
+        label = self._client_labels.get(client_id)
+        if label is not None:
+            return label
         label = sanitize_label(client_id)
-        if label in self._clients:
-            return label
-        if len(self._clients) < MAX_CLIENT_LABELS:
+        if label not in self._clients:
+            if len(self._clients) >= MAX_CLIENT_LABELS:
+                return "other"  # not remembered: a flood of made-up ids stays bounded
             self._clients.add(label)
-            return label
-        return "other"
+        if len(self._client_labels) < 4 * MAX_CLIENT_LABELS:
+            self._client_labels[client_id] = label
+        return label
 
     def watch_device(self, device: Device, index: str) -> None:
-        self.registry.register(DeviceCollector(device, index))
+        """Export ``device`` (the GPU labelled ``index``) at every scrape."""
+        if self._device_collector is None:
+            self._device_collector = DeviceCollector()
+            self.registry.register(self._device_collector)
+        self._device_collector.devices.append((index, device))
+
+    def set_placement(self, mode: str, gpus: int) -> None:
+        self.placement.labels(mode, str(gpus)).set(1.0)
 
     def set_policy(self, gpu: str, name: str) -> None:
         """1 for the policy in force, 0 for every other one."""

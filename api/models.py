@@ -42,6 +42,7 @@ class ModelIndex:
         self.refresh_s = refresh_s
         self._now = time_source
         self.known: set[str] = set()
+        self._labels: dict[str, str] = {}  # known name -> its label
         self._limits: dict[str, ModelLimits] = {}
         self._refreshed_at_s: float | None = None
         self._index_allowed = True
@@ -49,7 +50,17 @@ class ModelIndex:
 
     def label(self, model: str) -> str:
         """The metric label for ``model``: its name when Triton serves it, else ``unknown``."""
-        return sanitize_label(model) if model in self.known else UNKNOWN
+        label = self._labels.get(model)
+        if label is not None:
+            return label
+        if model not in self.known:
+            return UNKNOWN
+        label = self._labels[model] = sanitize_label(model)
+        return label
+
+    def cached_limits(self, model: str) -> ModelLimits | None:
+        """The model's bounds if its config has been read already (None: ask :meth:`limits`)."""
+        return self._limits.get(model)
 
     async def exists(self, model: str) -> bool:
         """Whether Triton serves ``model``; True when Triton cannot be asked (the request then
@@ -99,6 +110,18 @@ class ModelIndex:
             e["name"] for e in entries if isinstance(e, dict) and isinstance(e.get("name"), str)
         }
         self.known |= names
+
+    async def names(self) -> list[str]:
+        """Every model known to be served: the repository index (refreshed), and those asked
+        for by name."""
+        upstream = self._upstream()
+        if upstream is not None and self._index_allowed:
+            try:
+                self._refreshed_at_s = self._now()
+                await self._refresh(upstream)
+            except UpstreamUnavailableError:
+                pass
+        return sorted(self.known)
 
     async def limits(self, model: str) -> ModelLimits | None:
         """The per-input bounds from the model's config (asked once), or None if Triton gives

@@ -1,4 +1,11 @@
-"""Everything the gateway holds while it runs, opened in order and closed in reverse."""
+"""Everything the gateway holds while it runs, opened in order and closed in reverse.
+
+One sidecar drives every GPU of its node (``--device nvml:0,1,2,3``): each GPU has its own
+:class:`Gpu` (device, Triton, upstream, dispatcher with its queue and clock policy, watch,
+lock record, learned tables), the queues share one ledger of virtual runtimes (shares are
+counted over the node), and :meth:`Runtime.place` picks the GPU of each request
+(:mod:`scheduler.placement`). With one GPU everything is as it always was.
+"""
 
 from __future__ import annotations
 
@@ -6,25 +13,38 @@ import asyncio
 import contextlib
 import logging
 import tempfile
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from api.config import GatewayConfig
 from api.dispatcher import GpuDispatcher, Job
 from api.embedded import EMULATED, NOOP, EmbeddedTriton
-from api.learning import LearnedTableSaver, LearningCollector, learned_path, load_learned
+from api.embedded_llm import SIMLLM, engine_prior
+from api.learning import (
+    EnergyReader,
+    LearnedTableSaver,
+    LearningCollector,
+    learned_path,
+    load_learned,
+)
 from api.metrics import GatewayMetrics
 from api.models import ModelIndex
 from api.tenants import Tenants
 from api.upstream import Upstream
 from api.watch import TritonWatch
 from dvfs.device import Device
-from dvfs.factory import default_device_spec, open_device, parse_device_spec
+from dvfs.errors import DeviceError
+from dvfs.factory import default_device_spec, open_device, parse_device_list, parse_device_spec
+from dvfs.llm_profiles import LLM_GPUS
 from dvfs.lockrecord import GpuLockRecord
 from dvfs.profiles import get_profile
 from dvfs.readonly import ReadOnlyDevice
-from scheduler.core import Scheduler, SchedulerConfig
-from scheduler.registry import make_policy
+from scheduler.core import Scheduler
+from scheduler.placement import Placer
+from scheduler.policies import ClockPolicy
+from scheduler.queue import VruntimeLedger
+from scheduler.request import Request
 from scheduler.view import ModelServing
 from time2clock.fit import fit_model_table
 from time2clock.online import OnlineTables
@@ -32,101 +52,245 @@ from time2clock.profile import TritonMeasurer, select_clocks, sweep
 from time2clock.table import TableError, TableSet
 
 log = logging.getLogger(__name__)
+# A decoupled model's engine batches on its own: as many sequences as vLLM runs by default
+# (max_num_seqs); the token policy may hold fewer.
+ENGINE_SEQUENCES = 256
 TABLES_VERSION = 2  # in the cache's file names: a new table format never reads an old cache
 
 
 def serving_from_config(config: dict[str, Any]) -> ModelServing:
     """How Triton serves a model, from its ``/v2/models/{m}/config``: batches of up to
     ``max_batch_size`` when its dynamic batcher is on (else Triton runs requests one by one),
-    on as many instances as its instance groups count."""
+    on as many instances as its instance groups count, with its batcher's priority levels."""
     instances = sum(int(g.get("count", 1)) for g in config.get("instance_group", [])) or 1
+    if config.get("model_transaction_policy", {}).get("decoupled"):
+        return ModelServing(streams=ENGINE_SEQUENCES)
     batching = "dynamic_batching" in config and int(config.get("max_batch_size", 0)) > 0
+    # priority: the batcher's priority levels, where the sidecar's level is sent (docs/priority.md)
+    batcher = config.get("dynamic_batching") or {}
+    levels = int(batcher.get("priority_levels", 0)) if batching else 0
+    default_level = int(batcher.get("default_priority_level", 0)) if levels else 0
     return ModelServing(
-        max_batch=int(config["max_batch_size"]) if batching else 1, instances=max(1, instances)
+        max_batch=int(config["max_batch_size"]) if batching else 1,
+        instances=max(1, instances),
+        priority_levels=levels,
+        default_priority_level=default_level,
     )
 
 
+@dataclass(eq=False)
+class Gpu:
+    """One GPU of the node and everything the sidecar holds for it."""
+
+    index: str  # its label (``gpu`` in metrics and the admin state): 0, 1, ... in --device order
+    spec: str  # its device spec (sim:v100, nvml:2)
+    triton_url: str | None = None  # configured (None: the embedded one's)
+    triton_grpc_url: str | None = None
+    device: Device | None = None
+    embedded: EmbeddedTriton | None = None
+    upstream: Upstream | None = None
+    dispatcher: GpuDispatcher | None = None
+    watch: TritonWatch | None = None
+    lock: GpuLockRecord | None = None
+    learner: OnlineTables | None = None
+    saver: LearnedTableSaver | None = None
+    energy_reader: EnergyReader | None = None
+    learned_models: list[str] = field(default_factory=list)  # loaded from its learned file
+    name: str = ""  # the profile (simulated) or the GPU's name, for tables
+    learned_key: str = ""  # what its learned tables are filed under
+    idle_w: float | None = None  # board power with nothing to do, for energy placement
+
+    @property
+    def url(self) -> str:
+        """Its Triton's HTTP endpoint."""
+        if self.embedded is not None:
+            return self.embedded.url
+        assert self.triton_url is not None
+        return self.triton_url
+
+    @property
+    def grpc_url(self) -> str:
+        """Its Triton's gRPC: the embedded one's, the one configured, or Triton's convention
+        (the HTTP port + 1, as 8000/8001)."""
+        if self.embedded is not None:
+            return self.embedded.ports.grpc_url
+        if self.triton_grpc_url is not None:
+            return self.triton_grpc_url
+        host, _, port = self.url.removeprefix("http://").rpartition(":")
+        return f"{host}:{int(port) + 1}"
+
+    @property
+    def up(self) -> bool:
+        return self.watch is None or self.watch.up
+
+
 class Runtime:
-    """Device, Triton (embedded or not), table, scheduler, dispatcher."""
+    """Every GPU's device, Triton (embedded or not), tables, scheduler and dispatcher; the
+    placement of requests across them."""
 
     def __init__(self, config: GatewayConfig, metrics: GatewayMetrics) -> None:
         self.config = config
         self.metrics = metrics
-        self.device: Device | None = None
-        self.embedded: EmbeddedTriton | None = None
-        self.upstream: Upstream | None = None
-        self.dispatcher: GpuDispatcher | None = None
-        self.models = ModelIndex(lambda: self.upstream, on_config=self._model_config)
+        self.gpus: list[Gpu] = []
+        self.openai: Upstream | None = None  # an OpenAI-compatible engine, when configured
+        self.models = ModelIndex(self.upstream_up, on_config=self._model_config)
         metrics.model_label = self.models.label
-        self.watch: TritonWatch | None = None
-        self.lock: GpuLockRecord | None = None
         self.tenants = None if config.tenants is None else Tenants.load(config.tenants)
         self.draining = False
         self.pending: set[asyncio.Future[Any]] = set()  # inference requests being handled
-        self.gpu = "0"
-        self.gpu_name = ""
-        self.learner: OnlineTables | None = None
-        self.saver: LearnedTableSaver | None = None
-        self.learned_models: list[str] = []  # loaded from the learned file at start
+        self.ledger = VruntimeLedger()  # virtual runtimes, shared by every GPU's queue
+        self.placer = Placer(config.placement, default_slo_ms=config.slo_ms)
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        self._learning_collector: LearningCollector | None = None
+
+    # -- GPU 0, as a runtime of one GPU has always exposed it ---------------------------
+
+    def _first(self) -> Gpu:
+        """GPU 0; before the start, as the configuration describes it."""
+        if not self.gpus:
+            cfg = self.config
+            spec = parse_device_list(cfg.device)[0] if cfg.device else "sim:v100"
+            url = cfg.triton_urls[0] if cfg.triton_urls else None
+            grpc = cfg.triton_grpc_urls[0] if cfg.triton_grpc_urls else None
+            self.gpus.append(Gpu("0", spec, triton_url=url, triton_grpc_url=grpc))
+        return self.gpus[0]
+
+    @property
+    def dispatcher(self) -> GpuDispatcher | None:
+        """GPU 0's dispatcher (None until started); :attr:`dispatchers` has every GPU's."""
+        return self.gpus[0].dispatcher if self.gpus else None
+
+    @dispatcher.setter
+    def dispatcher(self, value: GpuDispatcher | None) -> None:
+        self._first().dispatcher = value
+
+    @property
+    def device(self) -> Device | None:
+        return self.gpus[0].device if self.gpus else None
+
+    @device.setter
+    def device(self, value: Device | None) -> None:
+        self._first().device = value
+
+    @property
+    def watch(self) -> TritonWatch | None:
+        return self.gpus[0].watch if self.gpus else None
+
+    @watch.setter
+    def watch(self, value: TritonWatch | None) -> None:
+        self._first().watch = value
+
+    @property
+    def upstream(self) -> Upstream | None:
+        return self.gpus[0].upstream if self.gpus else None
+
+    @upstream.setter
+    def upstream(self, value: Upstream | None) -> None:
+        self._first().upstream = value
+
+    @property
+    def embedded(self) -> EmbeddedTriton | None:
+        return self.gpus[0].embedded if self.gpus else None
+
+    @property
+    def learner(self) -> OnlineTables | None:
+        return self.gpus[0].learner if self.gpus else None
+
+    @property
+    def gpu(self) -> str:
+        return self.gpus[0].index if self.gpus else "0"
+
+    @property
+    def gpu_name(self) -> str:
+        return self.gpus[0].name if self.gpus else ""
+
+    @property
+    def dispatchers(self) -> list[GpuDispatcher]:
+        """Every GPU's dispatcher, in GPU order."""
+        return [g.dispatcher for g in self.gpus if g.dispatcher is not None]
+
+    # -- lifecycle ------------------------------------------------------------------------
 
     async def start(self) -> None:
         try:
             tables = await asyncio.to_thread(self._open_blocking)
-            assert self.device is not None
-            self.upstream = Upstream(self.triton_url, max_connections=self.config.max_inflight + 16)
-            await self.upstream.open()
-            self.watch = TritonWatch(
-                self.upstream,
-                embedded=self.embedded,
-                on_restart=self._triton_restarted,
-                probe_interval_s=self.config.probe_interval_s,
-                liveness_grace_s=self.config.liveness_grace_s,
-            )
-            policy = make_policy(self.config.policy, self.device.supported_clocks_mhz())
-            if self.learning:
-                self.learner = OnlineTables(
-                    self.device.supported_clocks_mhz(), gpu=tables.gpu or self.gpu_name
+            if self.config.openai_url is not None:
+                self.openai = Upstream(
+                    self.config.openai_url, max_connections=self.config.scheduler.max_inflight + 16
                 )
-            scheduler: Scheduler[Job] = Scheduler(
-                tables,
-                policy,
-                SchedulerConfig(
-                    max_inflight=self.config.max_inflight,
-                    max_queue=self.config.max_queue,
-                    priority_levels=self.config.priority_levels,
-                    default_slo_ms=self.config.slo_ms,
-                ),
-                learner=self.learner,
-            )
-            self.dispatcher = GpuDispatcher(
-                gpu=self.gpu,
-                scheduler=scheduler,
-                device=self.device,
-                upstream=self.upstream,
-                metrics=self.metrics,
-                shadow=self.config.shadow,
-            )
-            self.metrics.watch_device(self.device, self.gpu)
+                await self.openai.open()
+            for gpu, gpu_tables in zip(self.gpus, tables, strict=True):
+                await self._start_gpu(gpu, gpu_tables)
+            self.placer.idle_w = [g.idle_w for g in self.gpus]
+            self.metrics.set_placement(self.config.placement.mode, len(self.gpus))
             self.metrics.default_slo.set(self.config.slo_ms / 1000.0)
-            self.dispatcher.start()
-            if self.learner is not None:
-                self.metrics.registry.register(
-                    LearningCollector(self.learner, self.gpu, self.metrics.model_label)
-                )
-                self.saver = LearnedTableSaver(
-                    self.learner,
-                    lambda: scheduler.tables,
-                    self.learned_path,
-                    keep=self.learned_models,
-                )
-                self.saver.start()
-            self.watch.start()
-            for model in tables.models:  # how each profiled model batches, before any request
-                await self.models.limits(model)
+            for model in {m for t in tables for m in t.models}:  # how each profiled model
+                await self.models.limits(model)  # batches, before any request
         except BaseException:
             await self.stop()
             raise
+
+    async def _start_gpu(self, gpu: Gpu, tables: TableSet) -> None:
+        assert gpu.device is not None
+        gpu.upstream = Upstream(gpu.url, max_connections=self.config.scheduler.max_inflight + 16)
+        await gpu.upstream.open()
+        gpu.watch = TritonWatch(
+            gpu.upstream,
+            embedded=gpu.embedded,
+            on_restart=self._triton_restarted,
+            probe_interval_s=self.config.probe_interval_s,
+            liveness_grace_s=self.config.liveness_grace_s,
+        )
+        clocks = gpu.device.supported_clocks_mhz()
+        policy = self.build_policy(gpu=gpu)
+        if self.learning:
+            gpu.learner = OnlineTables(clocks, gpu=tables.gpu or gpu.name)
+        scheduler: Scheduler[Job] = Scheduler(
+            tables, policy, self.config.scheduler, learner=gpu.learner, ledger=self.ledger
+        )
+        gpu.dispatcher = GpuDispatcher(
+            gpu=gpu.index,
+            scheduler=scheduler,
+            device=gpu.device,
+            upstream=gpu.upstream,
+            metrics=self.metrics,
+            shadow=self.config.shadow,
+        )
+        self.metrics.watch_device(gpu.device, gpu.index)
+        gpu.dispatcher.start()
+        if gpu.learner is not None:
+            if self._learning_collector is None:
+                self._learning_collector = LearningCollector(
+                    gpu.learner, gpu.index, self.metrics.model_label
+                )
+                self.metrics.registry.register(self._learning_collector)
+            else:
+                self._learning_collector.add(gpu.learner, gpu.index)
+            gpu.saver = LearnedTableSaver(
+                gpu.learner,
+                lambda: scheduler.tables,
+                self.learned_path_of(gpu),
+                keep=gpu.learned_models,
+            )
+            gpu.saver.start()
+            if gpu.learner.energy is not None:  # energy that learns: read the counter
+                gpu.energy_reader = EnergyReader(
+                    gpu.device, scheduler.on_energy, poll_s=gpu.learner.energy.params.poll_s
+                )
+                gpu.energy_reader.start()
+        gpu.watch.start()
+
+    def build_policy(self, name: str | None = None, gpu: Gpu | None = None) -> ClockPolicy:
+        """The configured policy (or ``name``, with the configured parameters) for ``gpu``
+        (default GPU 0); ``tokens`` gets the embedded engine's profile."""
+        gpu = gpu or self._first()
+        assert gpu.device is not None
+        engine = engine_prior(gpu.name) if gpu.embedded is not None else None
+        config = self.config.policy
+        if config.feedback.idle_power_w is None and gpu.idle_w is not None:
+            # adaptive's energy floor counts what a request adds above the GPU's idle power
+            config = replace(config, feedback=replace(config.feedback, idle_power_w=gpu.idle_w))
+        return config.build(gpu.device.supported_clocks_mhz(), name, engine)
 
     @property
     def learning(self) -> bool:
@@ -136,63 +300,98 @@ class Runtime:
 
     @property
     def learned_path(self) -> Path:
-        return learned_path(self.config.state_dir, self.gpu_name, TABLES_VERSION)
+        """GPU 0's learned tables."""
+        return self.learned_path_of(self._first())
+
+    def learned_path_of(self, gpu: Gpu) -> Path:
+        """Where ``gpu``'s learned tables are kept: by its name alone when the sidecar drives one
+        GPU (as always), by name and identity when it drives several (two GPUs of one model
+        learn apart)."""
+        return learned_path(self.config.state_dir, gpu.learned_key or gpu.name, TABLES_VERSION)
 
     @property
     def triton_url(self) -> str:
-        if self.embedded is not None:
-            return self.embedded.url
-        assert self.config.triton_url is not None
-        return self.config.triton_url
+        """GPU 0's Triton (every GPU's: ``gpus[i].url``)."""
+        return self._first().url
 
     @property
     def triton_grpc_url(self) -> str:
-        """Triton's gRPC: the embedded one's, the one configured, or Triton's convention (the
-        HTTP port + 1, as 8000/8001)."""
-        if self.embedded is not None:
-            return self.embedded.ports.grpc_url
-        if self.config.triton_grpc_url is not None:
-            return self.config.triton_grpc_url
-        host, _, port = self.triton_url.removeprefix("http://").rpartition(":")
-        return f"{host}:{int(port) + 1}"
+        """GPU 0's Triton's gRPC (every GPU's: ``gpus[i].grpc_url``)."""
+        return self._first().grpc_url
 
-    def _open_blocking(self) -> TableSet:
-        """Open the device, start the embedded Triton (if any), load or profile the tables."""
+    def _devices(self) -> list[str]:
         cfg = self.config
-        spec = cfg.device or default_device_spec()
-        kind, arg = parse_device_spec(spec)
-        if cfg.embedded and kind != "sim":
+        specs = parse_device_list(cfg.device or default_device_spec())
+        if cfg.embedded and any(parse_device_spec(s)[0] != "sim" for s in specs):
             raise ValueError(
                 "the embedded default emulates its GPU: use --device sim:<profile>, "
                 "or point --triton-url at a Triton running on the real GPU"
             )
+        return specs
+
+    def _open_blocking(self) -> list[TableSet]:
+        """Open every GPU, start the embedded Tritons (if any), load or profile the tables."""
+        cfg = self.config
+        specs = self._devices()
+        none: list[str | None] = [None] * len(specs)
+        urls: list[str | None] = list(cfg.triton_urls or none)
+        grpc_urls: list[str | None] = list(cfg.triton_grpc_urls or none)
+        self.gpus = [
+            Gpu(str(i), spec, triton_url=url, triton_grpc_url=grpc)
+            for i, (spec, url, grpc) in enumerate(zip(specs, urls, grpc_urls, strict=True))
+        ]
+        for gpu in self.gpus:
+            self._open_gpu(gpu)
+        # One after the other: started at once on a small machine, PyTriton's handshake with
+        # its model instances timed out (seen on 2 cores).
+        for gpu in self.gpus:
+            if gpu.embedded is not None:
+                gpu.embedded.start()
+                self.models.known.update((*EMULATED, NOOP))
+        return [self._tables_of(gpu) for gpu in self.gpus]
+
+    def _open_gpu(self, gpu: Gpu) -> None:
+        """Open ``gpu``'s device and lock record, and create its embedded Triton (if any)."""
+        cfg = self.config
+        kind, arg = parse_device_spec(gpu.spec)
         state_path = None
         if kind == "sim":
-            self._tmp = tempfile.TemporaryDirectory(prefix="sidecar-")
-            state_path = Path(self._tmp.name) / f"gpu{self.gpu}.state"
-        self.device = open_device(spec, state_path=state_path)
+            if self._tmp is None:
+                self._tmp = tempfile.TemporaryDirectory(prefix="sidecar-")
+            state_path = Path(self._tmp.name) / f"gpu{gpu.index}.state"
+        device = open_device(gpu.spec, state_path=state_path, index=int(gpu.index))
+        gpu.device = device
         if cfg.shadow:  # no write can reach the GPU, whatever asks for one; it locks nothing
-            self.device = ReadOnlyDevice(self.device)
+            gpu.device = ReadOnlyDevice(device)
         else:
-            self.lock = GpuLockRecord(cfg.state_dir, self.device)
-            self.lock.acquire(
+            gpu.lock = GpuLockRecord(cfg.state_dir, device)
+            gpu.lock.acquire(
                 None if self._tmp is None else Path(self._tmp.name), exclusive=kind != "sim"
             )
         if cfg.embedded:
             assert state_path is not None
-            self.embedded = EmbeddedTriton(state_path)
-            self.embedded.start()
-            self.models.known.update((*EMULATED, NOOP))
-        gpu_name = self.gpu_name = arg if kind == "sim" else self.device.identity.name
-        learned = load_learned(self.learned_path) if self.learning else TableSet()
-        self.learned_models = learned.models
+            gpu.embedded = EmbeddedTriton(state_path)
+        gpu.name = arg if kind == "sim" else device.identity.name
+        if cfg.embedded and arg in LLM_GPUS:
+            self.models.known.add(SIMLLM)
+        if len(parse_device_list(cfg.device or default_device_spec())) > 1:
+            gpu.learned_key = f"{gpu.name}-{device.identity.uuid}"
+        gpu.idle_w = _idle_power_w(device, kind, arg)
+
+    def _tables_of(self, gpu: Gpu) -> TableSet:
+        """``gpu``'s tables: learned, given (--table), profiled through its embedded Triton."""
+        cfg = self.config
+        learned = load_learned(self.learned_path_of(gpu)) if self.learning else TableSet()
+        gpu.learned_models = learned.models
         if cfg.table:
             return _prefer(TableSet.load_many(cfg.table), learned)
         if cfg.embedded:
-            return _prefer(self._profile_embedded(gpu_name, skip=set(learned.models)), learned)
+            return _prefer(
+                self._profile_embedded(gpu.name, skip=set(learned.models), gpu=gpu), learned
+            )
         if len(learned):
             return learned
-        if cfg.policy in ("seed", "slack"):
+        if gpu is self.gpus[0] and cfg.policy.name in ("seed", "slack", "adaptive"):
             log.warning(
                 "no --table: every model runs at the top clock until it has one; profile them "
                 "with `python -m time2clock profile --device nvml:0 --triton-url HOST:PORT "
@@ -200,10 +399,14 @@ class Runtime:
             )
         return TableSet()
 
-    def _profile_embedded(self, gpu_name: str, skip: set[str] | None = None) -> TableSet:
-        """Each emulated model's table: from the cache, or profiled through Triton and cached
-        (not the models in ``skip``: they have a learned table)."""
+    def _profile_embedded(
+        self, gpu_name: str, skip: set[str] | None = None, gpu: Gpu | None = None
+    ) -> TableSet:
+        """Each emulated model's table: from the cache, or profiled through ``gpu``'s Triton
+        (default GPU 0) and cached (not the models in ``skip``: they have a learned table).
+        GPUs of one profile share the cache: the first profiles, the others read it."""
         cfg = self.config
+        gpu = gpu or self._first()
         tables = TableSet()
         unknown = sorted(set(cfg.profile_models) - set(EMULATED))
         if unknown:
@@ -224,21 +427,21 @@ class Runtime:
                     "shadow mode never sets a clock, so it cannot profile one: pass --table, "
                     f"or run once without --shadow to profile and cache {cache}"
                 )
-            assert self.device is not None and self.embedded is not None
+            assert gpu.device is not None and gpu.embedded is not None
             model = get_profile(gpu_name).model(EMULATED[name])
             batches = sorted({1, max(1, model.max_batch // 4), model.max_batch})
             log.info(
                 "profiling %s on %s (%d clocks × batches %s × %d requests; cached after)...",
                 name,
-                self.device.identity.name,
+                gpu.device.identity.name,
                 cfg.profile_clocks,
                 batches,
                 cfg.profile_requests,
             )
-            clocks = select_clocks(self.device.supported_clocks_mhz(), cfg.profile_clocks)
+            clocks = select_clocks(gpu.device.supported_clocks_mhz(), cfg.profile_clocks)
             result = sweep(
-                self.device,
-                TritonMeasurer(self.embedded.url, name),
+                gpu.device,
+                TritonMeasurer(gpu.embedded.url, name),
                 clocks,
                 batches=batches,
                 requests_per_clock=cfg.profile_requests,
@@ -257,6 +460,27 @@ class Runtime:
             tables.add(table)
         return tables
 
+    # -- requests -----------------------------------------------------------------------
+
+    def place(self, request: Request[Job]) -> GpuDispatcher:
+        """The dispatcher of the GPU that takes ``request`` (among those whose Triton is up,
+        or all when none is): :mod:`scheduler.placement`, as ``--placement`` says."""
+        gpus = [g for g in self.gpus if g.dispatcher is not None]
+        if len(gpus) == 1:
+            dispatcher = gpus[0].dispatcher
+            assert dispatcher is not None
+            return dispatcher
+        dispatchers = [g.dispatcher for g in gpus if g.dispatcher is not None]
+        up = [g.up for g in gpus]
+        request.level = dispatchers[0].level_of(request.priority)
+        choice = self.placer.place(
+            [d.scheduler for d in dispatchers],
+            request,
+            request.arrival_s,
+            available=up if any(up) else None,
+        )
+        return dispatchers[choice]
+
     async def model_exists(self, model: str) -> bool:
         """Whether Triton serves ``model``; the first time, also its config (the bounds of its
         inputs, and its batching, which the scheduler needs)."""
@@ -265,21 +489,31 @@ class Runtime:
         await self.models.limits(model)
         return True
 
+    def upstream_up(self) -> Upstream | None:
+        """The first GPU's Triton that is up (each GPU's Triton serves the same models): where
+        models are looked up and metadata asked."""
+        for gpu in self.gpus:
+            if gpu.up and gpu.upstream is not None:
+                return gpu.upstream
+        return self.upstream
+
     def _model_config(self, model: str, config: dict[str, Any]) -> None:
-        """Triton's config of ``model``, read once: tell the scheduler how it batches."""
-        if self.dispatcher is None:
+        """Triton's config of ``model``, read once: tell every GPU's scheduler how it batches."""
+        if not self.dispatchers:
             return
         try:
             serving = serving_from_config(config)
         except (ValueError, KeyError, TypeError) as err:
             log.warning("could not read %s's batching from its config (%s); batch 1", model, err)
             serving = ModelServing()
-        self.dispatcher.scheduler.set_serving(model, serving)
+        for dispatcher in self.dispatchers:
+            dispatcher.set_serving(model, serving)
         log.info(
-            "model %s: batches of up to %d on %d instance(s)",
+            "model %s: batches of up to %d on %d instance(s), %d priority level(s) at Triton",
             model,
             serving.max_batch,
             serving.instances,
+            serving.priority_levels,
         )
 
     async def _triton_restarted(self) -> None:
@@ -287,37 +521,64 @@ class Runtime:
 
     @property
     def triton_up(self) -> bool:
-        return self.watch is None or self.watch.up
+        """Whether some GPU's Triton is up (requests are placed on those that are)."""
+        return not self.gpus or any(g.up for g in self.gpus)
+
+    def live(self) -> bool:
+        """False once some GPU's Triton has been down past ``--liveness-grace-s``."""
+        return all(g.watch is None or g.watch.live() for g in self.gpus)
 
     async def stop(self) -> None:
-        if self.watch is not None:
-            await self.watch.stop()
-        if self.dispatcher is not None:
-            await self.dispatcher.stop()
-        if self.saver is not None:
-            await self.saver.stop()
-        if self.upstream is not None:
-            await self.upstream.close()
+        for gpu in self.gpus:
+            if gpu.watch is not None:
+                await gpu.watch.stop()
+        for gpu in self.gpus:
+            if gpu.dispatcher is not None:
+                await gpu.dispatcher.stop()
+        for gpu in self.gpus:
+            if gpu.energy_reader is not None:
+                await gpu.energy_reader.stop()
+            if gpu.saver is not None:
+                await gpu.saver.stop()
+            if gpu.upstream is not None:
+                await gpu.upstream.close()
+        if self.openai is not None:
+            await self.openai.close()
         await asyncio.to_thread(self._close_blocking)
 
     def _close_blocking(self) -> None:
-        if self.device is not None:
-            if not self.config.shadow:
-                try:
-                    self.device.reset()
-                except Exception:
-                    log.exception("could not give the GPU clock back")
-                else:
-                    if self.lock is not None:
-                        self.lock.release()
-            self.device.close()
-            self.device = None
-        if self.embedded is not None:
-            self.embedded.close(timeout_s=3.0)
-            self.embedded = None
+        for gpu in self.gpus:
+            self._close_gpu(gpu)
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
+
+    def _close_gpu(self, gpu: Gpu) -> None:
+        if gpu.device is not None:
+            if not self.config.shadow:
+                try:
+                    gpu.device.reset()
+                except Exception:
+                    log.exception("could not give GPU %s's clock back", gpu.index)
+                else:
+                    if gpu.lock is not None:
+                        gpu.lock.release()
+            gpu.device.close()
+            gpu.device = None
+        if gpu.embedded is not None:
+            gpu.embedded.close(timeout_s=3.0)
+            gpu.embedded = None
+
+
+def _idle_power_w(device: Device, kind: str, profile: str) -> float | None:
+    """What the GPU draws with nothing to do: a simulated one's profile says; a real one is read
+    now, before it serves (None when it cannot be read)."""
+    if kind == "sim":
+        return get_profile(profile).idle_w
+    try:
+        return device.power_w()
+    except DeviceError:
+        return None
 
 
 def _prefer(tables: TableSet, learned: TableSet) -> TableSet:

@@ -64,13 +64,14 @@ class GracefulServer(uvicorn.Server):
         rt.draining = True
         for server in self.servers:
             server.close()
-        if rt.watch is not None:  # no restarts of Triton while going down
-            await rt.watch.stop()
-        dispatcher = rt.dispatcher
+        for gpu in rt.gpus:  # no restarts of Triton while going down
+            if gpu.watch is not None:
+                await gpu.watch.stop()
+        dispatchers = rt.dispatchers
         log.warning("shutting down: up to %.0f s for the work already accepted", self.grace_s)
 
         def busy() -> bool:
-            return bool(rt.pending) or (dispatcher is not None and not dispatcher.idle)
+            return bool(rt.pending) or any(not d.idle for d in dispatchers)
 
         deadline = started + self.grace_s
         while busy() and not self._hurry.is_set():
@@ -83,7 +84,7 @@ class GracefulServer(uvicorn.Server):
             log.warning(
                 "grace period over: answering %d requests still open with 503", len(rt.pending)
             )
-        if dispatcher is not None:
+        for dispatcher in dispatchers:
             await dispatcher.stop(inflight_timeout_s=0.0)
         for task in list(rt.pending):
             task.cancel()

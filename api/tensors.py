@@ -77,6 +77,13 @@ def json_depth(obj: Any) -> int:
     return deepest
 
 
+def nesting_bound(raw: bytes) -> int:
+    """A bound on the nesting depth of the JSON text ``raw``: its count of ``[`` and ``{``
+    (each level opens one; those inside strings only raise the bound). Counting bytes costs
+    far less than walking the parsed value."""
+    return raw.count(b"[") + raw.count(b"{")
+
+
 def _count_leaves(data: Any) -> int:
     """How many scalars a (possibly nested) JSON ``data`` list holds."""
     if not isinstance(data, list):
@@ -102,16 +109,61 @@ def _shape(name: str, shape: Any) -> list[int]:
     return shape
 
 
+class ElementBudget:
+    """The element bounds of one request, input by input: each input by the model's config,
+    all of them together by ``max_elements``; the same checks for every protocol."""
+
+    def __init__(self, max_elements: int, model: ModelLimits | None) -> None:
+        self.max_elements = max_elements
+        self.model = model
+        self.total = 0
+
+    def take(self, name: str, datatype: str, shape: list[int]) -> int:
+        """Check one input's datatype and shape against the bounds; its element count."""
+        if datatype not in DTYPE_BYTES:
+            raise BadRequestError(
+                f"input {name!r}: datatype must be one of {', '.join(DTYPE_BYTES)}, "
+                f"got {datatype!r}"
+            )
+        elements = math.prod(shape)
+        bound = self.model.max_elements.get(name) if self.model is not None else None
+        if bound is not None and elements > bound:
+            raise BadRequestError(
+                f"input {name!r}: shape {shape} has {elements} elements; "
+                f"the model takes at most {bound}"
+            )
+        self.total += elements
+        if self.total > self.max_elements:
+            raise BadRequestError(
+                f"the request's inputs have more than {self.max_elements} elements "
+                f"(input {name!r}, shape {shape}); see --max-request-elements"
+            )
+        return elements
+
+
+def check_binary_size(name: str, datatype: str, shape: list[int], elements: int, size: int) -> None:
+    """A fixed-width input's bytes must be exactly its shape's."""
+    width = DTYPE_BYTES[datatype]
+    if width is not None and size != elements * width:
+        raise BadRequestError(
+            f"input {name!r}: shape {shape} of {datatype} is "
+            f"{elements * width} bytes, but {size} bytes were sent"
+        )
+
+
 def check_request(
     request: Mapping[str, Any],
     binary_bytes: int,
     *,
     max_elements: int,
     model: ModelLimits | None = None,
+    shallow: bool = False,
 ) -> None:
     """Raise :class:`BadRequestError` unless every input's shape, datatype and data agree and
-    the counts are within bounds; ``binary_bytes`` is what follows the JSON header."""
-    if json_depth(request) > MAX_JSON_DEPTH:
+    the counts are within bounds; ``binary_bytes`` is what follows the JSON header.
+    ``shallow``: the caller knows the JSON nests no deeper than ``MAX_JSON_DEPTH`` (see
+    :func:`nesting_bound`), so its depth is not walked."""
+    if not shallow and json_depth(request) > MAX_JSON_DEPTH:
         raise BadRequestError(f"request JSON is nested deeper than {MAX_JSON_DEPTH}")
     if "id" in request and not isinstance(request["id"], str):
         raise BadRequestError("id must be a string")
@@ -126,7 +178,8 @@ def check_request(
     inputs = request.get("inputs")
     if not isinstance(inputs, list) or not inputs:
         raise BadRequestError("inputs must be a non-empty list of tensors")
-    total_elements = binary_total = 0
+    budget = ElementBudget(max_elements, model)
+    binary_total = 0
     for i, tensor in enumerate(inputs):
         if not isinstance(tensor, dict):
             raise BadRequestError(f"inputs[{i}] must be a JSON object")
@@ -134,24 +187,10 @@ def check_request(
         if not isinstance(name, str) or not name:
             raise BadRequestError(f"inputs[{i}].name must be a non-empty string")
         datatype = tensor.get("datatype")
-        if not isinstance(datatype, str) or datatype not in DTYPE_BYTES:
-            raise BadRequestError(
-                f"input {name!r}: datatype must be one of {', '.join(DTYPE_BYTES)}, "
-                f"got {datatype!r}"
-            )
-        elements = math.prod(_shape(name, tensor.get("shape")))
-        bound = model.max_elements.get(name) if model is not None else None
-        if bound is not None and elements > bound:
-            raise BadRequestError(
-                f"input {name!r}: shape {tensor['shape']} has {elements} elements; "
-                f"the model takes at most {bound}"
-            )
-        total_elements += elements
-        if total_elements > max_elements:
-            raise BadRequestError(
-                f"the request's inputs have more than {max_elements} elements "
-                f"(input {name!r}, shape {tensor['shape']}); see --max-request-elements"
-            )
+        if not isinstance(datatype, str):
+            datatype = repr(datatype)
+        shape = _shape(name, tensor.get("shape"))
+        elements = budget.take(name, datatype, shape)
         params = tensor.get("parameters") or {}
         if not isinstance(params, dict):
             raise BadRequestError(f"input {name!r}: parameters must be a JSON object")
@@ -161,12 +200,7 @@ def check_request(
             size = params["binary_data_size"]
             if isinstance(size, bool) or not isinstance(size, int) or size < 0:
                 raise BadRequestError(f"input {name!r}: binary_data_size must be an integer >= 0")
-            width = DTYPE_BYTES[datatype]
-            if width is not None and size != elements * width:
-                raise BadRequestError(
-                    f"input {name!r}: shape {tensor['shape']} of {datatype} is "
-                    f"{elements * width} bytes, but binary_data_size is {size}"
-                )
+            check_binary_size(name, datatype, shape, elements, size)
             binary_total += size
         elif "data" in tensor:
             count = _count_leaves(tensor["data"])

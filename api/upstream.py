@@ -1,10 +1,24 @@
-"""The connection to Triton: one pooled keep-alive HTTP session; bodies pass through as bytes."""
+"""The connection to Triton: pooled keep-alive HTTP/1.1 connections; bodies pass through as bytes.
+
+A client of its own, small: an asyncio protocol per connection with httptools' C parser (the one
+uvicorn already brings) reading the replies. A request is one write of its head and body, a reply
+is parsed in C and only the headers worth forwarding are kept as text. A general-purpose client
+(request and response objects, header multidicts, a cookie jar, tracing hooks) costs several
+times that per request, and the request path pays it at every inference.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import re
+from collections import deque
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import cast
+from urllib.parse import quote, urlsplit
 
-import aiohttp
+import httptools
 
 FORWARD_HEADERS = (
     "content-type",
@@ -12,13 +26,21 @@ FORWARD_HEADERS = (
     "accept-encoding",
     "content-encoding",
 )
+STREAM_HEADERS = ("content-type", "cache-control")
+_FORWARD = frozenset(h.encode() for h in FORWARD_HEADERS)
+_STREAM_FORWARD = frozenset(h.encode() for h in STREAM_HEADERS)
+_SAFE_TARGET = re.compile(r"[A-Za-z0-9/_.~-]*")  # a path sent as is; anything else is quoted
 
 
 class UpstreamUnavailableError(Exception):
     """Triton could not be reached or dropped the connection."""
 
 
-@dataclass(frozen=True, slots=True)
+class _StaleError(UpstreamUnavailableError):
+    """A kept-alive connection closed before any of the reply came: Triton had closed it."""
+
+
+@dataclass(slots=True)  # not frozen: built per request, and cheaper so
 class UpstreamResponse:
     status: int
     body: bytes
@@ -29,42 +51,155 @@ class UpstreamResponse:
         return self.status == 200
 
 
+@dataclass(frozen=True, slots=True)
+class UpstreamStream:
+    """A reply that arrives in pieces (server-sent events): its status, headers, and chunks."""
+
+    status: int
+    headers: dict[str, str]
+    chunks: AsyncIterator[bytes]
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive connection to Triton, one request at a time."""
+
+    def __init__(self, generation: int) -> None:
+        self.generation = generation
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.waiter: asyncio.Future[UpstreamResponse] | None = None
+        self.used = False  # has answered a request before (so it may have gone stale)
+        self.closed = False
+        self._reset()
+
+    def _reset(self) -> None:
+        self._headers: dict[str, str] = {}
+        self._body: list[bytes] = []
+        self._got_bytes = False
+        self._headers_done = False
+        self._delimited = False  # the reply says where it ends (a length, or chunks)
+
+    def send(self, data: bytes, body: bytes) -> asyncio.Future[UpstreamResponse]:
+        assert self.transport is not None and self.waiter is None
+        self.waiter = asyncio.get_running_loop().create_future()
+        if len(body) > 65536:
+            self.transport.writelines((data, body))  # no copy of a large body
+        else:
+            self.transport.write(data + body)
+        return self.waiter
+
+    def abort(self, error: UpstreamUnavailableError) -> None:
+        """Fail the request under way and drop the connection (its reply may still come)."""
+        self._fail(error)
+        self.close()
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+    # -- asyncio.Protocol ---------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+
+    def data_received(self, data: bytes) -> None:
+        self._got_bytes = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as err:
+            self.abort(UpstreamUnavailableError(f"a reply from Triton that is not HTTP: {err}"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.waiter is None:
+            return
+        if self._headers_done and not self._delimited:  # a body that ends with the connection
+            self.on_message_complete()
+        elif not self._got_bytes and self.used:
+            self._fail(_StaleError("Triton closed a kept-alive connection"))
+        else:
+            self._fail(UpstreamUnavailableError(f"Triton closed the connection: {exc or 'EOF'}"))
+
+    # -- httptools callbacks ------------------------------------------------------------
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        name = name.lower()
+        if name in _FORWARD:
+            self._headers[name.decode("latin-1")] = value.decode("latin-1")
+        elif name in (b"content-length", b"transfer-encoding"):
+            self._delimited = True
+
+    def on_headers_complete(self) -> None:
+        self._headers_done = True
+
+    def on_body(self, body: bytes) -> None:
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        status = self.parser.get_status_code()
+        keep_alive = self.parser.should_keep_alive() and not self.closed
+        body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+        response = UpstreamResponse(status, body, self._headers)
+        self._reset()
+        self.used = True
+        waiter, self.waiter = self.waiter, None
+        if not keep_alive:
+            self.close()
+        if waiter is not None and not waiter.done():
+            waiter.set_result(response)
+
+    def _fail(self, error: UpstreamUnavailableError) -> None:
+        waiter, self.waiter = self.waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(error)
+
+
 class Upstream:
-    """A Triton server at ``host:port``."""
+    """A Triton server at ``host:port``: up to ``max_connections`` kept-alive connections."""
 
     def __init__(self, url: str, *, max_connections: int = 64, timeout_s: float = 300.0) -> None:
-        self.url = url if url.startswith("http") else f"http://{url}"
         self._max_connections = max_connections
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self._session: aiohttp.ClientSession | None = None
+        self._timeout_s = timeout_s
+        self._idle: list[_Connection] = []
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._open_count = 0  # connections open or opening
+        self._generation = 0  # a retarget or a close leaves older connections unused
+        self._closed = True
+        self._set_url(url)
+
+    def _set_url(self, url: str) -> None:
+        self.url = url if url.startswith("http") else f"http://{url}"
+        parts = urlsplit(self.url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(f"Triton's URL must be http://host:port, got {url!r}")
+        self._host = parts.hostname
+        self._port = parts.port or 80
+        self._host_line = f"host: {parts.netloc}\r\n"
 
     async def open(self) -> None:
-        connector = aiohttp.TCPConnector(limit=self._max_connections, keepalive_timeout=60)
-        # No Accept-Encoding of aiohttp's own: only the client's is forwarded, so a client that
-        # did not ask for compression never gets a compressed body.
-        self._session = aiohttp.ClientSession(
-            self.url,
-            connector=connector,
-            timeout=self._timeout,
-            auto_decompress=False,
-            skip_auto_headers=("Accept-Encoding", "User-Agent"),
-        )
+        """Take requests from now on (connections open as requests need them)."""
+        self._closed = False
 
     async def retarget(self, url: str) -> None:
         """Talk to Triton at ``url`` from now on (the embedded one restarted on new ports)."""
         new_url = url if url.startswith("http") else f"http://{url}"
-        if new_url == self.url and self._session is not None:
+        if new_url == self.url and not self._closed:
             return
-        old, self._session = self._session, None
-        self.url = new_url
-        await self.open()
-        if old is not None:
-            await old.close()
+        self._drop_connections()
+        self._set_url(url)
+        self._closed = False
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        self._closed = True
+        self._drop_connections()
+
+    def _drop_connections(self) -> None:
+        self._generation += 1
+        for conn in self._idle:
+            conn.close()
+            self._open_count -= 1
+        self._idle.clear()
 
     async def request(
         self,
@@ -76,18 +211,201 @@ class Upstream:
         timeout_s: float | None = None,
     ) -> UpstreamResponse:
         """Send one request; :class:`UpstreamUnavailableError` when Triton cannot be reached
-        (or does not answer within ``timeout_s``, when given)."""
-        if self._session is None:
+        (or does not answer within ``timeout_s``, default the client's)."""
+        if self._closed:
             raise UpstreamUnavailableError("the connection to Triton is closed")
-        timeout = self._timeout if timeout_s is None else aiohttp.ClientTimeout(total=timeout_s)
+        head = self._head(method, path, body, headers)
+        timeout = self._timeout_s if timeout_s is None else timeout_s
+        while True:
+            conn = await self._acquire(timeout)
+            reused = conn.used
+            try:
+                return await self._exchange(conn, head, body, timeout)
+            except _StaleError:
+                if not reused:
+                    raise
+                # Triton closed it while it sat idle; nothing was read: send on a fresh one.
+            finally:
+                self._release(conn)
+
+    @asynccontextmanager
+    async def stream(
+        self, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None
+    ) -> AsyncIterator[UpstreamStream]:
+        """Send one request whose reply streams, on a connection of its own: chunks as they
+        come, each due within the client's timeout; leaving the block closes the connection,
+        which tells the upstream that nobody reads any more."""
+        if self._closed:
+            raise UpstreamUnavailableError("the connection to Triton is closed")
+        head = self._head(method, path, body, headers)
+        loop = asyncio.get_running_loop()
         try:
-            async with self._session.request(
-                method, path, data=body or None, headers=headers, timeout=timeout
-            ) as resp:
-                content = await resp.read()
-                out = {
-                    k.lower(): v for k, v in resp.headers.items() if k.lower() in FORWARD_HEADERS
-                }
-                return UpstreamResponse(resp.status, content, out)
-        except (aiohttp.ClientConnectionError, aiohttp.ServerTimeoutError, TimeoutError) as err:
+            async with asyncio.timeout(self._timeout_s):
+                _, conn = await loop.create_connection(_StreamConnection, self._host, self._port)
+        except (OSError, TimeoutError) as err:
+            raise UpstreamUnavailableError(f"{self.url} is unavailable: {err}") from err
+        try:
+            assert conn.transport is not None
+            conn.transport.write(head + body)
+            try:
+                async with asyncio.timeout(self._timeout_s):
+                    status, out = await conn.head
+            except TimeoutError:
+                raise UpstreamUnavailableError(
+                    f"{self.url} is unavailable: no answer in {self._timeout_s:g} s"
+                ) from None
+            yield UpstreamStream(status, out, _read(conn, self._timeout_s))
+        finally:
+            conn.close()
+
+    def _head(self, method: str, path: str, body: bytes, headers: dict[str, str] | None) -> bytes:
+        target = path if _SAFE_TARGET.fullmatch(path) else quote(path, safe="/")
+        lines = [f"{method} {target} HTTP/1.1\r\n", self._host_line]
+        if body or method not in ("GET", "HEAD"):
+            lines.append(f"content-length: {len(body)}\r\n")
+        if headers:
+            for name, value in headers.items():
+                if "\r" in value or "\n" in value or "\r" in name or "\n" in name:
+                    raise UpstreamUnavailableError(f"header {name!r} cannot be sent on")
+                lines.append(f"{name}: {value}\r\n")
+        lines.append("\r\n")
+        return "".join(lines).encode("latin-1")
+
+    async def _exchange(
+        self, conn: _Connection, head: bytes, body: bytes, timeout_s: float
+    ) -> UpstreamResponse:
+        reply = conn.send(head, body)
+        timer = asyncio.get_running_loop().call_later(
+            timeout_s,
+            conn.abort,
+            UpstreamUnavailableError(
+                f"Triton at {self.url} is unavailable: no answer in {timeout_s:g} s"
+            ),
+        )
+        try:
+            return await reply
+        except asyncio.CancelledError:
+            conn.close()  # its reply, if one comes, belongs to no one
+            raise
+        finally:
+            timer.cancel()
+
+    async def _acquire(self, timeout_s: float) -> _Connection:
+        while True:
+            while self._idle:
+                conn = self._idle.pop()
+                if not conn.closed:
+                    return conn
+                self._open_count -= 1
+            if self._open_count < self._max_connections:
+                return await self._connect(timeout_s)
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            finally:
+                if not waiter.done():
+                    waiter.cancel()
+
+    async def _connect(self, timeout_s: float) -> _Connection:
+        self._open_count += 1
+        generation = self._generation
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(timeout_s):
+                _, conn = await loop.create_connection(
+                    lambda: _Connection(generation), self._host, self._port
+                )
+        except (OSError, TimeoutError) as err:
+            self._open_count -= 1
+            self._wake()
             raise UpstreamUnavailableError(f"Triton at {self.url} is unavailable: {err}") from err
+        except BaseException:
+            self._open_count -= 1
+            self._wake()
+            raise
+        return conn
+
+    def _release(self, conn: _Connection) -> None:
+        if conn.closed or conn.waiter is not None or conn.generation != self._generation:
+            conn.close()
+            self._open_count -= 1
+        else:
+            self._idle.append(conn)
+        self._wake()
+
+    def _wake(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+
+class _StreamConnection(asyncio.Protocol):
+    """A connection of its own for one streamed reply: its head, then its chunks as they come
+    (None at the end); closed after, so that a stream cut short ends upstream too."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.head: asyncio.Future[tuple[int, dict[str, str]]] = (
+            asyncio.get_running_loop().create_future()
+        )
+        self.chunks: asyncio.Queue[bytes | UpstreamUnavailableError | None] = asyncio.Queue()
+        self._headers: dict[str, str] = {}
+        self._done = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as err:
+            self._fail(UpstreamUnavailableError(f"a reply from Triton that is not HTTP: {err}"))
+            self.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self._done:
+            self._fail(UpstreamUnavailableError(f"the upstream closed the stream: {exc or 'EOF'}"))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        name = name.lower()
+        if name in _STREAM_FORWARD:
+            self._headers[name.decode("latin-1")] = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        if not self.head.done():
+            self.head.set_result((self.parser.get_status_code(), self._headers))
+
+    def on_body(self, body: bytes) -> None:
+        self.chunks.put_nowait(body)
+
+    def on_message_complete(self) -> None:
+        self._done = True
+        self.chunks.put_nowait(None)
+
+    def _fail(self, error: UpstreamUnavailableError) -> None:
+        self._done = True
+        if not self.head.done():
+            self.head.set_exception(error)
+        self.chunks.put_nowait(error)
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+async def _read(conn: _StreamConnection, timeout_s: float) -> AsyncIterator[bytes]:
+    while True:
+        try:
+            async with asyncio.timeout(timeout_s):
+                chunk = await conn.chunks.get()
+        except TimeoutError:
+            raise UpstreamUnavailableError(f"no chunk of the stream in {timeout_s:g} s") from None
+        if chunk is None:
+            return
+        if isinstance(chunk, UpstreamUnavailableError):
+            raise chunk
+        yield chunk

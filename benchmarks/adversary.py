@@ -24,39 +24,13 @@ from urllib.parse import quote
 
 import httpx
 
-from api.embedded import free_port
+from benchmarks.sidecar import SidecarProcess, running, tritonserver_pids
 
 VALID = (
     b'{"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "FP32", "data": '
     + str([1.0] * 16).encode()
     + b"}]}"
 )
-
-
-def descendants(pid: int) -> dict[int, bytes]:
-    """Every process below ``pid`` (children, theirs, ...): pid → command line."""
-    children: dict[int, list[int]] = {}
-    cmds: dict[int, bytes] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-                cmds[int(entry.name)] = (entry / "cmdline").read_bytes()
-                children.setdefault(ppid, []).append(int(entry.name))
-    found: dict[int, bytes] = {}
-    frontier = [pid]
-    while frontier:
-        for child in children.get(frontier.pop(), []):
-            found[child] = cmds.get(child, b"")
-            frontier.append(child)
-    return found
-
-
-def tritonserver_pids(pid: int) -> list[int]:
-    """The ``tritonserver`` processes below ``pid``."""
-    return [
-        p for p, cmd in descendants(pid).items() if cmd.split(b"\0")[0].endswith(b"/tritonserver")
-    ]
 
 
 def _rss_mb(pid: int, field: str = "VmRSS") -> float:
@@ -66,36 +40,8 @@ def _rss_mb(pid: int, field: str = "VmRSS") -> float:
     return float("nan")
 
 
-class Sidecar:
-    def __init__(self, tree: Path, state_dir: Path, extra: list[str]) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = (state_dir / f"sidecar-{self.port}.log").open("wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "api", "serve", "--port", str(self.port), "--policy", "max",
-             "--state-dir", str(state_dir), "--profile-clocks", "6", "--profile-requests", "10",
-             *extra],
-            cwd=tree, stdout=self.log, stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONPATH": str(tree)},
-        )  # fmt: skip
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.url}/v2/health/ready", timeout=2).status_code == 200:
-                    return
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the sidecar exited; see {self.log.name}")
-            time.sleep(0.3)
-        raise TimeoutError("the sidecar did not get ready")
-
-    def close(self) -> None:
-        pids = list(descendants(self.proc.pid))
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+def _base(sc: SidecarProcess) -> str:
+    return f"http://{sc.url}"
 
 
 def _series(url: str) -> int:
@@ -116,8 +62,8 @@ def _served(url: str, within_s: float) -> float | None:
     return None
 
 
-def metrics_and_big_body(sc: Sidecar) -> None:
-    url = sc.url
+def metrics_and_big_body(sc: SidecarProcess) -> None:
+    url = _base(sc)
     before = _series(url)
     with httpx.Client(timeout=30) as client:
         for i in range(2000):
@@ -158,8 +104,8 @@ def metrics_and_big_body(sc: Sidecar) -> None:
     )
 
 
-def absurd_shape(sc: Sidecar) -> None:
-    url = sc.url
+def absurd_shape(sc: SidecarProcess) -> None:
+    url = _base(sc)
     shape = VALID.replace(b"[1, 16]", b"[1, 1000000000000]")
     r = httpx.post(f"{url}/v2/models/simnet/infer", content=shape, timeout=60)
     back = _served(url, 30.0)
@@ -170,24 +116,24 @@ def absurd_shape(sc: Sidecar) -> None:
     )
 
 
-def kill_triton(sc: Sidecar) -> None:
+def kill_triton(sc: SidecarProcess) -> None:
     for pid in tritonserver_pids(sc.proc.pid):
         os.kill(pid, signal.SIGKILL)
-    back = _served(sc.url, 60.0)
+    back = _served(_base(sc), 60.0)
     print(
         "kill -9 of Triton: "
         + (f"served again after {back:.1f} s" if back else "NOT served again within 60 s")
-        + f"; /v2/health/live {httpx.get(f'{sc.url}/v2/health/live').status_code}"
+        + f"; /v2/health/live {httpx.get(f'{_base(sc)}/v2/health/live').status_code}"
     )
 
 
-def frozen_sigterm(sc: Sidecar) -> None:
+def frozen_sigterm(sc: SidecarProcess) -> None:
     for pid in tritonserver_pids(sc.proc.pid):
         os.kill(pid, signal.SIGSTOP)
 
     def stuck() -> None:
         with contextlib.suppress(httpx.HTTPError):
-            httpx.post(f"{sc.url}/v2/models/simnet/infer", content=VALID, timeout=400)
+            httpx.post(f"{_base(sc)}/v2/models/simnet/infer", content=VALID, timeout=400)
 
     threading.Thread(target=stuck, daemon=True).start()
     time.sleep(1.0)
@@ -205,13 +151,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tree", type=Path, default=Path.cwd(), help="source tree to run")
     parser.add_argument("serve_args", nargs="*", help="extra flags for python -m api serve")
     args = parser.parse_args(argv)
+    tree = args.tree.resolve()
+    flags = ["--policy", "max", "--profile-clocks", "6", "--profile-requests", "10"]
     with tempfile.TemporaryDirectory(prefix="adversary-") as tmp:
         for step in (metrics_and_big_body, absurd_shape, kill_triton, frozen_sigterm):
-            sc = Sidecar(args.tree.resolve(), Path(tmp), args.serve_args)
-            try:
+            with running(
+                [*flags, *args.serve_args],
+                state_dir=Path(tmp),
+                log_path=Path(tmp) / f"sidecar-{step.__name__}.log",
+                cwd=tree,
+                env={"PYTHONPATH": str(tree)},
+                start_timeout_s=300.0,
+            ) as sc:
                 step(sc)
-            finally:
-                sc.close()
     return 0
 
 

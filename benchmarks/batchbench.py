@@ -20,8 +20,7 @@ import asyncio
 import math
 import secrets
 import sys
-import tempfile
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +32,7 @@ from dvfs.profiles import get_profile
 from loadgen.classes import RequestClass
 from loadgen.engine import Recorder, Target, build_payloads, new_session, open_loop, schedule
 from loadgen.metrics import ClockSampler, energy_j, scrape
+from simulator.results import DEFAULT_DIR, markdown_table, write_results
 
 GPU = "v100"  # the sidecar_process's simulated GPU
 
@@ -86,6 +86,66 @@ async def _policy_run(
     )
 
 
+def _report(
+    kept: dict[str, tuple[Run, Run]],
+    energy: dict[str, list[EnergyRun]],
+    args: argparse.Namespace,
+) -> str:
+    """The results file's body: throughput kept per model, then energy and tail per policy."""
+    kept_rows = [
+        (
+            model,
+            f"{s.throughput / d.throughput:.0%}",
+            f"{s.throughput:.0f} vs {d.throughput:.0f}",
+            f"{s.p50_us / 1000:.1f} vs {d.p50_us / 1000:.1f}",
+        )
+        for model, (d, s) in kept.items()
+    ]
+    energy_rows = []
+    for model, (top, *others) in energy.items():
+        slo_ms = args.slo_mult * full_batch_ms(GPU, model)
+        for e in (top, *others):
+            vs_max = e.energy_per_inference_j / top.energy_per_inference_j
+            energy_rows.append(
+                (
+                    model,
+                    e.policy,
+                    f"{e.energy_per_inference_j:.3f}",
+                    "—" if e is top else f"{vs_max:.2f}",
+                    f"{e.p99_ms:.1f}" + ("" if e.p99_ms <= slo_ms else " (over)"),
+                    f"{slo_ms:.0f}",
+                    f"{e.slo_attainment:.1%}",
+                    f"{e.mean_clock_mhz:.0f}",
+                )
+            )
+    return "\n\n".join(
+        [
+            f"Throughput kept: closed loops at concurrency {args.concurrency}, straight to the "
+            f"embedded Triton and through the sidecar (policy max), the best of "
+            f"{args.rounds} round(s) of {args.duration_s:g} s.",
+            markdown_table(
+                ["model", "throughput kept", "infer/s: sidecar vs direct", "p50 ms"], kept_rows
+            ),
+            f"Energy: Poisson arrivals at {args.load:.0%} of the direct throughput for "
+            f"{args.energy_duration_s:g} s, the same arrivals under each policy; SLO "
+            f"{args.slo_mult:g}× the model's full batch at the top clock (simulated {GPU}).",
+            markdown_table(
+                [
+                    "model",
+                    "policy",
+                    "J/inference",
+                    "vs max",
+                    "p99 ms",
+                    "SLO ms",
+                    "SLO met",
+                    "mean MHz",
+                ],
+                energy_rows,
+            ),
+        ]
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.batchbench", description=__doc__)
     parser.add_argument("--models", default=f"{SIMNET},{SIMBERT}")
@@ -98,19 +158,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--state-dir", type=Path, default=default_state_dir(), help="tables cached here"
     )
+    parser.add_argument(
+        "--results-dir",
+        type=Path,
+        default=DEFAULT_DIR,
+        help="where batchbench.md and batchbench.json are written (default: results)",
+    )
     args = parser.parse_args(argv)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     token = secrets.token_urlsafe(12)
     extra = ["--profile-models", ",".join(models), "--policy", "max"]
     print("starting the sidecar (the first run profiles each model, a minute or two)...")
-    with (
-        tempfile.TemporaryDirectory() as tmp,
-        sidecar_process(
-            Path(tmp), *extra, "--state-dir", str(args.state_dir),
-            max_inflight=256, token=token, start_timeout_s=600.0,
-        ) as ends,
-    ):  # fmt: skip
-        del tmp
+    with sidecar_process(
+        args.state_dir, *extra, max_inflight=256, token=token, start_timeout_s=600.0
+    ) as ends:
         url, triton = ends.sidecar["http"], ends.triton["http"]
         print(f"sidecar {url} (policy max, cap 256 in flight) in front of Triton {triton}")
         kept: dict[str, tuple[Run, Run]] = {}
@@ -164,6 +225,26 @@ def main(argv: list[str] | None = None) -> int:
                 f"  {model:8s} {e.policy} vs max: {ratio:.2f} of the energy per inference; "
                 f"p99 {verdict}"
             )
+    md, _ = write_results(
+        "batchbench",
+        title="Batching through the sidecar (python -m benchmarks.batchbench)",
+        markdown=_report(kept, energy, args),
+        data={
+            "settings": {**vars(args), "gpu": GPU},
+            "throughput_kept": {
+                model: {"direct": asdict(d), "sidecar": asdict(s)} for model, (d, s) in kept.items()
+            },
+            "energy": {
+                model: {
+                    "slo_ms": args.slo_mult * full_batch_ms(GPU, model),
+                    "runs": [asdict(e) for e in runs],
+                }
+                for model, runs in energy.items()
+            },
+        },
+        directory=args.results_dir,
+    )
+    print(f"\nwritten to {md} (and .json)")
     return 0
 
 

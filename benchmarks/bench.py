@@ -4,7 +4,14 @@ over HTTP and over gRPC (each against Triton's own endpoint of the same protocol
 The sidecar runs in its own process (as in production; in-process it would share the load
 generator's GIL) with policy ``max`` and room for everything in flight, in front of the embedded
 Triton's ``noop`` model, so that only the sidecar's own work shows. Direct and sidecar runs
-alternate (A B A B …) so the machine's drift hits both alike; the ratios are the result.
+alternate (A B A B …) so the machine's drift hits both alike; the ratios are the result. The
+sidecar's CPU per request is its own process's accounting (user + system time of all its threads,
+from ``/proc``; Triton runs in a process of its own and is not counted) over each measured run,
+divided by the requests it answered.
+
+``--before-tree DIR`` runs a second sidecar from another source tree (an earlier commit, say) in
+front of the same Triton, measured in the same rounds: a before/after on the same machine at the
+same moment. ``--before FILE`` reads the before figures from an earlier run's ``bench.json``.
 """
 
 from __future__ import annotations
@@ -13,23 +20,24 @@ import argparse
 import asyncio
 import contextlib
 import itertools
+import json
 import os
 import secrets
-import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-import httpx
 import numpy as np
 import tritonclient.http as httpclient
 
-from api.embedded import INPUT_WIDTH, NOOP, free_port
+from api.embedded import INPUT_WIDTH, NOOP
+from benchmarks.sidecar import running
 from loadgen.classes import RequestClass
 from loadgen.engine import (
     InputTensor,
@@ -40,6 +48,12 @@ from loadgen.engine import (
     new_session,
 )
 from loadgen.grpc_client import GrpcClient, grpc_payloads
+from simulator.results import DEFAULT_DIR, markdown_table, write_results
+
+# What the sidecar may cost (the product's goals): CPU µs per request at concurrency 16 by
+# protocol, and the p50 it may add at concurrency 1.
+CPU_TARGET_US = {("http", 16): 150.0, ("grpc", 16): 200.0}
+P50_ADDED_TARGET_US = {("http", 1): 300.0, ("grpc", 1): 300.0}
 
 
 @dataclass(frozen=True)
@@ -50,14 +64,51 @@ class Run:
     p50_us: float
     p99_us: float
     mean_us: float
+    cpu_us: float | None = None  # the sidecar's CPU per request answered (None: not measured)
 
 
 @dataclass(frozen=True)
 class Endpoints:
-    """Where the sidecar and its Triton listen, per protocol."""
+    """Where the sidecar and its Triton listen, per protocol; the sidecar's pid."""
 
     sidecar: dict[str, str]
     triton: dict[str, str]
+    pid: int
+
+
+@dataclass(frozen=True)
+class Cost:
+    """One sidecar at one protocol and concurrency: medians of the rounds, and against direct."""
+
+    protocol: str
+    concurrency: int
+    direct: dict[str, float]  # infer_per_s, p50_us, p99_us
+    sidecar: dict[str, float]  # the same, and cpu_us
+
+    @property
+    def kept(self) -> float:
+        return self.sidecar["infer_per_s"] / self.direct["infer_per_s"]
+
+    def added_us(self, key: str) -> float:
+        return self.sidecar[key] - self.direct[key]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "protocol": self.protocol,
+            "concurrency": self.concurrency,
+            "direct": self.direct,
+            "sidecar": self.sidecar,
+            "throughput_kept": self.kept,
+            "p50_added_us": self.added_us("p50_us"),
+            "p99_added_us": self.added_us("p99_us"),
+        }
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (every thread), from its ``/proc`` stat."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat.rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @contextlib.contextmanager
@@ -67,65 +118,35 @@ def sidecar_process(
     max_inflight: int = 64,
     token: str | None = None,
     start_timeout_s: float = 180.0,
+    source: Path | None = None,
+    triton: Mapping[str, str] | None = None,
 ) -> Iterator[Endpoints]:
-    """Start ``python -m api serve`` (embedded default, policy max, ``extra`` flags after the
-    others); yield its endpoints."""
-    token = token or secrets.token_urlsafe(12)
-    port, grpc_port = free_port(), free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "api",
-        "serve",
-        "--port",
-        str(port),
-        "--grpc-port",
-        str(grpc_port),
-        "--policy",
-        "max",
-        "--max-inflight",
-        str(max_inflight),
-        "--max-queue",
-        "10000",
-        "--device",
-        "sim:v100",
-        "--admin-token",
-        token,
-        "--state-dir",
-        str(state_dir),
-        "--log-level",
-        "warning",
-        *extra,
-    ]
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    """``python -m api serve`` in a process of its own (:mod:`benchmarks.sidecar`): the embedded
+    default on a simulated V100 (or in front of ``triton``'s ``http`` and ``grpc`` endpoints),
+    policy max, room for everything queued, ``extra`` flags after the others, from this tree or
+    from ``source``; yields its endpoints and its Triton's."""
+    upstream = (
+        []
+        if triton is None
+        else ["--triton-url", triton["http"], "--triton-grpc-url", triton["grpc"]]
     )
-    url = f"127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + start_timeout_s
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the sidecar exited during start-up (code {proc.returncode})")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"http://{url}/v2/health/ready", timeout=2).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise TimeoutError("the sidecar did not become ready")
-            time.sleep(0.2)
-        state = httpx.get(
-            f"http://{url}/admin/state", headers={"Authorization": f"Bearer {token}"}
-        ).json()
+    flags = [
+        "--policy", "max", "--max-inflight", str(max_inflight), "--max-queue", "10000",
+        "--device", "sim:v100", "--log-level", "warning", *upstream, *extra,
+    ]  # fmt: skip
+    with running(
+        flags,
+        state_dir=state_dir,
+        admin_token=token or secrets.token_urlsafe(12),
+        start_timeout_s=start_timeout_s,
+        cwd=source,
+    ) as sc:
+        state = sc.admin("/admin/state")
         yield Endpoints(
-            {"http": url, "grpc": f"127.0.0.1:{grpc_port}"},
+            {"http": sc.url, "grpc": sc.grpc_url},
             {"http": state["triton_url"], "grpc": state["triton_grpc_url"]},
+            sc.pid,
         )
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
 
 
 def measure(
@@ -135,9 +156,13 @@ def measure(
     label: str,
     protocol: str = "http",
     model: str = NOOP,
+    cpu_of: int | None = None,
 ) -> Run:
+    """A closed loop of ``duration_s`` (after half a second's warm-up); with ``cpu_of``, that
+    process's CPU over the measured loop per request answered."""
     data = np.ones((1, INPUT_WIDTH), dtype=np.float32)
     classes = [RequestClass("bench")]
+    cpu_s = [0.0, 0.0]
 
     async def go() -> Recorder:
         rec = Recorder()
@@ -157,10 +182,14 @@ def measure(
                 Recorder(),
                 np.random.default_rng(0),
             )  # warm-up
+            if cpu_of is not None:
+                cpu_s[0] = process_cpu_s(cpu_of)
             start = time.monotonic()
             await closed_loop(
                 session, target, concurrency, start + duration_s, rec, np.random.default_rng(0)
             )
+            if cpu_of is not None:
+                cpu_s[1] = process_cpu_s(cpu_of)
         return rec
 
     rec = asyncio.run(go())
@@ -174,6 +203,7 @@ def measure(
         float(np.percentile(lat, 50)),
         float(np.percentile(lat, 99)),
         float(lat.mean()),
+        None if cpu_of is None else (cpu_s[1] - cpu_s[0]) * 1e6 / len(ok),
     )
 
 
@@ -205,63 +235,267 @@ def independent(url: str, concurrency: int, duration_s: float) -> tuple[float, f
     return len(latencies) / (time.monotonic() - start), float(np.mean(latencies))
 
 
+def _median(runs: list[Run]) -> dict[str, float]:
+    """Medians of the rounds, units in the names (CPU only where it was measured)."""
+    out = {
+        "infer_per_s": float(np.median([r.throughput for r in runs])),
+        "p50_us": float(np.median([r.p50_us for r in runs])),
+        "p99_us": float(np.median([r.p99_us for r in runs])),
+    }
+    cpu = [r.cpu_us for r in runs if r.cpu_us is not None]
+    if cpu:
+        out["cpu_us"] = float(np.median(cpu))
+    return out
+
+
+def _cell(value: float | None, fmt: str) -> str:
+    return "—" if value is None else format(value, fmt)
+
+
+def _target(targets: Mapping[tuple[str, int], float], key: tuple[str, int]) -> str:
+    value = targets.get(key)
+    return "" if value is None else f"≤ {value:.0f}"
+
+
+def cost_rows(
+    now: list[Cost], before: Mapping[tuple[str, int], Cost] | None
+) -> list[tuple[str, ...]]:
+    """One row per protocol and concurrency: CPU µs per request, throughput kept, p50 and p99
+    added (µs), each before and now, and the targets."""
+    rows: list[tuple[str, ...]] = []
+    for c in now:
+        key = (c.protocol, c.concurrency)
+        b = None if before is None else before.get(key)
+        rows.append(
+            (
+                c.protocol,
+                str(c.concurrency),
+                _cell(None if b is None else b.sidecar.get("cpu_us"), ".0f"),
+                _cell(c.sidecar.get("cpu_us"), ".0f"),
+                _target(CPU_TARGET_US, key),
+                _cell(None if b is None else b.kept, ".0%"),
+                f"{c.kept:.0%}",
+                _cell(None if b is None else b.added_us("p50_us"), "+.0f"),
+                f"{c.added_us('p50_us'):+.0f}",
+                _target(P50_ADDED_TARGET_US, key),
+                _cell(None if b is None else b.added_us("p99_us"), "+.0f"),
+                f"{c.added_us('p99_us'):+.0f}",
+            )
+        )
+    return rows
+
+
+COST_HEAD = (
+    "protocol",
+    "concurrency",
+    "CPU µs/request before",
+    "now",
+    "target",
+    "throughput kept before",
+    "now",
+    "p50 added µs before",
+    "now",
+    "target",
+    "p99 added µs before",
+    "now",
+)
+
+
+def text_table(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    """Columns aligned to the right, for the terminal."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
+    return [
+        "  ".join(cell.rjust(w) for cell, w in zip(line, widths, strict=True))
+        for line in (head, *rows)
+    ]
+
+
+def read_costs(path: Path) -> dict[tuple[str, int], Cost]:
+    """The before figures from an earlier run's ``bench.json``: its ``before`` section if it
+    measured one side by side, else its own."""
+    data = json.loads(path.read_text())
+    data = data.get("results", data)
+    rows = data.get("before") or data["cost"]
+    return {
+        (r["protocol"], r["concurrency"]): Cost(
+            r["protocol"], r["concurrency"], r["direct"], r["sidecar"]
+        )
+        for r in rows
+        if "cpu_us" in r["sidecar"] or "before" not in data
+    }
+
+
+def _source_commit(tree: Path) -> str | None:
+    done = subprocess.run(
+        ["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True, check=False
+    )
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def _report(
+    costs: list[Cost],
+    before: Mapping[tuple[str, int], Cost] | None,
+    before_label: str,
+    checks: list[dict[str, float]],
+    args: argparse.Namespace,
+) -> str:
+    """The results file's body: the cost per protocol and concurrency, then loadgen's check."""
+    parts = [
+        f"The sidecar (policy max, its own process) in front of the embedded Triton's `noop`, "
+        f"against Triton's own endpoint of the same protocol; closed loops of "
+        f"{args.duration_s:g} s, direct and sidecar alternating; medians over rounds "
+        f"(rounds: {args.rounds}). CPU: the sidecar process's own user + system time per "
+        f"request answered. Added: sidecar − direct. Before: {before_label}.",
+        markdown_table(COST_HEAD, cost_rows(costs, before)),
+    ]
+    if checks:
+        parts += [
+            "loadgen against an independent client (NVIDIA's tritonclient in threads), "
+            "straight to Triton over HTTP:",
+            markdown_table(
+                [
+                    "concurrency",
+                    "loadgen infer/s",
+                    "loadgen mean µs",
+                    "tritonclient infer/s",
+                    "tritonclient mean µs",
+                ],
+                [
+                    (
+                        int(c["concurrency"]),
+                        f"{c['loadgen_infer_per_s']:.0f}",
+                        f"{c['loadgen_mean_us']:.0f}",
+                        f"{c['tritonclient_infer_per_s']:.0f}",
+                        f"{c['tritonclient_mean_us']:.0f}",
+                    )
+                    for c in checks
+                ],
+            ),
+        ]
+    return "\n\n".join(parts)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench", description=__doc__)
     parser.add_argument("--concurrency", default="1,16")
     parser.add_argument("--duration-s", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=2, help="A/B alternations per concurrency")
     parser.add_argument("--protocols", default="http,grpc")
+    parser.add_argument(
+        "--before-tree",
+        type=Path,
+        help="a source tree (an earlier commit's, say) whose sidecar is measured side by side",
+    )
+    parser.add_argument(
+        "--before", type=Path, help="an earlier run's bench.json: the before figures"
+    )
+    parser.add_argument("--no-check", action="store_true", help="skip loadgen's own check")
+    parser.add_argument(
+        "--name", default="bench", help="the results files' name (default: bench.md, .json)"
+    )
+    parser.add_argument(
+        "--results-dir",
+        type=Path,
+        default=DEFAULT_DIR,
+        help="where bench.md and bench.json are written (default: results)",
+    )
     args = parser.parse_args(argv)
     levels = [int(c) for c in args.concurrency.split(",")]
     protocols = args.protocols.split(",")
-    with tempfile.TemporaryDirectory() as tmp, sidecar_process(Path(tmp)) as ends:
+    sides = ["now"] + (["before"] if args.before_tree else [])
+    costs: dict[str, list[Cost]] = {side: [] for side in sides}
+    checks: list[dict[str, float]] = []
+    no_profiling = "--profile-models="  # policy max needs no table: start in seconds
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        ends = {"now": stack.enter_context(sidecar_process(tmp / "now", no_profiling))}
+        if args.before_tree:
+            ends["before"] = stack.enter_context(
+                sidecar_process(
+                    tmp / "before",
+                    no_profiling,
+                    source=args.before_tree.resolve(),
+                    triton=ends["now"].triton,
+                )
+            )
+        triton = ends["now"].triton
         print(
-            f"sidecar {ends.sidecar} (policy max, 64 in flight) in front of Triton "
-            f"{ends.triton}; model noop"
+            ", ".join(f"sidecar {s} {ends[s].sidecar}" for s in sides)
+            + f" (policy max, 64 in flight) in front of Triton {triton}; model noop"
         )
-        print(f"{'proto':>5} {'conc':>4} {'path':>8} {'infer/s':>9} {'p50 µs':>8} {'p99 µs':>8}")
-        summary = []
+        print(
+            f"{'proto':>5} {'conc':>4} {'path':>8} {'infer/s':>9} {'p50 µs':>8} {'p99 µs':>8} "
+            f"{'CPU µs/req':>10}"
+        )
         for protocol, c in itertools.product(protocols, levels):
-            runs: dict[str, list[Run]] = {"direct": [], "sidecar": []}
+            runs: dict[str, list[Run]] = {"direct": [], **{s: [] for s in sides}}
             for _ in range(args.rounds):
-                for label, url in (
-                    ("direct", ends.triton[protocol]),
-                    ("sidecar", ends.sidecar[protocol]),
-                ):
-                    r = measure(url, c, args.duration_s, label, protocol)
+                for label in runs:
+                    where = triton if label == "direct" else ends[label].sidecar
+                    pid = None if label == "direct" else ends[label].pid
+                    r = measure(where[protocol], c, args.duration_s, label, protocol, cpu_of=pid)
                     runs[label].append(r)
                     print(
                         f"{protocol:>5} {c:>4} {label:>8} {r.throughput:>9.0f} "
-                        f"{r.p50_us:>8.0f} {r.p99_us:>8.0f}",
+                        f"{r.p50_us:>8.0f} {r.p99_us:>8.0f} {_cell(r.cpu_us, '10.0f')}",
                         flush=True,
                     )
-            d = {
-                k: float(np.median([getattr(r, k) for r in runs["direct"]]))
-                for k in ("throughput", "p50_us", "p99_us")
-            }
-            s = {
-                k: float(np.median([getattr(r, k) for r in runs["sidecar"]]))
-                for k in ("throughput", "p50_us", "p99_us")
-            }
-            summary.append((protocol, c, d, s))
-        print("\nthe sidecar's cost (medians of the rounds):")
-        for protocol, c, d, s in summary:
-            kept = s["throughput"] / d["throughput"]
-            print(
-                f"  {protocol:>4} concurrency {c:>2}: throughput kept {kept:.0%} "
-                f"({s['throughput']:.0f} vs {d['throughput']:.0f} infer/s); "
-                f"p50 +{s['p50_us'] - d['p50_us']:.0f} µs ({s['p50_us'] / d['p50_us']:.2f}×); "
-                f"p99 +{s['p99_us'] - d['p99_us']:.0f} µs ({s['p99_us'] / d['p99_us']:.2f}×)"
-            )
-        print("\nloadgen against an independent client (tritonclient threads), straight to Triton:")
-        for c in (1, 4):
-            lg = measure(ends.triton["http"], c, args.duration_s, "direct")
-            tput, mean = independent(ends.triton["http"], c, args.duration_s)
-            print(
-                f"  concurrency {c}: loadgen {lg.throughput:.0f} infer/s, "
-                f"mean {lg.mean_us:.0f} µs; "
-                f"tritonclient {tput:.0f} infer/s, mean {mean:.0f} µs"
-            )
+            direct = _median(runs["direct"])
+            for side in sides:
+                costs[side].append(Cost(protocol, c, direct, _median(runs[side])))
+        if not args.no_check:
+            print("\nloadgen against an independent client (tritonclient threads), to Triton:")
+            for c in (1, 4):
+                lg = measure(triton["http"], c, args.duration_s, "direct")
+                tput, mean = independent(triton["http"], c, args.duration_s)
+                checks.append(
+                    {
+                        "concurrency": c,
+                        "loadgen_infer_per_s": lg.throughput,
+                        "loadgen_mean_us": lg.mean_us,
+                        "tritonclient_infer_per_s": tput,
+                        "tritonclient_mean_us": mean,
+                    }
+                )
+                print(
+                    f"  concurrency {c}: loadgen {lg.throughput:.0f} infer/s, "
+                    f"mean {lg.mean_us:.0f} µs; tritonclient {tput:.0f} infer/s, "
+                    f"mean {mean:.0f} µs"
+                )
+    before: dict[tuple[str, int], Cost] | None = None
+    before_label = "none given"
+    if "before" in costs:
+        before = {(b.protocol, b.concurrency): b for b in costs["before"]}
+        commit = _source_commit(args.before_tree)
+        before_label = f"{args.before_tree}{f' ({commit[:12]})' if commit else ''}, side by side"
+    elif args.before is not None and args.before.exists():
+        before = read_costs(args.before)
+        source = json.loads(args.before.read_text()).get("results", {}).get("before_source")
+        before_label = f"{args.before}" + (f", measured as {source}" if source else "")
+    elif args.before is not None:
+        before_label = f"none ({args.before} does not exist)"
+    print(
+        f"\nthe sidecar's cost (medians of {args.rounds} rounds of {args.duration_s:g} s; CPU: "
+        f"its own process, per request; added: sidecar − direct; before: {before_label}):"
+    )
+    for line in text_table(COST_HEAD, cost_rows(costs["now"], before)):
+        print("  " + line)
+    data: dict[str, Any] = {
+        "settings": {**{k: str(v) for k, v in vars(args).items()}, "model": NOOP, "policy": "max"},
+        "cost": [c.to_json() for c in costs["now"]],
+        "loadgen_check": checks,
+    }
+    if before is not None:
+        data["before"] = [b.to_json() for b in before.values()]
+        data["before_source"] = before_label
+    md, _ = write_results(
+        args.name,
+        title="What the sidecar costs (python -m benchmarks.bench)",
+        markdown=_report(costs["now"], before, before_label, checks, args),
+        data=data,
+        directory=args.results_dir,
+    )
+    print(f"\nwritten to {md} (and .json)")
     return 0
 
 

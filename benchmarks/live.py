@@ -2,7 +2,8 @@
 
 Starts the embedded default (real Triton, simulated GPU, sidecar) once, then for each policy:
 switch it through the admin API, send the same seeded Poisson arrivals open-loop, and read the
-GPU's energy counter and clock from the sidecar's /metrics.
+GPU's energy counter and clock from the sidecar's /metrics (on several GPUs: their energy summed,
+their clocks averaged, and which GPU served each request).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import csv
 import math
 import secrets
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -23,7 +25,15 @@ from api.config import GatewayConfig
 from api.embedded import INPUT_WIDTH, SIMNET
 from api.server import SidecarServer
 from loadgen.classes import RequestClass
-from loadgen.engine import Recorder, Target, build_payloads, new_session, open_loop, schedule
+from loadgen.engine import (
+    Recorder,
+    Sample,
+    Target,
+    build_payloads,
+    new_session,
+    open_loop,
+    schedule,
+)
 from loadgen.metrics import ClockSampler, energy_j, scrape
 
 
@@ -44,6 +54,7 @@ class PolicyRun:
     energy_per_inference_j: float
     mean_clock_mhz: float
     clocks_seen: int
+    by_gpu: str = ""  # share of the completed requests each GPU served, when several did
 
 
 def percentile_ms(latencies_s: Sequence[float], q: float) -> float:
@@ -100,7 +111,17 @@ async def _run_one(
         energy_per_inference_j=joules / len(ok) if ok else math.nan,
         mean_clock_mhz=clock.mean_mhz or math.nan,
         clocks_seen=len(clock.distinct_mhz),
+        by_gpu=gpu_shares(ok),
     )
+
+
+def gpu_shares(samples: Sequence[Sample]) -> str:
+    """``"0:52% 1:48%"``: which GPUs served the requests (``x-sidecar-gpu``), when several did."""
+    served = Counter(s.gpu for s in samples if s.gpu is not None)
+    if len(served) < 2:
+        return ""
+    total = sum(served.values())
+    return " ".join(f"{g}:{n / total:.0%}" for g, n in sorted(served.items()))
 
 
 def compare_live(
@@ -115,7 +136,14 @@ def compare_live(
 ) -> list[PolicyRun]:
     """Start the embedded stack and run the same arrivals under each policy."""
     token = secrets.token_urlsafe(16)
-    cfg = replace(config or GatewayConfig(), port=0, grpc_port=0, admin_token=token, slo_ms=slo_ms)
+    cfg = config or GatewayConfig()
+    cfg = replace(
+        cfg,
+        port=0,
+        grpc_port=0,
+        admin_token=token,
+        scheduler=replace(cfg.scheduler, default_slo_ms=slo_ms),
+    )
     send_times = list(schedule(rate_rps, duration_s, "poisson", np.random.default_rng(seed)))
     classes = [RequestClass("demo", slo_ms=slo_ms)]
     data = np.ones((1, INPUT_WIDTH), dtype=np.float32)

@@ -1,18 +1,22 @@
-"""How fast a badly profiled table heals under live traffic (issue 10's live "done when").
+"""How fast a badly profiled table heals under live traffic.
 
 ``python -m benchmarks.recovery`` profiles ``simnet`` twice on the embedded stack (real Triton,
 simulated V100): once on an idle machine (the clean table) and once while a busy loop runs on
-every core (the CPU-loaded table). It then sends ``make demo``'s load (40 req/s Poisson to
-``simnet``, SLO 40 ms, the same seeded arrivals every run) through a fresh sidecar per run:
+every core (the CPU-loaded table); ``--wrong energy`` instead takes the clean table with only its
+energy curve wrong (see :func:`wrong_energy`). It then sends ``make demo``'s load (40 req/s
+Poisson to ``simnet``, SLO 40 ms, the same seeded arrivals every run) through a fresh sidecar per
+run:
 
 * ``max`` (the baseline each saving is measured against),
 * the policy (``--policy``, default ``adaptive``) from the clean table, learning off,
-* the policy from the CPU-loaded table, learning off (before: what issue 10 measured),
-* the policy from the CPU-loaded table, learning on (after),
+* the policy from the wrong table, learning off,
+* the policy from the wrong table, learning the times only (the energy counter not read),
+* the policy from the wrong table, learning the times and the energy,
 
 and prints, per 10 s window, the energy per inference of each run as a saving against ``max``'s
-in the same window, and each run's p99 against the SLO. Done (issue 10) when the learning run is
-within 5 points of the clean one after at most 30 s.
+in the same window, each run's p99 against the SLO, and the learning runs' table errors (time,
+energy). The results go to ``<results-dir>/recovery-<policy>-<wrong>.md`` and ``.json`` (with
+the command, the git commit and the machine); ``--simulate`` runs the same in the simulator.
 """
 
 from __future__ import annotations
@@ -32,24 +36,28 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
-from api.config import GatewayConfig
+from api.config import from_options
 from api.embedded import INPUT_WIDTH, SIMNET
 from api.learning import learned_path
 from api.runtime import TABLES_VERSION
 from api.server import SidecarServer
+from dvfs.profiles import get_profile
 from loadgen.classes import RequestClass
 from loadgen.engine import Recorder, Target, build_payloads, new_session, open_loop, schedule
 from loadgen.metrics import energy_j, scrape, scrape_values
 from scheduler.registry import DEFAULT_POLICY
-from time2clock.online import ExecutionSample
+from simulator.results import DEFAULT_DIR, write_results
+from simulator.simulate import SimConfig, profiled_tables, simulate
+from time2clock.online import ExecutionSample, OnlineTables
 from time2clock.table import TableSet
 
 log = logging.getLogger(__name__)
+STARTS = 3  # a run whose sidecar fails to start is started again, up to this many times
 
 
 @dataclass(frozen=True)
@@ -61,6 +69,7 @@ class Window:
     energy_j: float
     p99_ms: float
     table_error: float | None
+    energy_error: float | None = None
 
     @property
     def j_per_inference(self) -> float:
@@ -103,7 +112,7 @@ def profile_table(state_dir: Path, gpu: str, busy_processes: int, *, again: bool
         log.info("using the table profiled before: %s", table)
         return table
     table.unlink(missing_ok=True)
-    config = GatewayConfig(
+    config = from_options(
         port=0,
         grpc_port=0,
         device=f"sim:{gpu}",
@@ -171,6 +180,7 @@ async def _load(
                 energy_j=(energy_j(after) or 0.0) - (energy_j(before) or 0.0),
                 p99_ms=float(np.percentile(sent, 99)) if sent else math.nan,
                 table_error=after.get("sidecar_table_error_ratio"),
+                energy_error=after.get("sidecar_table_energy_error_ratio"),
             )
         )
     return out, state
@@ -188,12 +198,14 @@ def run_once(
     seed: int,
     window_s: float,
     record: Path | None = None,
+    learn_energy: bool = True,
 ) -> Run:
-    """One fresh sidecar (its own empty state dir: nothing learned before) under the load."""
+    """One fresh sidecar (its own empty state dir: nothing learned before) under the load;
+    with ``learn`` but not ``learn_energy``, only the times learn."""
     token = secrets.token_urlsafe(16)
     with tempfile.TemporaryDirectory(prefix="recovery-") as tmp:
         shutil.copy(table, Path(tmp) / "table.json")
-        config = GatewayConfig(
+        config = from_options(
             port=0,
             grpc_port=0,
             device=f"sim:{gpu}",
@@ -208,6 +220,8 @@ def run_once(
             journal: list[ExecutionSample] = []
             if sc.runtime.learner is not None and record is not None:
                 sc.runtime.learner.journal = journal
+            if sc.runtime.learner is not None and not learn_energy:
+                sc.runtime.learner.energy = None  # before any request: the counter is ignored
             windows, state = asyncio.run(_load(sc.url, token, send_times, slo_ms, seed, window_s))
         if record is not None and journal:
             write_samples(journal, record)
@@ -244,7 +258,8 @@ def read_samples(path: Path) -> list[ExecutionSample]:
 
 
 def report(runs: Sequence[Run], slo_ms: float, window_s: float) -> str:
-    """Per window: each run's saving against ``max`` (first run) and its p99."""
+    """Per window: each run's saving against ``max`` (first run) and its p99; then the learning
+    runs' table errors (time · energy) per window."""
     base, others = runs[0], runs[1:]
     head = ["window"] + [f"{r.name}: saving / p99 ms" for r in others]
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
@@ -258,7 +273,46 @@ def report(runs: Sequence[Run], slo_ms: float, window_s: float) -> str:
         lines.append(" | ".join(cells))
     per_window = ", ".join(f"{w.j_per_inference:.3f}" for w in base.windows)
     lines.append(f"(max's J/inference per window: {per_window}; SLO {slo_ms:g} ms)")
+    learning = [r for r in others if any(w.table_error is not None for w in r.windows)]
+    if learning:
+        lines += ["", "table error at the end of each window (time · energy):", ""]
+        head = ["window"] + [r.name for r in learning]
+        lines += [" | ".join(head), " | ".join("---" for _ in head)]
+        for k, ref in enumerate(base.windows):
+            cells = [f"{ref.start_s:.0f}-{ref.start_s + window_s:.0f} s"]
+            cells += [
+                f"{_ratio(r.windows[k].table_error)} · {_ratio(r.windows[k].energy_error)}"
+                for r in learning
+            ]
+            lines.append(" | ".join(cells))
     return "\n".join(lines)
+
+
+def _ratio(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+def wrong_energy(tables: TableSet) -> TableSet:
+    """``tables`` with each curve's energy per inference scaled by top clock / clock: times
+    right, energy lowest at (or, with the profile's noise, near) the top clock: a table that puts
+    every energy floor there."""
+    out = []
+    for table in tables:
+        top = max(table.clocks_mhz)
+        curves = {
+            b: replace(
+                c,
+                points=tuple(
+                    replace(p, energy_per_inference_j=p.energy_per_inference_j * top / p.clock_mhz)
+                    if p.energy_per_inference_j is not None
+                    else p
+                    for p in c.points
+                ),
+            )
+            for b, c in table.curves.items()
+        }
+        out.append(replace(table, curves=curves))
+    return TableSet(out)
 
 
 def summary(path: Path) -> str:
@@ -295,45 +349,194 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--reprofile", action="store_true", help="profile both tables again (else: cached)"
     )
+    parser.add_argument(
+        "--wrong",
+        choices=("cpu-load", "energy"),
+        default="cpu-load",
+        help="the wrong table: profiled under CPU load, or the clean one with its energy curve "
+        "wrong (times right)",
+    )
+    parser.add_argument(
+        "--no-times-only", action="store_true", help="skip the run that learns only the times"
+    )
+    parser.add_argument(
+        "--results-dir",
+        type=Path,
+        default=DEFAULT_DIR,
+        help="where recovery-<policy>-<wrong>[-simulated].md and .json are written "
+        "(default: results)",
+    )
+    parser.add_argument(
+        "--simulate",
+        action="store_true",
+        help="the same runs in the simulator (virtual time, the simulator's profiled table; "
+        "--wrong energy only), totals over the run",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    if args.simulate:
+        if args.wrong != "energy":
+            parser.error("--simulate needs --wrong energy (the simulator profiles no CPU load)")
+        text, rows = simulated(
+            args.policy, args.gpu, args.rate, args.slo_ms, args.duration_s, args.seed
+        )
+        print(text)
+        md, _ = write_results(
+            f"recovery-{args.policy}-energy-simulated",
+            title="A wrong energy curve heals, in the simulator (python -m benchmarks.recovery)",
+            markdown=text,
+            data={"settings": vars(args), "runs": rows},
+            directory=args.results_dir,
+        )
+        log.info("written to %s (and .json)", md)
+        return 0
     clean = profile_table(args.state_dir / "clean", args.gpu, 0, again=args.reprofile)
-    loaded = profile_table(
-        args.state_dir / "loaded", args.gpu, args.busy_processes, again=args.reprofile
-    )
-    log.info("tables: clean %s, CPU-loaded %s", summary(clean), summary(loaded))
+    if args.wrong == "cpu-load":
+        wrong = profile_table(
+            args.state_dir / "loaded", args.gpu, args.busy_processes, again=args.reprofile
+        )
+        label = "CPU-loaded table"
+    else:
+        wrong = args.state_dir / "wrong-energy" / "table.json"
+        wrong.parent.mkdir(parents=True, exist_ok=True)
+        wrong_energy(TableSet.load(clean)).save(wrong)
+        label = "wrong-energy table"
+    log.info("tables: clean %s; %s %s", summary(clean), label, summary(wrong))
     send_times = list(
         schedule(args.rate, args.duration_s, "poisson", np.random.default_rng(args.seed))
     )
     p = args.policy
     plan = [
-        ("max", "max", clean, False, None),
-        (f"{p}, clean table", p, clean, False, None),
-        (f"{p}, CPU-loaded table, no learning", p, loaded, False, None),
-        (f"{p}, CPU-loaded table, learning", p, loaded, True, args.record),
+        ("max", "max", clean, False, True),
+        (f"{p}, clean table", p, clean, False, True),
+        (f"{p}, {label}, no learning", p, wrong, False, True),
+        (f"{p}, {label}, learning times", p, wrong, True, False),
+        (f"{p}, {label}, learning times and energy", p, wrong, True, True),
     ]
+    if args.no_times_only:
+        del plan[3]
+    load_before = os.getloadavg()[0]
     runs = []
-    for name, policy, table, learn, record in plan:
+    for name, policy, table, learn, learn_energy in plan:
         log.info("run: %s", name)
-        runs.append(
-            run_once(
-                name,
-                policy=policy,
-                table=table,
-                learn=learn,
-                record=record,
-                gpu=args.gpu,
-                send_times=send_times,
-                slo_ms=args.slo_ms,
-                seed=args.seed,
-                window_s=args.window_s,
-            )
-        )
-    print(report(runs, args.slo_ms, args.window_s))
+        for attempt in range(1, STARTS + 1):
+            try:
+                run = run_once(
+                    name,
+                    policy=policy,
+                    table=table,
+                    learn=learn,
+                    learn_energy=learn_energy,
+                    record=args.record if learn and learn_energy else None,
+                    gpu=args.gpu,
+                    send_times=send_times,
+                    slo_ms=args.slo_ms,
+                    seed=args.seed,
+                    window_s=args.window_s,
+                )
+            except RuntimeError as err:  # the sidecar did not start (a loaded machine)
+                if attempt == STARTS:
+                    raise
+                log.warning("%s: %s; starting it again", name, err)
+                continue
+            runs.append(run)
+            break
+    text = report(runs, args.slo_ms, args.window_s)
+    print(text)
     learning = runs[-1].admin_state.get("models", {})
     print("admin state of the learning run, at the end:", learning)
+    floors = _floors(runs[-1].admin_state)
+    md, _ = write_results(
+        f"recovery-{args.policy}-{args.wrong}",
+        title="How fast a wrong table heals, live (python -m benchmarks.recovery)",
+        markdown=(
+            f"tables: clean {summary(clean)}; {label} {summary(wrong)}\n\n"
+            f"load average {load_before:.2f} before the runs, {os.getloadavg()[0]:.2f} after\n\n"
+            f"{text}\n\nenergy-optimal clocks of the last run's table at the end, per batch: "
+            f"{floors}\n"
+        ),
+        data={
+            "settings": vars(args),
+            "runs": [{"name": r.name, "windows": [asdict(w) for w in r.windows]} for r in runs],
+            "final_floors": floors,
+        },
+        directory=args.results_dir,
+    )
+    log.info("written to %s (and .json)", md)
     return 0
+
+
+def simulated(
+    policy: str, gpu: str, rate_rps: float, slo_ms: float, duration_s: float, seed: int
+) -> tuple[str, list[dict[str, object]]]:
+    """The runs of :func:`main` in the simulator, from its profiled table (clean) and that
+    table with its energy curve wrong: energy per inference, saving against ``max``, p99, and
+    the energy-optimal clocks the table has at the end, per batch."""
+    clean = profiled_tables(gpu)
+    wrong = wrong_energy(clean)
+    base = SimConfig(
+        gpu=gpu,
+        slo_ms=slo_ms,
+        duration_s=duration_s,
+        seed=seed,
+        load=None,
+        rate_rps=rate_rps,
+        with_oracle=False,
+    )
+    plan = [
+        ("max", "max", clean, None),
+        (f"{policy}, clean table", policy, clean, None),
+        (f"{policy}, wrong-energy table, no learning", policy, wrong, None),
+        (f"{policy}, wrong-energy table, learning times", policy, wrong, False),
+        (f"{policy}, wrong-energy table, learning times and energy", policy, wrong, True),
+    ]
+    lines = [
+        f"simulated {gpu}, {rate_rps:g} req/s Poisson, SLO {slo_ms:g} ms, {duration_s:g} s, "
+        f"seed {seed}",
+        "",
+        "run | J/inference | vs max | p99 ms | energy-optimal clock per batch at the end",
+        "--- | --- | --- | --- | ---",
+    ]
+    at_max = math.nan
+    rows: list[dict[str, object]] = []
+    for name, pol, tables, energy in plan:
+        learner = None
+        if energy is not None:
+            clocks = get_profile(gpu).clocks_mhz
+            learner = OnlineTables(list(clocks), gpu=gpu, learn_energy=energy)
+        cfg = replace(base, policy=pol, learn=learner is not None)
+        result = simulate(cfg, tables, learner=learner).to_json()
+        j = float(result["energy_per_inference_j"])
+        at_max = j if pol == "max" else at_max
+        final = learner.latest if learner is not None and learner.latest is not None else tables
+        floors = {b: t.energy_optimal_clock_mhz(b) for t in final for b in t.batches}
+        lines.append(
+            f"{name} | {j:.4f} | {j / at_max - 1:+.1%} | {result['p99_ms']:.1f} | {floors}"
+        )
+        rows.append(
+            {
+                "name": name,
+                "energy_per_inference_j": j,
+                "vs_max": j / at_max - 1,
+                "p99_ms": result["p99_ms"],
+                "energy_optimal_clock_mhz": floors,
+            }
+        )
+    return "\n".join(lines), rows
+
+
+def _floors(state: dict[str, object]) -> dict[str, object]:
+    """Per model, the energy-optimal clock per batch of its table at the end (admin state)."""
+    models = state.get("models")
+    out: dict[str, object] = {}
+    if isinstance(models, dict):
+        for name, entry in models.items():
+            learning = entry.get("learning") if isinstance(entry, dict) else None
+            energy = learning.get("energy") if isinstance(learning, dict) else None
+            if isinstance(energy, dict):
+                out[name] = energy.get("optimal_clock_mhz")
+    return out
 
 
 if __name__ == "__main__":

@@ -180,6 +180,27 @@ class SimulatedDevice(Device):
             if not st.active:
                 st.last_busy_end_s = now
 
+    def engine_power(self, power_w: float | None) -> int:
+        """A generative engine runs an iteration drawing ``power_w`` (None: it went idle); its
+        laws price the iteration, this GPU integrates the energy. Returns the clock now."""
+        now = self._now()
+        with self._store.transaction() as st:
+            self._advance(st, now)
+            running = st.engine_power_w > 0
+            if power_w is None or power_w <= 0:
+                if running:
+                    st.engine_power_w = 0.0
+                    st.active -= 1
+                    if not st.active:
+                        st.last_busy_end_s = now
+                return int(st.clock_mhz)
+            if not running:
+                st.active += 1
+                if not st.locked and st.clock_mhz < self.profile.max_clock_mhz:
+                    self._move_to(st, self.profile.max_clock_mhz, now)
+            st.engine_power_w = power_w
+            return int(st.clock_mhz)
+
     def sharing(self, model: str | None = None) -> tuple[int, int, int]:
         """``(clock_mhz, requests of model running, models running)``: what a running
         execution's speed depends on (see :func:`execution_speed`)."""
@@ -250,6 +271,8 @@ class SimulatedDevice(Device):
         """Busy: the floor plus the running models' dynamic power at this clock, each model's
         at the batch it runs in all (time-shared between models: their mean)."""
         p = self.profile
+        if st.engine_power_w > 0:  # an engine owns the GPU while it runs (it sets the power)
+            return float(min(st.engine_power_w, p.tdp_w))
         running = self._running(st)
         if running:
             x = st.clock_mhz / p.max_clock_mhz

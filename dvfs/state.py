@@ -18,9 +18,9 @@ from dataclasses import astuple, dataclass
 from pathlib import Path
 from typing import Protocol
 
-_MAGIC = b"SIMGPU02"
+_MAGIC = b"SIMGPU03"
 _HEADER = struct.Struct("<8s16s")
-_FIELDS = struct.Struct("<" + "d" * 18)
+_FIELDS = struct.Struct("<" + "d" * 19)
 
 
 @dataclass
@@ -46,6 +46,9 @@ class DeviceState:
     batch_1: float = 0.0
     batch_2: float = 0.0
     batch_3: float = 0.0
+    # A generative engine that prices its own iterations (dvfs.llm_profiles): its board power
+    # while it runs (0: none running).
+    engine_power_w: float = 0.0
 
 
 MAX_MODELS = 4

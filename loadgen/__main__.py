@@ -1,5 +1,8 @@
 """``python -m loadgen -m MODEL -u HOST:PORT``: perf_analyzer's options and CSV, plus joules per
-inference, the GPU clock and SLO attainment per client class."""
+inference, the GPU clock and SLO attainment per client class.
+
+``python -m loadgen generative -m MODEL -u HOST:PORT``: streamed load on a generative model,
+measured as aiperf measures it (see :mod:`loadgen.genai`)."""
 
 from __future__ import annotations
 
@@ -106,6 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
         help='client classes: "a:share=0.5,priority=1,slo_ms=30;b:share=0.5,nice=5"',
     )
     p.add_argument("--seed", type=int, default=0, help="for random data, Poisson gaps and the mix")
+    # The generative mode is a command of its own; the usage names it first.
+    own = p.format_usage().removeprefix("usage: ").replace("%", "%%")
+    p.usage = f"%(prog)s {{generative}} ...   (see: %(prog)s generative --help)\n       {own}"
     return p
 
 
@@ -158,7 +164,14 @@ async def run(args: argparse.Namespace, console: Console) -> list[StepResult]:
         args.percentile,
         metrics_url,
     )
-    if args.request_intervals is not None:
+    per_class = [c.concurrency for c in classes if c.concurrency is not None]
+    if per_class and (args.request_rate_range or args.request_intervals):
+        raise InputError("--mix with concurrency= runs closed loops: leave out the request rate")
+    if per_class and args.concurrency_range:
+        raise InputError("--mix with concurrency= sets each class's: leave out --concurrency-range")
+    if per_class:
+        mode, values = "concurrency", [float(sum(per_class))]
+    elif args.request_intervals is not None:
         mode, values = "rate", [1.0 / float(np.mean(_intervals(args.request_intervals)))]
     elif args.request_rate_range is not None:
         mode, values = "rate", args.request_rate_range
@@ -211,7 +224,7 @@ async def run(args: argparse.Namespace, console: Console) -> list[StepResult]:
                 rec = Recorder()
                 load = Load(session, target, rng, rec)
                 if mode == "concurrency":
-                    load.closed(int(value))
+                    load.closed(int(value), per_class or None)
                 else:
                     load.open(_gaps(args, value, rng))
                 try:
@@ -253,6 +266,11 @@ def _summary(console: Console, steps: Sequence[StepResult], mode: str, batch: in
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["generative"]:
+        from loadgen.genai import main as generative
+
+        return generative(argv[1:])
     args = build_parser().parse_args(argv)
     console = Console(width=None if sys.stdout.isatty() else PIPE_WIDTH)
     for name, value in (

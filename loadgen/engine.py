@@ -21,6 +21,8 @@ import tritonclient.http as httpclient
 
 from loadgen.classes import RequestClass
 
+GPU_HEADER = "x-sidecar-gpu"  # the sidecar's answer to "which GPU served this request"
+
 if TYPE_CHECKING:
     from loadgen.grpc_client import GrpcClient
 
@@ -28,7 +30,8 @@ if TYPE_CHECKING:
 @dataclass(frozen=True, slots=True)
 class Sample:
     """One request: when it left and returned (monotonic seconds), its class, its status;
-    ``sent_s`` when its body was written, ``headers_s`` when the reply's headers arrived."""
+    ``sent_s`` when its body was written, ``headers_s`` when the reply's headers arrived;
+    ``gpu`` which GPU served it, when the sidecar says (``x-sidecar-gpu``)."""
 
     start_s: float
     end_s: float
@@ -36,6 +39,7 @@ class Sample:
     status: int
     sent_s: float = math.nan
     headers_s: float = math.nan
+    gpu: str | None = None
 
     @property
     def latency_s(self) -> float:
@@ -121,12 +125,14 @@ async def _on_sent(
         ctx.trace_request_ctx["sent"] = time.monotonic()
 
 
-def new_session(limit: int = 0) -> aiohttp.ClientSession:
+def new_session(limit: int = 0, timeout_s: float = 120.0) -> aiohttp.ClientSession:
+    """A pooled session (``limit`` 0: no cap on connections) whose requests may take up to
+    ``timeout_s`` each, body included."""
     trace = aiohttp.TraceConfig()
     trace.on_request_chunk_sent.append(_on_sent)
     return aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=limit, keepalive_timeout=60),
-        timeout=aiohttp.ClientTimeout(total=120),
+        timeout=aiohttp.ClientTimeout(total=timeout_s),
         trace_configs=[trace],
         skip_auto_headers=("Accept-Encoding",),
     )
@@ -137,10 +143,11 @@ async def _send(session: aiohttp.ClientSession, target: Target, klass: int, rec:
     ctx: dict[str, float] = {}
     start = time.monotonic()
     if target.grpc is not None:
-        status, end = await target.grpc.infer(payload.body)
-        rec.add(Sample(start, end, klass, status))
+        status, end, gpu = await target.grpc.infer(payload.body)
+        rec.add(Sample(start, end, klass, status, gpu=gpu))
         return
     headers_at = math.nan
+    gpu = None
     try:
         async with session.post(
             f"http://{target.url}{target.path}",
@@ -151,9 +158,11 @@ async def _send(session: aiohttp.ClientSession, target: Target, klass: int, rec:
             headers_at = time.monotonic()
             await resp.read()
             status = resp.status
+            gpu = resp.headers.get(GPU_HEADER)
     except (aiohttp.ClientError, TimeoutError):
         status = 0
-    rec.add(Sample(start, time.monotonic(), klass, status, ctx.get("sent", math.nan), headers_at))
+    sent = ctx.get("sent", math.nan)
+    rec.add(Sample(start, time.monotonic(), klass, status, sent, headers_at, gpu))
 
 
 def class_sequence(target: Target, n: int, rng: np.random.Generator) -> list[int]:
@@ -180,19 +189,28 @@ async def closed_loop(
     await asyncio.gather(*(worker() for _ in range(concurrency)))
 
 
+def arrival_times(
+    rate_rps: float, n: int, distribution: str, rng: np.random.Generator
+) -> npt.NDArray[np.float64]:
+    """``n`` send times (s from the start): ``constant`` spacing or ``poisson`` (exponential
+    gaps, the first one included)."""
+    if rate_rps <= 0:
+        raise ValueError(f"request rate must be > 0, got {rate_rps}")
+    if distribution == "constant":
+        return np.arange(n) / rate_rps
+    if distribution == "poisson":
+        return np.cumsum(rng.exponential(1.0 / rate_rps, n))
+    raise ValueError(f"request distribution must be constant or poisson, got {distribution!r}")
+
+
 def schedule(
     rate_rps: float, duration_s: float, distribution: str, rng: np.random.Generator
 ) -> npt.NDArray[np.float64]:
-    """Send times (s from the start): ``constant`` spacing or ``poisson`` (exponential gaps)."""
+    """The send times of :func:`arrival_times` that fall within ``duration_s``."""
     if rate_rps <= 0:
         raise ValueError(f"request rate must be > 0, got {rate_rps}")
     n = max(1, int(rate_rps * duration_s * 1.5) + 10)
-    if distribution == "constant":
-        times = np.arange(n) / rate_rps
-    elif distribution == "poisson":
-        times = np.cumsum(rng.exponential(1.0 / rate_rps, n))
-    else:
-        raise ValueError(f"request distribution must be constant or poisson, got {distribution!r}")
+    times = arrival_times(rate_rps, n, distribution, rng)
     return times[times < duration_s]
 
 

@@ -82,14 +82,22 @@ class GrpcClient:
     async def __aexit__(self, *exc: object) -> None:
         await self._channel.close()
 
-    async def infer(self, request: bytes) -> tuple[int, float]:
-        """Send one request; its status (as HTTP's) and when the reply arrived."""
+    async def infer(self, request: bytes) -> tuple[int, float, str | None]:
+        """Send one request; its status (as HTTP's), when the reply arrived, and which GPU
+        served it when the sidecar says (trailing metadata ``x-sidecar-gpu``)."""
+        call = self._infer(request, timeout=120)
+        gpu = None
         try:
-            await self._infer(request, timeout=120)
+            await call
             status = 200
         except grpc.aio.AioRpcError as err:
             status = HTTP_STATUS.get(err.code(), 500)
-        return status, time.monotonic()
+        end = time.monotonic()
+        if status == 200:
+            for key, value in await call.trailing_metadata() or ():
+                if key == "x-sidecar-gpu":
+                    gpu = str(value)
+        return status, end, gpu
 
     async def _json(self, method: str, request: Any, reply: Any) -> dict[str, Any]:
         call = self._channel.unary_unary(

@@ -137,15 +137,23 @@ class Load:
         self._running = True
         self.sent = 0
 
-    def closed(self, concurrency: int) -> None:
+    def closed(self, concurrency: int, per_class: Sequence[int] | None = None) -> None:
+        """``concurrency`` workers, each request's class drawn by share; or, with
+        ``per_class``, that many workers for each class, each sending only its own."""
         classes = iter(class_sequence(self.target, 10_000_000, self.rng))
 
-        async def worker() -> None:
+        async def worker(klass: int | None) -> None:
             while self._running:
                 self.sent += 1
-                await _send(self.session, self.target, next(classes), self.rec)
+                k = next(classes) if klass is None else klass
+                await _send(self.session, self.target, k, self.rec)
 
-        self._tasks = [asyncio.create_task(worker()) for _ in range(concurrency)]
+        if per_class is None:
+            self._tasks = [asyncio.create_task(worker(None)) for _ in range(concurrency)]
+        else:
+            self._tasks = [
+                asyncio.create_task(worker(k)) for k, n in enumerate(per_class) for _ in range(n)
+            ]
 
     def open(self, gaps_s: AsyncIterator[float] | Callable[[], float]) -> None:
         async def pacer() -> None:

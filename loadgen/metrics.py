@@ -16,13 +16,33 @@ CLOCK_METRICS = ("sidecar_gpu_clock_hertz",)
 
 
 def scrape_values(text: str) -> dict[str, float]:
-    """Sum of each counter/gauge's samples by family name (our metrics have one GPU per process)."""
+    """Each counter/gauge by family name: the sum of its samples (a sidecar with several GPUs
+    has one per GPU: energy adds up), the mean for the clocks (the node's mean clock)."""
     out: dict[str, float] = {}
+    counts: dict[str, int] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             if s.name in (family.name, family.name + "_total"):
                 out[family.name] = out.get(family.name, 0.0) + s.value
+                counts[family.name] = counts.get(family.name, 0) + 1
+    for name in CLOCK_METRICS:
+        if counts.get(name, 0) > 1:
+            out[name] /= counts[name]
     return out
+
+
+def histogram_totals(text: str, family: str) -> tuple[float, float]:
+    """A histogram's ``_sum`` and ``_count`` over all its label sets (0, 0 when absent)."""
+    total, count = 0.0, 0.0
+    for fam in text_string_to_metric_families(text):
+        if fam.name != family:
+            continue
+        for s in fam.samples:
+            if s.name == family + "_sum":
+                total += s.value
+            elif s.name == family + "_count":
+                count += s.value
+    return total, count
 
 
 async def scrape(session: aiohttp.ClientSession, url: str) -> dict[str, float]:

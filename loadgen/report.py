@@ -12,6 +12,7 @@ import numpy as np
 
 from loadgen.classes import RequestClass
 from loadgen.measure import StepResult
+from scheduler.isolation import ClientUsage, IsolationReport, isolation
 
 PERF_ANALYZER_COLUMNS = (
     "Inferences/Second",
@@ -170,8 +171,22 @@ def console_lines(
     ]
     if not step.stable:
         lines.append(f"  Warning: not stable after {step.trials} windows; the last 3 are reported")
+    gpus = sorted({s.gpu for s in ok if s.gpu is not None}, key=lambda g: (len(g), g))
+    if len(gpus) > 1:
+        lines.append("  Per GPU (as the sidecar says): ")
+        for gpu in gpus:
+            mine = [s for s in ok if s.gpu == gpu]
+            p99 = float(np.percentile([s.latency_s * 1e6 for s in mine], 99))
+            lines.append(
+                f"    GPU {gpu}: {len(mine)} requests ({len(mine) / len(ok):.1%}), "
+                f"{len(mine) / step.duration_s:.1f}/sec, p99 {p99:.0f} usec"
+            )
     if len(classes) > 1:
-        lines.append("  Per class: ")
+        iso = class_isolation(step, classes)
+        lines.append(
+            "  Per class (DCT/ideal: completion time over ideal CFS's, seed 000's isolation; "
+            f"worst pair {_fmt(iso.deviation * 100, '.1f', '%')} from ideal): "
+        )
         for i, c in enumerate(classes):
             mine = [s for s in ok if s.klass == i]
             if not mine:
@@ -182,9 +197,32 @@ def console_lines(
             rate = len(mine) / step.duration_s
             lines.append(
                 f"    {c.name}: {len(mine)} requests, {rate:.1f}/sec, p99 {p99:.0f} usec, "
-                f"SLO met {met:.2%}"
+                f"SLO met {met:.2%}, DCT/ideal {_fmt(iso.ratio_of(c.name), '.3f', '')}"
             )
     return lines
+
+
+def class_isolation(step: StepResult, classes: Sequence[RequestClass]) -> IsolationReport:
+    """Seed 000's isolation metric over a mix (:mod:`scheduler.isolation`): each class's
+    completions in the step against ideal CFS's split of them by nice, classes grouped by the
+    ``priority`` they send. A class with its own closed loop (``concurrency=``) asks for more
+    than it can get; any other asks for its share of what was sent."""
+    sent = sum(w.sent for w in step.windows)
+    served = [0] * len(classes)
+    for s in step.ok:
+        served[s.klass] += 1
+    return isolation(
+        [
+            ClientUsage(
+                c.name,
+                c.priority,
+                c.nice or 0,
+                float(served[i]),
+                None if c.concurrency is not None else c.share * sent,
+            )
+            for i, c in enumerate(classes)
+        ]
+    )
 
 
 def _fmt(value: float, spec: str, unit: str) -> str:

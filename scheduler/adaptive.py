@@ -25,8 +25,9 @@ Three clocks, one for each thing the GPU does:
   idle GPU locked high draws more than one locked low; the base clock is back at the next
   arrival.
 
-The knobs are :class:`scheduler.feedback.FeedbackParams`; ``docs/policy.md`` shows what each
-part is worth on the simulator's matrices.
+The knobs are :class:`scheduler.feedback.FeedbackParams`; ``docs/design.md`` ("The adaptive
+policy") describes them and ``docs/simulator.md`` what the policy is worth on the simulator's
+matrices.
 """
 
 from __future__ import annotations
@@ -156,6 +157,9 @@ class AdaptivePolicy(SlackPolicy):
     and a deep clock when idle (see the module docstring)."""
 
     name = "adaptive"
+    # The raise for a held batch is set a clock change before its hold ends: a hold that then
+    # moved later would leave the GPU raised with nothing to run.
+    extends_holds = False
 
     def __init__(
         self,
@@ -235,8 +239,7 @@ class AdaptivePolicy(SlackPolicy):
             return 0.0, None
         slo_s = s.last_slo_ms(model) / 1e3
         room_s = (
-            self.feedback.setpoint * slo_s
-            - (self.params.change_delay_ms + plan.margin_ms) / 1e3
+            self.feedback.setpoint * slo_s - (self.params.change_delay_ms + plan.margin_ms) / 1e3
         )
         return self.params.batch_hold * slo_s, room_s
 
@@ -382,7 +385,7 @@ class AdaptivePolicy(SlackPolicy):
         """As ``slack``'s, and a clock change before each hold ends (the raise for the batch
         held lands as it goes)."""
         lead_s = self.params.change_delay_ms / 1000.0
-        times = [t - lead_s for t in self._holds.values()]
+        times = [t - lead_s for t in self._holds.values() if t - lead_s > self._now_s]
         own = super().wake_at_s()
         if own is not None:
             times.append(own)
@@ -402,8 +405,11 @@ class AdaptivePolicy(SlackPolicy):
             return self.clocks_mhz[-1]
         rates = {m: r for m, r in s.arrival_rates_rps(now_s).items() if m in plans}
         raising = {m: self._raise_plan(m, p) for m, p in plans.items() if p is not None}
-        feasible = self._feasible(s, now_s, models, dict(raising), inflight, queued, rates)
-        return max(self._first(feasible), self._floor(s, models))
+        constraints = self._constraints(s, now_s, models, dict(raising), inflight, queued, rates)
+        if constraints is None:
+            return self.clocks_mhz[-1]  # a model with no table
+        # the energy fit may lower the floor for a while, to measure a clock under it
+        return max(self._first(constraints), s.energy_floor_mhz(self._floor(s, models), now_s))
 
     def _raise_plan(self, model: str, plan: ModelPlan) -> ModelPlan:
         """``plan`` with the margin the raises plan for (``raise_quantile``: the mean by

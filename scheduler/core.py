@@ -9,11 +9,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic
 
+from dvfs.energy import EnergyReading
 from scheduler.observe import ExecutionObserver
 from scheduler.policies import ClockPolicy
-from scheduler.queue import PriorityCfsQueue
+from scheduler.queue import PriorityCfsQueue, VruntimeLedger
 from scheduler.request import Completion, Dispatch, EnqueueResult, P, Request
 from scheduler.view import ModelServing, QueuedRequest
+from scheduler.waitbound import WaitBound
 from scheduler.weights import NICE_MAX, NICE_MIN, weight_for_nice
 from time2clock.online import OnlineTables
 from time2clock.table import ModelTable, TableSet
@@ -29,22 +31,29 @@ class SchedulerConfig:
     """Bounds of one GPU's scheduler.
 
     ``max_inflight``: a cap on the requests at Triton at once, over every model; how many the
-    scheduler actually releases is each model's :class:`ModelServing` depth, or what the policy
-    asks for below it.
+    scheduler actually releases of a model is ``triton_batches`` of its full batches
+    (:meth:`Scheduler.release_depth`), or what the policy asks for below it, or less while a
+    higher priority level must not wait behind more (:mod:`scheduler.waitbound`). Whatever is
+    not at Triton waits in the sidecar's queue, where priority, nice weights, deadlines and
+    cancellation still decide; Triton runs what it holds as it batches it, and a running batch
+    is never preempted.
 
     ``priority_levels``: levels 1..N (1 highest); a request with priority 0 goes to
     ``default_priority_level`` (default: N, the lowest), as in Triton's model configuration.
     """
 
-    max_inflight: int = 64
+    max_inflight: int = 256
     max_queue: int = 1000
     priority_levels: int = 2
     default_priority_level: int | None = None
     default_slo_ms: float = 100.0
+    triton_batches: int = 1
 
     def __post_init__(self) -> None:
-        if self.max_inflight < 1 or self.max_queue < 1 or self.priority_levels < 1:
-            raise ValueError("max_inflight, max_queue and priority_levels must all be >= 1")
+        if min(self.max_inflight, self.max_queue, self.priority_levels, self.triton_batches) < 1:
+            raise ValueError(
+                "max_inflight, max_queue, priority_levels and triton_batches must all be >= 1"
+            )
         level = self.default_level
         if not 1 <= level <= self.priority_levels:
             raise ValueError(f"default_priority_level must be in 1..{self.priority_levels}")
@@ -86,19 +95,29 @@ class Scheduler(Generic[P]):
         config: SchedulerConfig | None = None,
         serving: Mapping[str, ModelServing] | None = None,
         learner: OnlineTables | None = None,
+        ledger: VruntimeLedger | None = None,
     ) -> None:
         """``learner``: when given, every isolated execution (:mod:`scheduler.observe`) is a
-        measurement, and the tables are refitted from them as it says (tables that learn)."""
+        measurement, and the tables are refitted from them as it says (tables that learn).
+        ``ledger``: the virtual runtimes shared with the other GPUs of the node (default: this
+        GPU's own)."""
         self._tables = tables
         self.learner = learner
         self._observer = ExecutionObserver()
         self.policy = policy
         self.config = config or SchedulerConfig()
-        self.queue: PriorityCfsQueue[P] = PriorityCfsQueue()
+        self.queue: PriorityCfsQueue[P] = PriorityCfsQueue(ledger)
         self.inflight: dict[int, Request[P]] = {}
         self._inflight_by_model: dict[str, list[QueuedRequest]] = {}
+        self._inflight_levels: dict[str, dict[int, int]] = {}  # model -> level -> at Triton
         self._queued_of: dict[str, list[QueuedRequest]] = {}
+        self._queued_kinds: dict[tuple[str, int], int] = {}  # (model, level) -> waiting
+        self.bound = WaitBound()
         self._serving = dict(serving or {})
+        # Derived from the tables, kept until they change: how a model not registered is
+        # served, and what a request is charged at a clock (asked at every dispatch).
+        self._derived: dict[str, ModelServing] = {}
+        self._charges: dict[tuple[str, int | None], float] = {}
         policy.attach(self)
         self.clock_target_mhz: int | None = policy.initial_clock_mhz()
         self._seq = 0
@@ -112,6 +131,8 @@ class Scheduler(Generic[P]):
         policy.attach(self)
         self.clock_target_mhz = policy.initial_clock_mhz()
         self._observer.clock_changed(None)
+        if self.learner is not None:
+            self.learner.clock_unknown()
 
     # -- tables and serving ---------------------------------------------------------------
 
@@ -122,6 +143,8 @@ class Scheduler(Generic[P]):
     def set_tables(self, tables: TableSet) -> None:
         """Replace every model's table (the admin API does this)."""
         self._tables = tables
+        self._derived.clear()
+        self._charges.clear()
         self.policy.tables_changed()
 
     def table_for(self, model: str) -> ModelTable | None:
@@ -130,14 +153,36 @@ class Scheduler(Generic[P]):
     def serving(self, model: str) -> ModelServing:
         """How Triton serves ``model``: as registered, else its table's largest batch on one
         instance."""
-        known = self._serving.get(model)
+        known = self._serving.get(model) or self._derived.get(model)
         if known is not None:
             return known
         table = self._tables.get(model)
-        return ModelServing(max_batch=table.max_batch if table is not None else 1)
+        derived = ModelServing(max_batch=table.max_batch if table is not None else 1)
+        if len(self._derived) < 1024:  # models named, bounded
+            self._derived[model] = derived
+        return derived
+
+    def serving_known(self, model: str) -> ModelServing | None:
+        """How Triton serves ``model``, if it was registered (None: not known yet)."""
+        return self._serving.get(model)
+
+    def release_depth(self, model: str) -> int:
+        """The most requests of ``model`` worth having at Triton at once: ``triton_batches``
+        full batches, and no fewer than two per instance. One full batch is what its batcher
+        needs to run the batch the policy wants (several instances share it, as they share the
+        GPU); a model that runs requests one at a time needs one running and one ready on each
+        instance, so that the sidecar's round trip after a completion leaves no instance idle.
+        Everything beyond would wait in Triton's queue, first come first served within a
+        level, out of the sidecar's reach. A decoupled model (an LLM engine): the sequences it
+        may run at once."""
+        serving = self.serving(model)
+        if serving.streams:
+            return serving.streams
+        return max(self.config.triton_batches * serving.max_batch, 2 * serving.instances)
 
     def set_serving(self, model: str, serving: ModelServing) -> None:
         self._serving[model] = serving
+        self._derived.pop(model, None)
         self.policy.tables_changed()
 
     # -- what policies read (scheduler.view.SchedulerView) --------------------------------
@@ -151,13 +196,26 @@ class Scheduler(Generic[P]):
         return len(self.queue)
 
     def charge_ms(self, model: str) -> float:
-        """What CFS charges a request of ``model`` when it is sent: one execution's predicted
-        time at the clock now targeted (completion corrects it with the time measured)."""
+        """What CFS charges a request of ``model`` when it is sent (completion corrects it with
+        the time measured): what requests of the model have been charged lately in all, else
+        one execution's predicted time at the clock now targeted (cached per clock). Charging
+        much less than the final charge would let a flow take many free slots before its
+        completions catch up."""
+        served = self.queue.service_ms(model)
+        if served is not None:
+            return served
+        key = (model, self.clock_target_mhz)
+        charge = self._charges.get(key)
+        if charge is not None:
+            return charge
         table = self._tables.get(model)
         if table is None:
             return self.config.default_slo_ms / 4
-        clocks = table.clocks_mhz
-        return table.predict_ms(self.clock_target_mhz or clocks[-1])
+        charge = table.predict_ms(self.clock_target_mhz or table.clocks_mhz[-1])
+        if len(self._charges) >= 4096:  # (model, clock) pairs: bounded
+            self._charges.clear()
+        self._charges[key] = charge
+        return charge
 
     def iter_queue(self, limit: int) -> Iterator[Request[P]]:
         head = self.queue.peek()
@@ -179,6 +237,15 @@ class Scheduler(Generic[P]):
 
     def inflight_count(self, model: str) -> int:
         return len(self._inflight_by_model.get(model, ()))
+
+    def inflight_levels(self, model: str) -> Mapping[int, int]:
+        """How many requests of ``model`` are at Triton, by level."""
+        return self._inflight_levels.get(model, {})
+
+    def busy_models(self) -> int:
+        """How many models have requests at Triton or waiting for it."""
+        inflight, queued = self._inflight_by_model, self._queued_of
+        return len(inflight) + sum(1 for m in queued if m not in inflight)
 
     def arrival_rates_rps(self, now_s: float) -> dict[str, float]:
         """Arrivals per second per model, exponentially decayed counts over ``RATE_WINDOW_S``."""
@@ -207,6 +274,7 @@ class Scheduler(Generic[P]):
             return None
         self.clock_target_mhz = proposed
         self._observer.clock_changed(now_s)
+        self._occupancy(now_s)
         return proposed
 
     def enqueue(self, request: Request[P], now_s: float) -> EnqueueResult:
@@ -224,6 +292,9 @@ class Scheduler(Generic[P]):
         self._last_slo_ms[request.model] = request.slo_ms
         self.queue.push(request)
         self._queued_of.setdefault(request.model, []).append(request)
+        kind = (request.model, request.level)
+        self._queued_kinds[kind] = self._queued_kinds.get(kind, 0) + 1
+        self.bound.arrived(request.model, request.level, request.slo_ms, now_s)
         return EnqueueResult(
             accepted=True,
             clock_mhz=self._clock(self.policy.on_enqueue(self, request, now_s), now_s),
@@ -260,7 +331,9 @@ class Scheduler(Generic[P]):
 
         While fewer than ``max_inflight`` requests are at Triton: the first waiting request,
         in queue order, whose model has fewer at Triton than the policy's release limit for it
-        (a model held back for a fuller batch does not block the others).
+        (a model held back for a fuller batch does not block the others), and whose release
+        keeps the wait of every higher level within its SLO (:mod:`scheduler.waitbound`; a
+        lower level held back does not block the higher ones behind it in the scan).
         """
         if len(self.inflight) >= self.config.max_inflight or not self.queue_len:
             return None
@@ -272,6 +345,8 @@ class Scheduler(Generic[P]):
         request.dispatch_s = now_s
         self.inflight[request.seq] = request
         self._inflight_by_model.setdefault(request.model, []).append(request)
+        levels = self._inflight_levels.setdefault(request.model, {})
+        levels[request.level] = levels.get(request.level, 0) + 1
         self._observer.on_dispatch(
             request.model,
             request.seq,
@@ -279,21 +354,42 @@ class Scheduler(Generic[P]):
             self.serving(request.model).max_batch,
             now_s,
         )
+        self._occupancy(now_s)
         clock = self._clock(self.policy.on_dispatch(self, request, now_s), now_s)
         return Dispatch(request=request, clock_mhz=clock)
 
     def _next_sendable(self, now_s: float) -> Request[P] | None:
-        limits: dict[str, bool] = {}
+        limits: dict[str, int] = {}  # model -> the policy's release limit
+        room: dict[tuple[str, int], bool] = {}  # (model, level) -> may go now
         for request in self.iter_queue(SCAN_LIMIT):
-            room = limits.get(request.model)
-            if room is None:
-                limit = self.policy.release_limit(self, request.model, now_s)
-                room = limits[request.model] = self.inflight_count(request.model) < limit
-            if room:
+            kind = (request.model, request.level)
+            ok = room.get(kind)
+            if ok is None:
+                limit = limits.get(request.model)
+                if limit is None:
+                    limit = limits[request.model] = self.policy.release_limit(
+                        self, request.model, now_s
+                    )
+                ok = room[kind] = self._ahead_at_triton(request) < limit and self.bound.allows(
+                    self, request.model, request.level, now_s
+                )
+            if ok:
                 return request
-            if len(limits) == len(self._queued_of):
-                return None  # every model waiting is held back
+            if len(room) == len(self._queued_kinds):
+                return None  # every (model, level) waiting is held back
         return None
+
+    def _ahead_at_triton(self, request: Request[P]) -> int:
+        """What counts against ``request``'s model's release limit: its requests at Triton of
+        ``request``'s level and higher. Lower levels there do not hold a higher one back: it
+        goes ahead of them in Triton's priority queue (and with none configured, it would
+        wait for them in the sidecar all the same). A decoupled model's streams all count."""
+        if self.serving(request.model).streams:
+            return self.inflight_count(request.model)
+        levels = self._inflight_levels.get(request.model)
+        if not levels:
+            return 0
+        return sum(n for level, n in levels.items() if level <= request.level)
 
     def on_complete(
         self, request: Request[P], service_s: float, now_s: float, *, measured: bool = True
@@ -306,8 +402,15 @@ class Scheduler(Generic[P]):
         same_model.remove(request)
         if not same_model:
             del self._inflight_by_model[request.model]
+            del self._inflight_levels[request.model]
+        else:
+            levels = self._inflight_levels[request.model]
+            levels[request.level] -= 1
+            if not levels[request.level]:
+                del levels[request.level]
         self.queue.settle(request, service_s * 1000.0)
         self._last_completion_s[request.model] = now_s
+        self._occupancy(now_s)
         sample = self._observer.on_complete(request.seq, now_s, measured=measured)
         if sample is not None and self.learner is not None:
             self.learner.observe(sample, self._tables.get(sample.model))
@@ -319,6 +422,27 @@ class Scheduler(Generic[P]):
             request=request,
             clock_mhz=self._clock(self.policy.on_complete(self, request, now_s), now_s),
         )
+
+    def on_token(self, request: Request[P], now_s: float) -> int | None:
+        """A token of ``request``'s stream went by; a clock to set, if any."""
+        return self._clock(self.policy.on_token(self, request, now_s), now_s)
+
+    # -- energy (what the online fit attributes the GPU's energy counter to) ------------------
+
+    def _occupancy(self, now_s: float) -> None:
+        if self.learner is not None:
+            self.learner.occupancy(now_s, self.clock_target_mhz, self._inflight_by_model)
+
+    def on_energy(self, reading: EnergyReading, update_interval_s: float | None) -> None:
+        """A new value of the GPU's energy counter (whoever reads the device hands it here, in
+        order, with the counter's refresh interval as learned)."""
+        if self.learner is not None:
+            self.learner.on_energy(reading, update_interval_s)
+
+    def energy_floor_mhz(self, floor_mhz: int, now_s: float) -> int:
+        """The energy floor a policy should hold now: ``floor_mhz``, or a lower clock while
+        the energy fit probes one (the deadlines still set the clock above it)."""
+        return floor_mhz if self.learner is None else self.learner.floor_mhz(floor_mhz, now_s)
 
     def cancel(self, request: Request[P]) -> bool:
         """Forget a waiting ``request`` (abandoned by its client, or timed out); True if it was
@@ -335,6 +459,7 @@ class Scheduler(Generic[P]):
             self.queue.settle(request, 0.0)
             drained.append(request)
         self._queued_of.clear()
+        self._queued_kinds.clear()
         return drained
 
     def _unqueue(self, request: Request[P]) -> None:
@@ -342,6 +467,12 @@ class Scheduler(Generic[P]):
         same_model.remove(request)
         if not same_model:
             del self._queued_of[request.model]
+        kind = (request.model, request.level)
+        left = self._queued_kinds[kind] - 1
+        if left:
+            self._queued_kinds[kind] = left
+        else:
+            del self._queued_kinds[kind]
 
     def poll(self, now_s: float) -> int | None:
         """Run the policy's timer (hysteresis); a clock to set, if any."""

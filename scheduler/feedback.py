@@ -30,8 +30,9 @@ estimate a p99 from a handful of samples.
 * **A quiet class keeps its level**: nothing moves without completions.
 
 For reports, the controller also keeps a sliding window (``window_s``, at most
-``max_samples``) of ``latency / SLO``: its attainment and its ``target`` quantile. Time is
-always passed in (``now_s``), so tests drive it with injected time.
+``max_samples``) of ``latency / SLO``: its attainment and its ``target`` quantile. The defaults
+are listed and explained in docs/design.md ("The adaptive policy"). Time is always passed in
+(``now_s``), so tests drive it with injected time.
 """
 
 from __future__ import annotations
@@ -55,11 +56,14 @@ class FeedbackParams:
     clock shortens the idle time it replaces), and the idle clock weighs what idling lower
     saves against what the wake-up costs. ``floor_tolerance``: the floor is the lowest clock
     whose estimated energy is within this share of the least (lower clocks form bigger batches
-    than the estimate counts). ``phantoms``: the plan's
-    arrivals to come. ``raise_quantile``: the quantile of execution times the plan raises the
-    clock for (the controller measures the tail, so the plan raises for the mean);
-    ``batch_hold``: how long a model's requests may be held for a fuller batch, as a share of
-    their SLO (``slack``'s, with the table's p99 margin).
+    than the estimate counts). ``phantoms``: the plan's arrivals to come. ``raise_quantile``:
+    the quantile of execution times the plan raises the clock for (the controller measures the
+    tail, so the plan raises for the mean). ``batch_hold``: the longest a model's requests may
+    be held for a fuller batch, as a share of their SLO (a hold also ends in time for the
+    setpoint at the energy floor, with the table's p99 margin); ``hold_while_busy``: hold them
+    while the model's earlier batch runs too (what arrives meanwhile would otherwise run nearly
+    alone beside it); ``rest_while_holding``: drop to the idle clock while every model waiting
+    is held back (nothing runs until a hold ends).
     """
 
     target: float = 0.99
@@ -73,12 +77,12 @@ class FeedbackParams:
     idle_depth: float = 0.2
     idle_power_w: float | None = None
     idle_power_top_w: float | None = None
-    floor_tolerance: float = 0.05
+    floor_tolerance: float = 0.02
     phantoms: int = 0
     raise_quantile: str = "mean"
-    batch_hold: float = 0.4
-    hold_while_busy: bool = False
-    rest_while_holding: bool = False
+    batch_hold: float = 0.8
+    hold_while_busy: bool = True
+    rest_while_holding: bool = True
 
     def __post_init__(self) -> None:
         if not 0.5 <= self.target < 1.0:
@@ -159,3 +163,129 @@ class TailController:
         if len(self._window) < max(1, self.params.min_samples):
             return float("nan")
         return float(np.quantile([r for _, r in self._window], self.params.target))
+
+
+@dataclass(frozen=True)
+class ScaleParams:
+    """Knobs of :class:`ScaleController` (see its docstring)."""
+
+    target: float = 0.99
+    setpoint: float = 0.8
+    window_s: float = 10.0
+    max_samples: int = 2000
+    min_samples: int = 50
+    period_s: float = 1.0
+    gain: float = 0.5
+    max_step: float = 0.1
+    backoff: float = 0.7
+    backoff_gap_s: float = 0.5
+    settle_s: float = 3.0
+    min_scale: float = 0.5
+    max_scale: float = 3.0
+    start_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not 0.5 <= self.target < 1.0:
+            raise ValueError(f"target attainment must be in [0.5, 1), got {self.target}")
+        if not 0.0 < self.setpoint <= 1.0:
+            raise ValueError(f"setpoint must be in (0, 1], got {self.setpoint}")
+        if not 0.0 < self.min_scale <= self.start_scale <= self.max_scale:
+            raise ValueError("need 0 < min_scale <= start_scale <= max_scale")
+        if not 0.0 < self.backoff < 1.0:
+            raise ValueError(f"backoff must be in (0, 1), got {self.backoff}")
+
+
+class ScaleController:
+    """One SLO class's scale on the deadline a plan aims at, fed every completion of the class:
+    the token policy's loop (:mod:`scheduler.tokens`) on its TTFT and TPOT budgets.
+
+    It measures ``latency / SLO`` over a sliding window (``window_s``, at most ``max_samples``)
+    and scales the deadline: **back off fast** (more than the budget of misses, ``1 − target``
+    of the window, since the last cut: cut by ``backoff`` at once, cuts at least
+    ``backoff_gap_s`` apart, no rise for ``settle_s`` after one); **creep up slowly** (every
+    ``period_s``, the window's ``target`` quantile ``q`` since the last cut against
+    ``setpoint``: below it the scale grows by ``(setpoint / q) ** gain``, at most ``max_step``;
+    over the SLO it falls the same way); **bounded** within ``[min_scale, max_scale]``.
+    """
+
+    def __init__(self, params: ScaleParams | None = None) -> None:
+        self.params = params or ScaleParams()
+        self.scale = self.params.start_scale
+        self._window: deque[tuple[float, float]] = deque()
+        self._misses: deque[float] = deque()  # when the window's misses since the last cut came
+        self._last_cut_s = -np.inf
+        self._last_step_s: float | None = None
+        self.backoffs = 0
+        self.raises = 0
+        self.rebases = 0
+
+    def observe(self, now_s: float, latency_ms: float, slo_ms: float) -> bool:
+        """Record one completion; True if the scale changed."""
+        p = self.params
+        ratio = latency_ms / slo_ms
+        self._window.append((now_s, ratio))
+        while len(self._window) > p.max_samples or self._window[0][0] < now_s - p.window_s:
+            self._window.popleft()
+        if ratio > 1.0:
+            self._misses.append(now_s)
+            while self._misses[0] < now_s - p.window_s:
+                self._misses.popleft()
+            budget = max(1.0, (1.0 - p.target) * len(self._window))
+            if len(self._misses) > budget and now_s >= self._last_cut_s + p.backoff_gap_s:
+                self._cut(now_s, p.backoff)
+                return True
+        if self._last_step_s is None:
+            self._last_step_s = now_s
+        if now_s < self._last_step_s + p.period_s:
+            return False
+        self._last_step_s = now_s
+        return self._step(now_s)
+
+    def rebase(self, at_most: float) -> None:
+        """The plan under the scale changed (a new table): keep the scale no higher than
+        ``at_most`` and judge only what completes from now on."""
+        if self.scale > at_most:
+            self.scale = at_most
+            self.rebases += 1
+        self._window.clear()
+        self._misses.clear()
+
+    def attainment(self) -> float:
+        """The share of the window's completions within their SLO (nan: none)."""
+        if not self._window:
+            return float("nan")
+        return float(np.mean([r <= 1.0 for _, r in self._window]))
+
+    def tail_ratio(self) -> float:
+        """The ``target`` quantile of latency / SLO over the window's completions since the
+        last cut (those before it led to the cut); nan with fewer than ``min_samples``."""
+        recent = [r for t, r in self._window if t >= self._last_cut_s]
+        if len(recent) < self.params.min_samples:
+            return float("nan")
+        return float(np.quantile(recent, self.params.target))
+
+    def _step(self, now_s: float) -> bool:
+        p = self.params
+        if now_s < self._last_cut_s + p.settle_s:
+            return False
+        q = self.tail_ratio()
+        if np.isnan(q) or q <= 0:
+            return False
+        if q > 1.0:
+            self._cut(now_s, max(p.backoff, (p.setpoint / q) ** p.gain))
+            return True
+        if q >= p.setpoint:
+            return False
+        factor = min(1.0 + p.max_step, (p.setpoint / q) ** p.gain)
+        new = min(p.max_scale, self.scale * factor)
+        if new == self.scale:
+            return False
+        self.scale = new
+        self.raises += 1
+        return True
+
+    def _cut(self, now_s: float, factor: float) -> None:
+        self.scale = max(self.params.min_scale, self.scale * factor)
+        self._last_cut_s = now_s
+        self._misses.clear()
+        self.backoffs += 1

@@ -8,6 +8,7 @@ GPU" (the device is reset, not locked).
 
 from __future__ import annotations
 
+import bisect
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -17,8 +18,9 @@ import numpy as np
 import numpy.typing as npt
 from scipy.stats import gamma
 
+from scheduler.constraints import Constraints, WorkTable
 from scheduler.view import QueuedRequest, SchedulerView
-from time2clock.table import ModelTable
+from time2clock.table import TAIL_QUANTILES, ModelTable
 
 MIN_HOLD_S = 0.0005  # a hold shorter than this is not worth a timer
 BoolArray = npt.NDArray[np.bool_]
@@ -41,9 +43,9 @@ class ClockPolicy(ABC):
         """The scheduler this policy now serves, before :meth:`initial_clock_mhz` is asked."""
 
     def release_limit(self, s: SchedulerView, model: str, now_s: float) -> int:
-        """How many requests of ``model`` to keep at Triton: by default all its batcher can use
-        (every instance busy with a full batch, the next one waiting)."""
-        return s.serving(model).depth
+        """How many requests of ``model`` to keep at Triton: by default a full batch's worth
+        (:meth:`scheduler.core.Scheduler.release_depth`); the rest waits in the sidecar."""
+        return s.release_depth(model)
 
     def on_enqueue(self, s: SchedulerView, request: QueuedRequest, now_s: float) -> int | None:
         return None
@@ -52,6 +54,10 @@ class ClockPolicy(ABC):
         return None
 
     def on_complete(self, s: SchedulerView, request: QueuedRequest, now_s: float) -> int | None:
+        return None
+
+    def on_token(self, s: SchedulerView, request: QueuedRequest, now_s: float) -> int | None:
+        """A token of ``request``'s stream went by (streams of generative models only)."""
         return None
 
     def poll(self, s: SchedulerView, now_s: float) -> int | None:
@@ -65,12 +71,18 @@ class ClockPolicy(ABC):
     def tables_changed(self) -> None:  # noqa: B027 (most policies derive nothing from tables)
         """A model's table or serving changed: forget anything derived from the old ones."""
 
+    def model_scale(self, model: str) -> float | None:
+        """The scale this policy puts on ``model``'s SLO, where it keeps one (a gauge)."""
+        return None
+
+    def state(self) -> list[dict[str, object]] | None:
+        """What this policy learned and holds, for the admin state (None: nothing)."""
+        return None
+
     def _snap_up(self, clock_mhz: float) -> int:
         """The lowest ladder clock at or above ``clock_mhz`` (the top one if none)."""
-        for c in self.clocks_mhz:
-            if c >= clock_mhz:
-                return c
-        return self.clocks_mhz[-1]
+        i = bisect.bisect_left(self.clocks_mhz, clock_mhz)
+        return self.clocks_mhz[min(i, len(self.clocks_mhz) - 1)]
 
 
 class MaxPolicy(ClockPolicy):
@@ -169,6 +181,20 @@ class SlackParams:
     phantom_margin: float = 1.0
     hold_while_busy: bool = False
 
+    def __post_init__(self) -> None:
+        if self.quantile not in ("mean", *TAIL_QUANTILES):
+            raise ValueError(
+                f"quantile must be one of mean, {', '.join(TAIL_QUANTILES)}, got {self.quantile!r}"
+            )
+        if not (0.0 < self.safety <= 1.0 and 0.0 <= self.batch_hold <= 1.0):
+            raise ValueError("need 0 < safety <= 1 and 0 <= batch_hold <= 1")
+        if not 0.0 < self.arrival_quantile < 1.0:
+            raise ValueError(f"arrival_quantile must be in (0, 1), got {self.arrival_quantile}")
+        if min(self.lookahead, self.phantoms) < 0 or min(self.hold_s, self.change_delay_ms) < 0:
+            raise ValueError("lookahead, phantoms, hold_s and change_delay_ms must be >= 0")
+        if not self.phantom_margin > 0:
+            raise ValueError(f"phantom_margin must be > 0, got {self.phantom_margin}")
+
 
 class ModelPlan:
     """One model's predicted execution times at every clock, by batch size (row ``b``, batch 0
@@ -180,6 +206,7 @@ class ModelPlan:
             [[0.0] * len(clocks_mhz)]
             + [[table.predict_ms(c, b) for c in clocks_mhz] for b in range(1, max_batch + 1)]
         )
+        self.work = WorkTable(self.times_ms, max_batch)
         self.margin_ms = table.tail_margin_ms(quantile)
         self.floor_mhz = table.energy_optimal_clock_mhz()
         # Below this clock even a full batch costs more energy per inference, not less.
@@ -220,8 +247,7 @@ class SlackPolicy(ClockPolicy):
       of every deadline's room for what the model does not know.
     * **Batches worth waiting for.** Below a full batch a model's requests may be held back
       for up to ``batch_hold`` (a quarter) of the tightest one's SLO while more arrive, and go
-      together (see :meth:`release_limit`; the measurements behind the default are in the
-      README, "Batching and many models").
+      together (see :meth:`release_limit`, and docs/design.md, "Batching and many models").
     * **A model with no table gets the top clock** while any of its requests is queued or in
       flight: nothing is known of how fast it runs.
 
@@ -230,6 +256,9 @@ class SlackPolicy(ClockPolicy):
     """
 
     name = "slack"
+    #: Whether a hold re-decided later may end later than first planned (fewer arrivals came
+    #: than expected: a smaller batch needs less time).
+    extends_holds = True
 
     def __init__(self, clocks_mhz: list[int], params: SlackParams | None = None) -> None:
         super().__init__(clocks_mhz)
@@ -237,7 +266,9 @@ class SlackPolicy(ClockPolicy):
         self.current_mhz = self.clocks_mhz[0]
         self._lower_since_s: float | None = None
         self._plans: dict[str, ModelPlan | None] = {}
+        self._hints = [0, 0]  # the last plans' answers (clock index: now, after a delay)
         self._holds: dict[str, float] = {}  # model -> when to look again at requests held
+        self._held_head: dict[str, int] = {}  # model -> the first request of its hold
         self._released_upto: dict[str, int] = {}  # model -> the last request of a batch let go
         # The j-th of a Poisson stream's next arrivals comes after Gamma(j, 1/λ); plan for it
         # arriving early (its arrival_quantile), i.e. for a burst, not for the average spacing.
@@ -245,6 +276,7 @@ class SlackPolicy(ClockPolicy):
             float(gamma.ppf(self.params.arrival_quantile, j))
             for j in range(1, self.params.phantoms + 1)
         ]
+        self._phantom_gaps_arr = np.array(self._phantom_gaps)
 
     def _slo_scale(self, model: str, slo_ms: float) -> float:
         """The share of a request's SLO the plan aims at (1: its SLO; a feedback policy moves
@@ -262,7 +294,7 @@ class SlackPolicy(ClockPolicy):
 
     def release_limit(self, s: SchedulerView, model: str, now_s: float) -> int:
         """Hold ``model``'s waiting requests back for a fuller batch while that is safe; else
-        let go all its batcher can use.
+        let go up to its release depth.
 
         Energy per inference falls steeply with the batch (dvfs/profiles.py), and Triton's batcher
         only gets what arrives while an instance is busy: at low load, batches of one or two.
@@ -270,12 +302,12 @@ class SlackPolicy(ClockPolicy):
         waits for more, until the earliest of: a full batch; ``batch_hold`` of the tightest
         waiting request's SLO since it arrived; the last moment the batch expected by then still
         meets the earliest deadline at the energy-optimal clock with the tail margin. While the
-        model's requests are at Triton, what arrives goes at once: it piles up at Triton's
-        batcher anyway, and holding there too made bursts that cost the live stack its tail
-        (README, "Batching and many models"). Re-decided at every event.
+        model's requests are at Triton, what arrives goes at once (up to the depth): it piles
+        up at Triton's batcher anyway, and holding there too made bursts that cost the live
+        stack its tail (docs/design.md, "Batching and many models"). Re-decided at every event.
         """
-        depth = s.serving(model).depth
-        self._holds.pop(model, None)
+        depth = s.release_depth(model)
+        before = self._holds.pop(model, None)
         plan = self._plan(s, model)
         waiting = s.queued_of(model)
         n = len(waiting)
@@ -305,10 +337,14 @@ class SlackPolicy(ClockPolicy):
         deadline_s = min(self._hold_deadline_s(r) for r in waiting)
         by_deadline = deadline_s - (need_ms / p.safety + p.change_delay_ms) / 1000.0
         until_s = min(by_slo, by_deadline)
+        head = waiting[0].seq
+        if before is not None and not self.extends_holds and self._held_head.get(model) == head:
+            until_s = min(until_s, before)  # the batch's hold, as first planned, at the latest
+        self._held_head[model] = head
         if until_s <= now_s + MIN_HOLD_S:
             self._released_upto[model] = waiting[-1].seq
             return depth
-        self._holds[model] = until_s
+        self._holds[model] = float(until_s)
         return s.inflight_count(model)
 
     def _shared_ms(self, s: SchedulerView, model: str, clock: int, own_ms: float) -> float:
@@ -360,7 +396,7 @@ class SlackPolicy(ClockPolicy):
         """The clock the requests need now (before hysteresis)."""
         inflight = s.inflight_by_model()
         if not s.queue_len and not inflight:
-            return self._floor(s, s.tables.models)
+            return s.energy_floor_mhz(self._floor(s, s.tables.models), now_s)
         queued = list(s.iter_queue(self.params.lookahead))
         models = list(dict.fromkeys([*inflight, *(r.model for r in queued)]))
         plans = {m: self._plan(s, m) for m in models}
@@ -371,9 +407,12 @@ class SlackPolicy(ClockPolicy):
             if m not in plans:
                 models.append(m)
                 plans[m] = self._plan(s, m)
-        feasible = self._feasible(s, now_s, models, plans, inflight, queued, rates)
-        clock = self._first(feasible)
-        return max(clock, self._floor(s, models))
+        constraints = self._constraints(s, now_s, models, plans, inflight, queued, rates)
+        if constraints is None:
+            return self.clocks_mhz[-1]  # a model with no table
+        clock = self._first(constraints)
+        # the energy fit may lower the floor for a while, to measure a clock under it
+        return max(clock, s.energy_floor_mhz(self._floor(s, models), now_s))
 
     def _floor_of(self, plan: ModelPlan) -> int | None:
         """The clock a model is never run below: its energy-optimal clock at batch 1."""
@@ -387,12 +426,13 @@ class SlackPolicy(ClockPolicy):
         ]
         return self._snap_up(max(floors)) if floors else self.clocks_mhz[0]
 
-    def _first(self, feasible: tuple[BoolArray, BoolArray]) -> int:
-        """The lowest clock meeting every constraint (as it stands, or after a raise's delay)."""
-        now_ok, delayed_ok = feasible
-        idx = int(np.argmax(now_ok)) if now_ok.any() else len(self.clocks_mhz) - 1
+    def _first(self, constraints: Constraints) -> int:
+        """The lowest clock meeting every constraint (as it stands, or after a raise's delay).
+        The previous plans' answers are where the search looks first (see
+        :mod:`scheduler.constraints`): they change how fast the answer is found, not which."""
+        idx = self._hints[0] = constraints.first(False, self._hints[0])
         if self.clocks_mhz[idx] > self.current_mhz:
-            idx = int(np.argmax(delayed_ok)) if delayed_ok.any() else len(self.clocks_mhz) - 1
+            idx = self._hints[1] = constraints.first(True, self._hints[1])
         return self.clocks_mhz[idx]
 
     def _feasible(
@@ -406,105 +446,132 @@ class SlackPolicy(ClockPolicy):
         rates: dict[str, float],
     ) -> tuple[BoolArray, BoolArray]:
         """Per clock, whether every constraint holds: as the clock stands, and if a raise must
-        first wait ``change_delay_ms``.
+        first wait ``change_delay_ms`` (see :meth:`scheduler.constraints.Constraints.evaluate`).
+        """
+        constraints = self._constraints(s, now_s, models, plans, inflight, queued, rates)
+        if constraints is None:
+            none = np.zeros(len(self.clocks_mhz), bool)
+            return none, none
+        return constraints.everywhere()
+
+    def _constraints(
+        self,
+        s: SchedulerView,
+        now_s: float,
+        models: list[str],
+        plans: dict[str, ModelPlan | None],
+        inflight: Mapping[str, list[QueuedRequest]],
+        queued: list[QueuedRequest],
+        rates: dict[str, float],
+    ) -> Constraints | None:
+        """Every constraint of the plan; None when a model waiting has no table.
 
         A constraint is a request (or a bound on several) of model ``M`` with ``n`` of ``M``
-        ahead of it: its own model's work ``X = W_M(n) − credit`` plus, for every other model
-        ``M'``, ``min(X, Y_M')`` with ``Y_M'`` all the work of ``M'`` known (in flight, queued,
-        about to arrive): models time-share the GPU, so another model's work delays it until
-        either is done, whether it came before or after.
+        ahead of it, in dispatch order after those in flight: the requests in flight (one per
+        model, its earliest deadline), the first ``lookahead`` queued, a bound on the rest of
+        each model's queue (the earliest deadline of all), and the ``phantoms`` about to arrive.
         """
         p = self.params
         plan_of = {m: plan for m in models if (plan := plans[m]) is not None}
         margin = max(plan.margin_ms for plan in plan_of.values())
+        index = {m: k for k, m in enumerate(models)}
         counts = dict.fromkeys(models, 0)
-        # (model, its count ahead, room_ms, margin scale) per constraint
-        rows: list[tuple[str, int, float, float]] = []
+        # One constraint per entry of these lists: its model (index), how many of that model
+        # are ahead of it (itself included), its room (ms).
+        row_model: list[int] = []
+        row_n: list[int] = []
+        row_room: list[float] = []
+        scales: dict[tuple[str, float], float] = {}  # the plan's scale per class, this once
+
+        def deadline_s(r: QueuedRequest) -> float:
+            """:meth:`_deadline_s`, its class's scale looked up once per plan."""
+            key = (r.model, r.slo_ms)
+            scale = scales.get(key)
+            if scale is None:
+                scale = scales[key] = self._slo_scale(r.model, r.slo_ms)
+            return r.deadline_s if scale == 1.0 else r.arrival_s + scale * r.slo_ms / 1000.0
+
         since = dict.fromkeys(models, now_s)
         for m, reqs in inflight.items():
             counts[m] = len(reqs)
             since[m] = max(min(r.dispatch_s for r in reqs), s.last_completion_s(m))
-            rows.append((m, counts[m], (min(map(self._deadline_s, reqs)) - now_s) * 1e3, 1.0))
+            row_model.append(index[m])
+            row_n.append(counts[m])
+            row_room.append((min(map(deadline_s, reqs)) - now_s) * 1e3)
         inflight_counts = dict(counts)
         for r in queued:
-            counts[r.model] += 1
-            rows.append((r.model, counts[r.model], (self._deadline_s(r) - now_s) * 1000.0, 1.0))
+            m = r.model
+            counts[m] += 1
+            row_model.append(index[m])
+            row_n.append(counts[m])
+            row_room.append((deadline_s(r) - now_s) * 1000.0)
         if s.queue_len > len(queued):
             earliest = s.earliest_deadline_s()
             assert earliest is not None
+            waiting = s.queued_by_model()
             # The bound on the rest: its earliest deadline, moved as the tightest class's is.
             earliest += min(
                 (self._slo_scale(m, s.last_slo_ms(m)) - 1.0) * s.last_slo_ms(m) / 1000.0
-                for m in s.queued_by_model()
+                for m in waiting
             )
-            for m, n in s.queued_by_model().items():
+            for m, n in waiting.items():
                 if m not in counts:
-                    none = np.zeros(len(self.clocks_mhz), bool)
-                    return none, none  # a model with no table: the top clock
+                    return None
                 counts[m] = inflight_counts[m] + n
-                rows.append((m, counts[m], (earliest - now_s) * 1000.0, 1.0))
+                row_model.append(index[m])
+                row_n.append(counts[m])
+                row_room.append((earliest - now_s) * 1000.0)
+        model_of = np.array(row_model, dtype=int)
+        ahead = np.array(row_n, dtype=int)
+        room = np.array(row_room)
+        known_rows = len(row_n)  # the rest are phantoms, with their own margin scale
         total_rate = sum(rates.values())
         if total_rate > 0:
-            given = dict.fromkeys(rates, 0)
             ms_per_gap = 1000.0 / total_rate
-            for j, gap in enumerate(self._phantom_gaps, start=1):
-                m = max(rates, key=lambda x: rates[x] * j / total_rate - given[x])
-                given[m] += 1
-                counts[m] += 1
-                slo_ms = s.last_slo_ms(m)
-                room_ms = gap * ms_per_gap + self._slo_scale(m, slo_ms) * slo_ms
-                rows.append((m, counts[m], room_ms, p.phantom_margin))
+            # A phantom's room beyond its gap: its model's last SLO, scaled as its class's.
+            slo_room = {m: self._slo_scale(m, s.last_slo_ms(m)) * s.last_slo_ms(m) for m in rates}
+            if len(rates) == 1:  # every phantom is of the one model arriving
+                (m,) = rates
+                phantoms = len(self._phantom_gaps)
+                model_of = np.concatenate([model_of, np.full(phantoms, index[m])])
+                ahead = np.concatenate([ahead, np.arange(1, phantoms + 1) + counts[m]])
+                room = np.concatenate([room, self._phantom_gaps_arr * ms_per_gap + slo_room[m]])
+                counts[m] += phantoms
+            else:  # each the model most behind its share of the arrivals so far
+                given = dict.fromkeys(rates, 0)
+                rows_model, rows_n, rows_room = [], [], []
+                for j, gap in enumerate(self._phantom_gaps, start=1):
+                    m = max(rates, key=lambda x: rates[x] * j / total_rate - given[x])
+                    given[m] += 1
+                    counts[m] += 1
+                    rows_model.append(index[m])
+                    rows_n.append(counts[m])
+                    rows_room.append(gap * ms_per_gap + slo_room[m])
+                model_of = np.concatenate([model_of, np.array(rows_model, dtype=int)])
+                ahead = np.concatenate([ahead, np.array(rows_n, dtype=int)])
+                room = np.concatenate([room, np.array(rows_room)])
 
-        # One matrix product for every constraint: row i counts, per (model, batch size), the
-        # executions ahead of it; times holds each (model, batch)'s mean ms at every clock.
-        offsets: dict[str, int] = {}
-        blocks: list[FloatArray] = []
-        for m in models:
-            offsets[m] = sum(len(b) for b in blocks)
-            blocks.append(plan_of[m].times_ms)
-        times = np.vstack(blocks)
-        index = {m: k for k, m in enumerate(models)}
-
-        def coefficients(m: str, n: int, row: FloatArray) -> int:
-            """Add ``n`` requests of ``m`` in full batches to ``row``; the executions it takes."""
-            batch = plan_of[m].max_batch
-            full, part = divmod(n, batch)
-            row[offsets[m] + batch] += full
-            row[offsets[m] + part] += 1  # part 0: the zero row
-            return full + (part > 0)
-
-        def work(counts_by_model: dict[str, int]) -> FloatArray:
-            """Mean ms of these requests, per model, at every clock (models × clocks)."""
-            coef = np.zeros((len(models), len(times)))
-            for m, n in counts_by_model.items():
-                coefficients(m, n, coef[index[m]])
-            result: FloatArray = coef @ times
-            return result
-
+        # The tail margin: ``k`` executions in a row carry ``margin · √k`` (phantoms scaled).
+        batches = np.array([plan_of[m].max_batch for m in models], dtype=int)
+        full, part = np.divmod(ahead, batches[model_of])
+        executions = (full + (part > 0)).astype(float)
+        scale = np.ones(len(ahead))
+        scale[known_rows:] = p.phantom_margin
         # Work done on what is in flight: at most the time since the model's last completion
         # (all earlier work has left the in-flight set), shared among the models running.
         share = 1.0 / max(1, len(inflight))
-        elapsed = np.array([(now_s - since[m]) * 1000.0 * share for m in models])
-        credit = np.minimum(elapsed[:, None], 0.95 * work(inflight_counts))
-        known = work(counts) - credit
-        coef = np.zeros((len(rows), len(times)))
-        executions = np.empty(len(rows))
-        room = np.empty(len(rows))
-        scale = np.empty(len(rows))
-        model_of = np.empty(len(rows), dtype=int)
-        for i, (m, n, room_ms, margin_scale) in enumerate(rows):
-            executions[i] = coefficients(m, n, coef[i])
-            room[i], scale[i], model_of[i] = room_ms, margin_scale, index[m]
-        own = coef @ times - credit[model_of]
-        total = own.copy()
-        for k in range(len(models)):
-            others = model_of != k
-            if others.any():
-                total[others] += np.minimum(own[others], known[k])
-        need = total + (margin * scale * np.sqrt(np.maximum(executions, 1.0)))[:, None]
-        now_ok = (need <= (room * p.safety)[:, None]).all(axis=0)
-        delayed_ok = (need <= ((room - p.change_delay_ms) * p.safety)[:, None]).all(axis=0)
-        return now_ok, delayed_ok
+        return Constraints(
+            work=[plan_of[m].work for m in models],
+            row_model=model_of,
+            row_n=ahead,
+            room_ms=room,
+            margin_ms=margin * scale * np.sqrt(np.maximum(executions, 1.0)),
+            inflight=[inflight_counts[m] for m in models],
+            known=[counts[m] for m in models],
+            elapsed_ms=[(now_s - since[m]) * 1000.0 * share for m in models],
+            safety=p.safety,
+            change_delay_ms=p.change_delay_ms,
+        )
 
     def _decide(self, s: SchedulerView, now_s: float) -> int | None:
         target = self.target_mhz(s, now_s)

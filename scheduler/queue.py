@@ -14,40 +14,105 @@ between its real and expected service time is charged the same way. A flow that 
 nothing queued) is placed at ``max(its own vruntime, the level's min_vruntime)``: it neither
 jumps ahead of flows that kept working (no credit for sleeping) nor starts behind them (no
 starvation). The level's ``min_vruntime`` only moves forward, as in Linux.
+
+On a node of several GPUs each GPU has its own queue, and the queues share one
+:class:`VruntimeLedger`: a flow's virtual runtime is one number for the whole node, charged by
+whichever GPU serves it, so a client that was served on one GPU waits its turn on the others
+(its share is counted over every GPU, not per GPU). A flow wakes only when it has nothing
+queued on any GPU: one that still waits on another GPU keeps its virtual runtime when it is
+queued here too (it is not sleeping). Each queue re-reads a flow's virtual runtime from the
+ledger before it trusts the flow's place in its heap. Alone, a queue has a ledger of its own and
+behaves exactly as described above.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Generic
 
 from scheduler.request import P, Request
 from scheduler.weights import NICE_0_WEIGHT, NICE_MIN, SCHED_PRIO_TO_WEIGHT, weight_for_nice
 
 
-class _Flow(Generic[P]):
-    __slots__ = ("client_id", "inflight", "requests", "version", "vruntime", "weight")
+class FlowAccount:
+    """One flow's virtual runtime, shared by its queues on every GPU of a node."""
 
-    def __init__(self, client_id: str, vruntime: float) -> None:
+    __slots__ = ("holders", "vruntime", "waiting")
+
+    def __init__(self) -> None:
+        self.vruntime = 0.0
+        self.holders = 0  # queues that have this flow
+        self.waiting = 0  # queues where it has requests waiting
+
+
+class VruntimeLedger:
+    """Virtual runtime per (level, client) over the GPUs of one node.
+
+    Give every GPU's :class:`PriorityCfsQueue` the same ledger and a flow is charged once for
+    the whole node. An account lives while some queue has its flow; a queue forgets a flow
+    only when nothing of it waits or runs there and it is not ahead of that queue's level
+    (as a single queue forgets it), so a flow keeps its debt while any GPU remembers it.
+    """
+
+    def __init__(self) -> None:
+        self._accounts: dict[tuple[int, str], FlowAccount] = {}
+
+    def __len__(self) -> int:
+        return len(self._accounts)
+
+    def open(self, level: int, client_id: str) -> FlowAccount:
+        account = self._accounts.get((level, client_id))
+        if account is None:
+            account = self._accounts[(level, client_id)] = FlowAccount()
+        account.holders += 1
+        return account
+
+    def close(self, level: int, client_id: str) -> None:
+        account = self._accounts.get((level, client_id))
+        if account is not None:
+            account.holders -= 1
+            if account.holders <= 0:
+                del self._accounts[(level, client_id)]
+
+    def account(self, level: int, client_id: str) -> FlowAccount | None:
+        """The flow's node-wide account (None: no queue has it)."""
+        return self._accounts.get((level, client_id))
+
+
+class _Flow(Generic[P]):
+    __slots__ = ("account", "by_model", "client_id", "inflight", "requests", "version", "weight")
+
+    def __init__(self, client_id: str, account: FlowAccount) -> None:
         self.client_id = client_id
         self.requests: deque[Request[P]] = deque()
-        self.vruntime = vruntime
+        self.account = account
         self.version = 0
         self.inflight = 0
         self.weight = NICE_0_WEIGHT
+        self.by_model: dict[str, int] = {}  # requests waiting, per model
+
+    @property
+    def vruntime(self) -> float:
+        return self.account.vruntime
+
+    @vruntime.setter
+    def vruntime(self, value: float) -> None:
+        self.account.vruntime = value
 
 
 class _Level(Generic[P]):
-    __slots__ = ("flows", "heap", "min_vruntime", "size")
+    __slots__ = ("by_model", "flows", "heap", "min_vruntime", "size")
 
     def __init__(self) -> None:
         self.flows: dict[str, _Flow[P]] = {}
-        # (vruntime, head seq, version, flow); stale entries (old version) are skipped on pop.
+        # (vruntime, head seq, version, flow); stale entries (old version) are skipped on pop,
+        # and an entry whose flow was charged since (on another GPU) is put back at its new key.
         self.heap: list[tuple[float, int, int, _Flow[P]]] = []
         self.min_vruntime = 0.0
         self.size = 0
+        self.by_model: dict[str, int] = {}  # requests waiting, per model
 
     def push_key(self, flow: _Flow[P]) -> None:
         flow.version += 1
@@ -56,9 +121,13 @@ class _Level(Generic[P]):
     def leftmost(self) -> _Flow[P] | None:
         heap = self.heap
         while heap:
-            _, _, version, flow = heap[0]
+            key, _, version, flow = heap[0]
             if version == flow.version and flow.requests:
-                return flow
+                if key == flow.vruntime:
+                    return flow
+                heapq.heappop(heap)
+                self.push_key(flow)  # charged elsewhere since it was keyed
+                continue
             heapq.heappop(heap)
         return None
 
@@ -68,6 +137,7 @@ class _Level(Generic[P]):
             self.min_vruntime = flow.vruntime
 
 
+SERVICE_EWMA = 0.05  # weight of the latest request in the mean service time per model
 _CHARGE_PER_MS = tuple(NICE_0_WEIGHT / w for w in SCHED_PRIO_TO_WEIGHT)
 
 
@@ -76,16 +146,29 @@ def vruntime_charge(service_ms: float, nice: int) -> float:
     return service_ms * NICE_0_WEIGHT / weight_for_nice(nice)
 
 
-class PriorityCfsQueue(Generic[P]):
-    """Priority levels, CFS flows inside each; see the module docstring for the exact order."""
+def _count(counts: dict[str, int], model: str, delta: int) -> None:
+    left = counts.get(model, 0) + delta
+    if left:
+        counts[model] = left
+    else:
+        del counts[model]
 
-    def __init__(self) -> None:
+
+class PriorityCfsQueue(Generic[P]):
+    """Priority levels, CFS flows inside each; see the module docstring for the exact order.
+
+    ``ledger``: the node-wide virtual runtimes to share with the other GPUs' queues (default:
+    one of its own)."""
+
+    def __init__(self, ledger: VruntimeLedger | None = None) -> None:
+        self.ledger = ledger if ledger is not None else VruntimeLedger()
         self._levels: dict[int, _Level[P]] = {}
         self._order: list[int] = []
         self._size = 0
         self._deadlines: list[tuple[float, int]] = []
         self._queued: set[int] = set()
         self._backlogged_weight = 0  # sum of the weights of flows with requests queued
+        self._service_ms: dict[str, float] = {}  # per model: what a request is charged, EWMA
 
     def __len__(self) -> int:
         return self._size
@@ -100,7 +183,7 @@ class PriorityCfsQueue(Generic[P]):
             self._order = sorted(self._levels)
         flow = level.flows.get(request.client_id)
         if flow is None:
-            flow = _Flow[P](request.client_id, level.min_vruntime)
+            flow = _Flow[P](request.client_id, self.ledger.open(request.level, request.client_id))
             level.flows[request.client_id] = flow
         was_idle = not flow.requests
         weight = weight_for_nice(request.nice)
@@ -110,8 +193,13 @@ class PriorityCfsQueue(Generic[P]):
             self._backlogged_weight += weight - flow.weight
         flow.weight = weight
         flow.requests.append(request)
+        _count(flow.by_model, request.model, 1)
+        _count(level.by_model, request.model, 1)
         if was_idle:
-            flow.vruntime = max(flow.vruntime, level.min_vruntime)
+            account = flow.account
+            if not account.waiting:  # it wakes (a flow waiting on another GPU is awake)
+                account.vruntime = max(account.vruntime, level.min_vruntime)
+            account.waiting += 1
             level.push_key(flow)
         level.size += 1
         self._size += 1
@@ -158,11 +246,14 @@ class PriorityCfsQueue(Generic[P]):
         flow = level.flows[request.client_id]
         was_head = flow.requests[0] is request
         flow.requests.remove(request)
+        _count(flow.by_model, request.model, -1)
+        _count(level.by_model, request.model, -1)
         self._queued.discard(request.seq)
         level.size -= 1
         self._size -= 1
         if not flow.requests:
             self._backlogged_weight -= flow.weight
+            flow.account.waiting -= 1
             flow.version += 1  # its heap entry goes stale
         elif was_head:
             level.push_key(flow)  # keyed by the new head's arrival
@@ -176,11 +267,16 @@ class PriorityCfsQueue(Generic[P]):
             return
         flow.inflight -= 1
         flow.vruntime += vruntime_charge(service_ms - request.charged_ms, request.nice)
+        mean = self._service_ms.get(request.model)
+        self._service_ms[request.model] = (
+            service_ms if mean is None else mean + SERVICE_EWMA * (service_ms - mean)
+        )
         if flow.requests:
             level.push_key(flow)
             level.advance_min()
         elif not flow.inflight and flow.vruntime <= level.min_vruntime:
             del level.flows[flow.client_id]  # it would be placed at min_vruntime anyway
+            self.ledger.close(request.level, flow.client_id)
 
     def queued_for(self, level: int, client_id: str) -> int:
         """How many requests of this flow are waiting."""
@@ -234,3 +330,40 @@ class PriorityCfsQueue(Generic[P]):
     def min_vruntime(self, level: int) -> float:
         lvl = self._levels.get(level)
         return 0.0 if lvl is None else lvl.min_vruntime
+
+    # -- what placement reads (scheduler.placement) ---------------------------------------
+
+    def levels(self) -> list[int]:
+        """The levels that have requests waiting, highest priority first."""
+        return [n for n in self._order if self._levels[n].size]
+
+    def waiting_by_model(self, level: int) -> Mapping[str, int]:
+        """Requests waiting at ``level``, per model."""
+        lvl = self._levels.get(level)
+        return {} if lvl is None else lvl.by_model
+
+    def waiting_flows(self, level: int) -> Iterator[tuple[str, float, int, Mapping[str, int]]]:
+        """Each flow with requests waiting at ``level``: (client, virtual runtime, weight,
+        requests waiting per model)."""
+        lvl = self._levels.get(level)
+        if lvl is None:
+            return
+        for flow in lvl.flows.values():
+            if flow.requests:
+                yield flow.client_id, flow.vruntime, flow.weight, flow.by_model
+
+    def service_ms(self, model: str) -> float | None:
+        """What a request of ``model`` has been charged lately (its time from dispatch to
+        completion, a moving mean; None before the first): the unit in which virtual runtime
+        grows, per request."""
+        return self._service_ms.get(model)
+
+    def start_vruntime(self, level: int, client_id: str) -> float:
+        """The virtual runtime a new request of this flow would queue at here: the flow's own
+        (node-wide) while it has requests waiting on some GPU, else where waking places it."""
+        lvl = self._levels.get(level)
+        floor = 0.0 if lvl is None else lvl.min_vruntime
+        account = self.ledger.account(level, client_id)
+        if account is None:
+            return floor
+        return account.vruntime if account.waiting else max(account.vruntime, floor)

@@ -30,13 +30,16 @@ class Request(Generic[P]):
     level: int = 0
     dispatch_s: float = math.nan
     charged_ms: float = 0.0
+    ttft_ms: float | None = None  # a stream of tokens: its first within this
+    prompt_tokens: int = 0  # a generative request: its prompt's length (estimated at the edge)
+    tpot_ms: float | None = None  # and each next one within this
 
     @property
     def deadline_s(self) -> float:
         return self.arrival_s + self.slo_ms / 1000.0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built per request, and cheaper so
 class EnqueueResult:
     """Accepted (with a sequence number) or refused (with the reason); a clock to set, if any."""
 
@@ -45,7 +48,7 @@ class EnqueueResult:
     reason: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built per request, and cheaper so
 class Dispatch(Generic[P]):
     """Send ``request`` to the GPU now; set ``clock_mhz`` first when it is not None."""
 
@@ -53,7 +56,7 @@ class Dispatch(Generic[P]):
     clock_mhz: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built per request, and cheaper so
 class Completion(Generic[P]):
     """A finished request and the clock to set now, if any."""
 

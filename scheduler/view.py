@@ -34,28 +34,45 @@ class QueuedRequest(Protocol):
     @property
     def dispatch_s(self) -> float: ...
 
+    @property
+    def prompt_tokens(self) -> int: ...
+
 
 @dataclass(frozen=True)
 class ModelServing:
-    """How Triton serves one model: its largest batch, and how many instances run it.
-
-    ``depth`` is the most requests worth having at Triton at once: every instance busy with a
-    full batch and the next full batch waiting behind it, so that Triton's dynamic batcher is
-    never starved while the sidecar's answer to a completion is on its way.
-    """
+    """How Triton serves one model: its largest batch, how many instances run it, and its
+    dynamic batcher's priority levels (``dynamic_batching.priority_levels``; 0: none, Triton
+    serves the model's queue first come, first served). How many of its requests the sidecar
+    keeps at Triton is :meth:`scheduler.core.Scheduler.release_depth`."""
 
     max_batch: int = 1
     instances: int = 1
+    # A decoupled model (an LLM engine batching continuously): the sequences it may run at
+    # once; 0 for a model that answers each request once.
+    streams: int = 0
+    priority_levels: int = 0
+    default_priority_level: int = 0
 
     def __post_init__(self) -> None:
+        if self.streams < 0:
+            raise ValueError(f"streams must be >= 0, got {self.streams}")
         if self.max_batch < 1 or self.instances < 1:
             raise ValueError(
                 f"max_batch and instances must be >= 1, got {self.max_batch}, {self.instances}"
             )
+        if not 0 <= self.default_priority_level <= self.priority_levels:
+            raise ValueError(
+                f"priority_levels must be >= 0 and default_priority_level in "
+                f"0..priority_levels, got {self.priority_levels}, {self.default_priority_level}"
+            )
 
-    @property
-    def depth(self) -> int:
-        return (self.instances + 1) * self.max_batch
+    def triton_priority(self, level: int) -> int | None:
+        """The ``priority`` to send Triton for a request of the sidecar's ``level`` (1 the
+        highest): the same level, the lowest of Triton's where the sidecar has more; None when
+        the model has no priority levels (Triton would ignore it)."""
+        if self.priority_levels < 1:
+            return None
+        return min(level, self.priority_levels)
 
 
 class SchedulerView(Protocol):
@@ -77,6 +94,8 @@ class SchedulerView(Protocol):
 
     def serving(self, model: str) -> ModelServing: ...
 
+    def release_depth(self, model: str) -> int: ...
+
     def iter_queue(self, limit: int) -> Iterator[QueuedRequest]: ...
 
     def earliest_deadline_s(self) -> float | None: ...
@@ -94,3 +113,5 @@ class SchedulerView(Protocol):
     def last_slo_ms(self, model: str) -> float: ...
 
     def last_completion_s(self, model: str) -> float: ...
+
+    def energy_floor_mhz(self, floor_mhz: int, now_s: float) -> int: ...

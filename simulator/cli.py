@@ -1,4 +1,4 @@
-"""The simulator's commands: ``simulate | compare | tune | bench``."""
+"""The simulator's commands: ``simulate | compare | tune | bench | generative``."""
 
 from __future__ import annotations
 
@@ -6,8 +6,10 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -15,13 +17,17 @@ from rich.table import Table
 
 from dvfs.__main__ import PIPE_WIDTH
 from scheduler.clients import ClientSpec, parse_clients
+from scheduler.placement import DEFAULT_PLACEMENT, PLACEMENTS, PlacementParams
 from scheduler.registry import DEFAULT_POLICY, POLICIES
 from simulator.bestfixed import BEST_FIXED, best_fixed
 from simulator.compare import (
     DEFAULT_MIX,
     MATRICES,
     Matrix,
+    Row,
     against_best_fixed,
+    against_one_gpu,
+    against_spread,
     plot,
     resolve_capacities,
     run_all,
@@ -29,9 +35,12 @@ from simulator.compare import (
     tune,
     write_csv,
 )
-from simulator.results import provenance, write_results
+from simulator.generative import add_parser as add_generative_parser
+from simulator.node import run
+from simulator.report import compare_markdown
+from simulator.results import markdown_table, provenance, write_results
 from simulator.shapes import SHAPES
-from simulator.simulate import ARRIVALS, SimConfig, parse_models, simulate
+from simulator.simulate import ARRIVALS, SimConfig, parse_models
 from simulator.workload import DayCycle
 
 
@@ -57,6 +66,48 @@ def _names(text: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in text.split(",") if x.strip())
 
 
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected at least 1, got {value}")
+    return value
+
+
+def _gpus_or_names(text: str) -> int | tuple[str, ...]:
+    """``--gpus`` of compare: a number of GPUs per node, or (the older spelling of ``--gpu``)
+    GPU profiles."""
+    return _count(text) if text.strip().isdigit() else _names(text)
+
+
+def _add_node_options(p: argparse.ArgumentParser, *, many: bool) -> None:
+    modes = ", ".join(PLACEMENTS)
+    if many:
+        p.add_argument(
+            "--placements",
+            type=_names,
+            default=PLACEMENTS,
+            help=f"placement modes to compare on a node of --gpus N (default: {modes})",
+        )
+    else:
+        p.add_argument(
+            "--placement",
+            choices=PLACEMENTS,
+            default=DEFAULT_PLACEMENT,
+            help=f"which GPU of the node takes each request: {modes} (default {DEFAULT_PLACEMENT})",
+        )
+    p.add_argument(
+        "--pack-slo-share",
+        type=float,
+        default=PlacementParams.pack_slo_share,
+        help="energy placement: pack a request onto a busy GPU only if it is expected to finish "
+        "within this share of the time left to its deadline (default "
+        f"{PlacementParams.pack_slo_share:g})",
+    )
+
+
 def _progress(console: Console) -> Progress:
     return Progress(
         TextColumn("[bold]{task.description}"),
@@ -74,15 +125,17 @@ def _cmd_simulate(args: argparse.Namespace, console: Console) -> int:
         seed=args.seed, load=args.load, rate_rps=args.rate, arrival=args.arrival,
         trace=args.trace, clients=clients, models=parse_models(args.models),
         instances=args.instances, max_inflight=args.max_inflight, max_queue=args.max_queue,
+        gpus=args.gpus, placement=PlacementParams(args.placement, args.pack_slo_share),
         day=_day(args),
     )  # fmt: skip
     if args.slo_ms <= 0 or args.duration_s <= 0:
         raise ValueError("--slo-ms and --duration-s must be > 0")
     # best-fixed: the best single clock in hindsight on these arrivals (several runs).
-    out = best_fixed(cfg) if args.policy == BEST_FIXED else simulate(cfg).to_json()
+    out = best_fixed(cfg) if args.policy == BEST_FIXED else run(cfg).to_json()
     if not args.json or sys.stdout.isatty():
+        node = f"{cfg.gpus}× {out['gpu']} ({cfg.placement.mode})" if cfg.gpus > 1 else out["gpu"]
         view = Table(
-            title=f"{out['policy']} on {out['gpu']}, {out['rate_rps']:.0f} req/s, "
+            title=f"{out['policy']} on {node}, {out['rate_rps']:.0f} req/s, "
             f"SLO {out['slo_ms']:g} ms, {out['duration_s']:g} s, seed {out['seed']}"
         )
         for col in (
@@ -128,8 +181,12 @@ def _cmd_simulate(args: argparse.Namespace, console: Console) -> int:
                 )
             console.print(per_model)
         if len(out["clients"]) > 1:
-            per = Table(title="per client")
-            for col in ("client", "completed", "rejected", "p99 ms", "SLO met", "GPU time s"):
+            per = Table(
+                title="per client (DCT/ideal: completion time over ideal CFS's, seed 000; "
+                f"worst pair {_deviation(out['isolation_deviation'])} from ideal)"
+            )
+            cols = ("client", "completed", "rejected", "p99 ms", "SLO met", "GPU time s")
+            for col in (*cols, "DCT/ideal"):
                 per.add_column(col, justify="right")
             for name, c in out["clients"].items():
                 per.add_row(
@@ -139,11 +196,135 @@ def _cmd_simulate(args: argparse.Namespace, console: Console) -> int:
                     f"{c['p99_ms']:.1f}",
                     f"{c['slo_attainment']:.2%}",
                     f"{c['service_ms'] / 1000:.2f}",
+                    "-" if not math.isfinite(c["dct_over_ideal"]) else f"{c['dct_over_ideal']:.3f}",
                 )
             console.print(per)
+        if "per_gpu" in out:
+            print_node(out, console)
     if args.json:
         print(json.dumps(out))
     return 0
+
+
+def _deviation(value: float) -> str:
+    """Seed 000's isolation metric: the worst pair of clients' distance from ideal CFS."""
+    return "-" if not math.isfinite(value) else f"{value:.1%}"
+
+
+def print_node(out: dict[str, Any], console: Console) -> None:
+    """A node's run: what each GPU did."""
+    per = Table(title=f"per GPU ({out['placement']} placement)")
+    for col in ("GPU", "placed", "completed", "mean batch", "busy", "mean MHz", "energy J"):
+        per.add_column(col, justify="right")
+    for i, g in enumerate(out["per_gpu"]):
+        per.add_row(
+            str(i),
+            str(g["placed"]),
+            str(g["completed"]),
+            f"{g['mean_batch']:.1f}",
+            f"{g['busy_share']:.0%}",
+            f"{g['mean_clock_mhz']:.0f}",
+            f"{g['energy_j']:.0f}",
+        )
+    console.print(per)
+
+
+PLACEMENT_COLUMNS = ("GPU", "load", "SLO ×", "seed", "policy", "placement", "J/inf",
+                     "vs spread", "p99/SLO", "SLO met", "req/s", "× one GPU", "GPUs used",
+                     "isolation")  # fmt: skip
+ONE_GPU_COLUMNS = ("GPU", "mix", "load", "SLO ×", "seed", "policy", "req/s", "p99/SLO",
+                   "SLO met", "refused")  # fmt: skip
+
+
+def placement_cells(rows: Sequence[Row]) -> list[list[str]]:
+    """Each node row against ``spread`` on the same arrivals, as :data:`PLACEMENT_COLUMNS`
+    (× one GPU: its throughput over the most one GPU carried, where ``rows`` hold one-GPU runs;
+    isolation: seed 000's metric, the worst pair of clients' distance from ideal CFS)."""
+    scaled, _ = against_one_gpu(rows)
+    return [
+        [
+            r["gpu"],
+            f"{r['load']:g}",
+            f"{r['slo_mult']:g}",
+            str(r["seed"]),
+            r["policy"],
+            r["placement"],
+            f"{r['energy_per_inference_j']:.3f}",
+            f"{r['vs_spread']:.3f}",
+            f"{r['p99_over_slo']:.2f}",
+            f"{r['slo_attainment']:.1%}",
+            f"{r['throughput_rps']:.0f}",
+            "-" if not math.isfinite(s["vs_one_gpu"]) else f"{s['vs_one_gpu']:.2f}",
+            str(r["gpus_used"]),
+            _deviation(r["isolation_deviation"]),
+        ]
+        for r, s in zip(against_spread(rows), scaled, strict=True)
+    ]
+
+
+def one_gpu_cells(rows: Sequence[Row]) -> list[list[str]]:
+    """The one-GPU runs beside a node's, as :data:`ONE_GPU_COLUMNS`."""
+    return [
+        [
+            r["gpu"],
+            r["mix"],
+            f"{r['load']:g}",
+            f"{r['slo_mult']:g}",
+            str(r["seed"]),
+            r["policy"],
+            f"{r['throughput_rps']:.0f}",
+            f"{r['p99_over_slo']:.2f}",
+            f"{r['slo_attainment']:.1%}",
+            str(r["rejected"]),
+        ]
+        for r in rows
+        if r.get("gpus", 1) == 1
+    ]
+
+
+def client_cells(rows: Sequence[Row]) -> list[list[str]]:
+    """Each node row's clients (where it has several): the share of its level's GPU time each
+    was served against the share ideal CFS gives it by weight (seed 000's isolation metric is
+    the worst pair of these ratios)."""
+    out = []
+    for r in against_spread(rows):
+        clients = r.get("clients") or {}
+        if len(clients) < 2:
+            continue
+        level_ms: dict[int, float] = {}
+        for c in clients.values():
+            level_ms[c["level"]] = level_ms.get(c["level"], 0.0) + c["served_work_ms"]
+        for name, c in clients.items():
+            total = level_ms[c["level"]]
+            served = c["served_work_ms"] / total if total else math.nan
+            ideal = c["ideal_work_ms"] / total if total else math.nan
+            out.append(
+                [
+                    f"{r['load']:g}",
+                    r["policy"],
+                    r["placement"],
+                    name,
+                    str(c["nice"]),
+                    f"{ideal:.2%}",
+                    f"{served:.2%}",
+                    "-" if not ideal else f"{served / ideal - 1:+.2%}",
+                ]
+            )
+    return out
+
+
+CLIENT_COLUMNS = ("load", "policy", "placement", "client", "nice", "ideal CFS share",
+                  "share served", "served vs ideal")  # fmt: skip
+
+
+def print_placements(rows: Sequence[Row], console: Console) -> None:
+    """Each placement against ``spread`` on the same arrivals, per load and policy."""
+    view = Table(title="placements on the node (energy per inference vs spread, same arrivals)")
+    for col in PLACEMENT_COLUMNS:
+        view.add_column(col, justify="right")
+    for cells in placement_cells(rows):
+        view.add_row(*cells)
+    console.print(view)
 
 
 def _day(args: argparse.Namespace) -> DayCycle:
@@ -157,126 +338,39 @@ def _day(args: argparse.Namespace) -> DayCycle:
     )
 
 
+FULL_SEEDS = (0, 1, 2, 3, 4)
+MAX_ROWS_SHOWN = 300  # more runs than this: the summary and the results page only
+
+
 def _matrix(args: argparse.Namespace, **extra: object) -> Matrix:
     """The matrix the shared ``compare``/``tune`` options describe: ``--matrix``'s, with every
     option given on the command line in place of its own."""
     base = MATRICES[args.matrix]
-    given = {
-        "gpus": args.gpus,
+    node = args.gpus if isinstance(args.gpus, int) else None
+    kinds = args.gpu or (args.gpus if isinstance(args.gpus, tuple) else None)
+    for mode in getattr(args, "placements", ()):
+        PlacementParams(mode)  # a ValueError names the modes
+    given: dict[str, object] = {
+        "gpus": kinds,
         "mixes": args.mixes,
         "loads": args.loads,
         "slo_multipliers": args.slo_multipliers,
         "duration_s": args.duration_s,
+        "node_gpus": node,
+        "placements": getattr(args, "placements", None),
+        "pack_slo_share": getattr(args, "pack_slo_share", None),
+        "clients": tuple(parse_clients(args.clients)) if args.clients else None,
         **extra,
     }
-    if args.full:
-        given.setdefault("seeds", FULL_SEEDS)
+    if args.full and given.get("seeds") is None:
+        given["seeds"] = FULL_SEEDS
     if args.shape is not None:
         given["day"] = replace(base.day, shape=args.shape)
-    return replace(base, **{k: v for k, v in given.items() if v is not None})
-
-
-FULL_SEEDS = (0, 1, 2, 3, 4)
-MAX_ROWS_SHOWN = 300  # more runs than this: the per-cell page only
-
-
-def _cmd_compare(args: argparse.Namespace, console: Console) -> int:
-    matrix = _matrix(args, policies=args.policies, seeds=args.seeds)
-    configs = resolve_capacities(matrix.configs(), jobs=args.jobs)
-    with _progress(console) as bar:
-        task = bar.add_task("simulating", total=len(configs))
-        rows = tabulate(run_all(configs, jobs=args.jobs, progress=lambda n: bar.advance(task, n)))
-    out = Path(args.out_dir)
-    write_csv(rows, out / "compare.csv")
-    written = write_results(
-        rows,
-        out,
-        title=f"compare: the {matrix.name} matrix",
-        describe=_describe(matrix),
-        meta=provenance(["python", "-m", "scheduler", *(args.argv or [])]),
-    )
-    if len(rows) <= MAX_ROWS_SHOWN:
-        view = Table(
-            title=f"{matrix.name} matrix ({matrix.duration_s:g} s per run, seeds "
-            f"{','.join(map(str, matrix.seeds))}); ratios are energy per inference"
-        )
-        for col in (
-            "GPU",
-            "mix",
-            "load",
-            "SLO ×",
-            "seed",
-            "policy",
-            "J/inf",
-            "vs max",
-            "vs best-fixed",
-            "vs bound",
-            "closed",
-            "p99/SLO",
-            "SLO met",
-            "MHz",
-        ):
-            view.add_column(col, justify="right")
-        for r in rows:
-            miss = r["p99_over_slo"] > 1
-            view.add_row(
-                r["gpu"],
-                r["mix"],
-                f"{r['load']:g}",
-                f"{r['slo_mult']:g}",
-                str(r["seed"]),
-                r["policy"],
-                f"{r['energy_per_inference_j']:.3f}",
-                f"{r['vs_max']:.2f}",
-                f"{r['vs_best_fixed']:.3f}",
-                f"{r['vs_oracle']:.2f}",
-                f"{r['closed']:.2f}",
-                f"[red]{r['p99_over_slo']:.2f}[/red]" if miss else f"{r['p99_over_slo']:.2f}",
-                f"{r['slo_attainment']:.1%}",
-                f"{r['mean_clock_mhz']:.0f}",
-            )
-        console.print(view)
-    else:
-        console.print(f"{len(rows)} runs: per cell in {out / 'compare.md'}")
-    if BEST_FIXED in matrix.policies:
-        summary = Table(title="over the (cell, seed) pairs where the best single clock meets p99")
-        for col in (
-            "policy",
-            "pairs",
-            "meets p99",
-            "≤ best-fixed J",
-            "both",
-            "vs best-fixed mean",
-            "worst",
-            "vs max",
-            "vs bound",
-            "closed mean",
-            "least",
-        ):
-            summary.add_column(col, justify="right")
-        for s in against_best_fixed(rows):
-            summary.add_row(
-                s["policy"],
-                str(s["cells"]),
-                str(s["meets"]),
-                str(s["cheaper"]),
-                str(s["both"]),
-                f"{s['mean_vs_best_fixed']:.3f}",
-                f"{s['worst_vs_best_fixed']:.3f}",
-                f"{s['mean_vs_max']:.2f}",
-                f"{s['mean_vs_oracle']:.2f}",
-                f"{s['mean_closed']:.2f}",
-                f"{s['least_closed']:.2f}",
-            )
-        console.print(summary)
-    plot(rows, out / "compare.png")
-    console.print(
-        f"wrote {out / 'compare.csv'}, {out / 'compare.png'}, " + ", ".join(str(p) for p in written)
-    )
-    return 0
+    return replace(base, **{k: v for k, v in given.items() if v is not None})  # type: ignore[arg-type]
 
 
 def _describe(m: Matrix) -> str:
+    """One paragraph: what the matrix runs."""
     slo = "a full batch" if m.slo_basis == "full" else "one request"
     load = (
         "what the top clock holds for that mix and SLO"
@@ -291,13 +385,161 @@ def _describe(m: Matrix) -> str:
         f"{m.day.burst_s:g} s every {m.day.burst_gap_s:g} s on average; the load is the "
         "highest rate of the run (a burst at the peak)"
     )
+    node = f"; nodes of {m.node_gpus} GPUs" if m.node_gpus > 1 else ""
     return (
-        f"GPUs {', '.join(m.gpus)}; mix {'; '.join(m.mixes)}; loads "
+        f"GPUs {', '.join(m.gpus)}{node}; mix {'; '.join(m.mixes)}; loads "
         f"{', '.join(f'{x:g}' for x in m.loads)} of {load}; SLOs "
         f"{', '.join(f'{x:g}' for x in m.slo_multipliers)}× {slo} at the top clock; {arrivals}; "
         f"{m.duration_s:g} s per run; seeds {', '.join(map(str, m.seeds))}; policies "
         f"{', '.join(m.policies)}."
     )
+
+
+def placements_markdown(rows: Sequence[Row]) -> str:
+    """``placements.md``'s body: the placements against ``spread``, the one-GPU runs beside
+    them, and the clients' shares against ideal CFS's, where ``rows`` have them."""
+    parts = [markdown_table(PLACEMENT_COLUMNS, placement_cells(rows))]
+    if ones := one_gpu_cells(rows):
+        parts += [
+            "One GPU of the same profile, same policies, mix and SLOs (× one GPU above: a node "
+            "row's req/s over the most one GPU carried at any of these loads):",
+            markdown_table(ONE_GPU_COLUMNS, ones),
+        ]
+    if clients := client_cells(rows):
+        parts += [
+            "Each client's share of its level's GPU time (served while arrivals ran) against "
+            "ideal CFS's by weight:",
+            markdown_table(CLIENT_COLUMNS, clients),
+        ]
+    return "\n\n".join(parts)
+
+
+def _cmd_compare(args: argparse.Namespace, console: Console) -> int:
+    matrix = _matrix(args, policies=args.policies, seeds=args.seeds)
+    configs = matrix.configs()
+    if args.one_gpu_loads and matrix.node_gpus > 1:
+        alone = replace(matrix, node_gpus=1, loads=args.one_gpu_loads)
+        configs += alone.configs()
+    configs = resolve_capacities(configs, jobs=args.jobs)
+    with _progress(console) as bar:
+        task = bar.add_task("simulating", total=len(configs))
+        every = tabulate(run_all(configs, jobs=args.jobs, progress=lambda n: bar.advance(task, n)))
+    one_gpu = [r for r in every if r["gpus"] == 1] if matrix.node_gpus > 1 else []
+    rows = [r for r in every if r["gpus"] == matrix.node_gpus]
+    out = Path(args.out_dir)
+    write_csv(rows + one_gpu, out / "compare.csv")
+    summary = against_best_fixed(rows) if BEST_FIXED in matrix.policies else []
+    md, js = write_results(
+        "compare",
+        title=f"compare: the {matrix.name} matrix",
+        markdown=compare_markdown(rows, _describe(matrix)),
+        data={"summary": summary, "rows": rows},
+        directory=out,
+        prov=provenance(["python -m scheduler", *(args.argv or [])]),
+    )
+    if len(rows) <= MAX_ROWS_SHOWN:
+        print_rows(rows, matrix, console)
+    else:
+        console.print(f"{len(rows)} runs: per cell in {md}")
+    if summary:
+        print_summary(summary, console)
+    if matrix.node_gpus > 1:
+        print_placements(rows + one_gpu, console)
+        placed, _ = write_results(
+            "placements",
+            title=f"placements on a node of {matrix.node_gpus} simulated GPUs",
+            markdown=placements_markdown(rows + one_gpu),
+            data={"rows": against_one_gpu(against_spread(rows) + one_gpu)[0], "one_gpu": one_gpu},
+            directory=out,
+        )
+        console.print(f"wrote {placed} and {placed.with_suffix('.json')}")
+    # On a node, each placement is a series of its own beside the policies.
+    shown = rows if matrix.node_gpus == 1 else [
+        {**r, "policy": f"{r['policy']} {r['placement']}"} for r in rows
+    ]  # fmt: skip
+    plot(shown, out / "compare.png")
+    console.print(f"wrote {out / 'compare.csv'}, {out / 'compare.png'}, {md} and {js}")
+    return 0
+
+
+def print_rows(rows: Sequence[Row], matrix: Matrix, console: Console) -> None:
+    """Every run: its energy against ``max``, ``best-fixed`` and the bound, and its tail."""
+    view = Table(
+        title=f"{matrix.name} matrix ({matrix.duration_s:g} s per run, seeds "
+        f"{','.join(map(str, matrix.seeds))}); ratios are energy per inference"
+    )
+    for col in (
+        "GPU",
+        "mix",
+        "load",
+        "SLO ×",
+        "seed",
+        "policy",
+        "J/inf",
+        "vs max",
+        "vs best-fixed",
+        "vs bound",
+        "closed",
+        "p99/SLO",
+        "SLO met",
+        "MHz",
+        "isolation",
+    ):
+        view.add_column(col, justify="right")
+    for r in rows:
+        miss = r["p99_over_slo"] > 1
+        view.add_row(
+            r["gpu"],
+            r["mix"],
+            f"{r['load']:g}",
+            f"{r['slo_mult']:g}",
+            str(r["seed"]),
+            r["policy"] if r["gpus"] == 1 else f"{r['policy']} {r['placement']}",
+            f"{r['energy_per_inference_j']:.3f}",
+            f"{r['vs_max']:.2f}",
+            f"{r['vs_best_fixed']:.3f}",
+            f"{r['vs_oracle']:.2f}",
+            f"{r['closed']:.2f}",
+            f"[red]{r['p99_over_slo']:.2f}[/red]" if miss else f"{r['p99_over_slo']:.2f}",
+            f"{r['slo_attainment']:.1%}",
+            f"{r['mean_clock_mhz']:.0f}",
+            _deviation(r["isolation_deviation"]),
+        )
+    console.print(view)
+
+
+def print_summary(summary: Sequence[Row], console: Console) -> None:
+    """:func:`simulator.compare.against_best_fixed`'s rows."""
+    view = Table(title="over the (cell, seed) pairs where the best single clock meets p99")
+    for col in (
+        "policy",
+        "pairs",
+        "meets p99",
+        "≤ best-fixed J",
+        "both",
+        "vs best-fixed mean",
+        "worst",
+        "vs max",
+        "vs bound",
+        "closed mean",
+        "least",
+    ):
+        view.add_column(col, justify="right")
+    for s in summary:
+        view.add_row(
+            s["policy"],
+            str(s["cells"]),
+            str(s["meets"]),
+            str(s["cheaper"]),
+            str(s["both"]),
+            f"{s['mean_vs_best_fixed']:.3f}",
+            f"{s['worst_vs_best_fixed']:.3f}",
+            f"{s['mean_vs_max']:.2f}",
+            f"{s['mean_vs_oracle']:.2f}",
+            f"{s['mean_closed']:.2f}",
+            f"{s['least_closed']:.2f}",
+        )
+    console.print(view)
 
 
 def _cmd_tune(args: argparse.Namespace, console: Console) -> int:
@@ -326,9 +568,19 @@ def _cmd_tune(args: argparse.Namespace, console: Console) -> int:
 
 def _cmd_bench(args: argparse.Namespace, console: Console) -> int:
     from simulator.bench import run
+    from simulator.results import write_results
 
-    for line in run():
+    lines = run()
+    for line in lines:
         print(line)
+    md, _ = write_results(
+        "core",
+        title="The scheduler core's cost (python -m scheduler bench)",
+        markdown="CPU time of this process per request.\n\n```\n" + "\n".join(lines) + "\n```",
+        data={"lines": lines},
+        directory=args.results_dir,
+    )
+    print(f"written to {md} (and .json)")
     return 0
 
 
@@ -337,7 +589,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="cmd", required=True)
 
     p = sub.add_parser("simulate", help="one simulated run")
-    p.add_argument("--gpu", default="v100")
+    p.add_argument("--gpu", default="v100", help="the GPU's profile (every GPU of the node's)")
+    p.add_argument("--gpus", type=_count, default=1, help="GPUs of the node (default 1)")
+    _add_node_options(p, many=False)
     p.add_argument(
         "--policy",
         default=DEFAULT_POLICY,
@@ -355,8 +609,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         help="fraction of what the top clock holds for this mix and SLO: the highest rate at "
-        "which max keeps every model's p99 within its SLO (default 0.5); with --arrival day, "
-        "the day's highest rate",
+        "which max keeps every model's p99 within its SLO (default 0.5; a node: per GPU); with "
+        "--arrival day, the day's highest rate",
     )
     rate.add_argument(
         "--rate", type=float, default=None, help="requests per second (day: the highest)"
@@ -387,10 +641,24 @@ def build_parser() -> argparse.ArgumentParser:
             choices=tuple(MATRICES),
             default="default",
             help="default: the mix at loads 0.3-0.9; steady: one model, tight SLOs, Poisson; "
-            "varying: compressed days with bursts (docs/policy.md); the options below "
+            "varying: compressed days with bursts (docs/simulator.md); the options below "
             "replace the matrix's own",
         )
-        p.add_argument("--gpus", type=_names, default=None, help="default v100,rtx3090,titanrtx")
+        p.add_argument(
+            "--gpu",
+            type=_names,
+            default=None,
+            help=f"GPU profiles, comma-separated (default {','.join(Matrix.gpus)})",
+        )
+        p.add_argument(
+            "--gpus",
+            type=_gpus_or_names,
+            default=None,
+            help="GPUs per node (a number; load is then a fraction of the node's capacity), or "
+            "GPU profiles as --gpu takes them",
+        )
+        if name == "compare":
+            _add_node_options(p, many=True)
         p.add_argument(
             "--mixes",
             type=lambda t: tuple(x.strip() for x in t.split(";") if x.strip()),
@@ -411,8 +679,14 @@ def build_parser() -> argparse.ArgumentParser:
             default=None,
             help=f"varying matrix: the day's shape (diurnal, {', '.join(SHAPES)} or a file)",
         )
-        p.add_argument("--jobs", type=int, default=None, help="processes (default: all cores)")
         p.add_argument("--full", action="store_true", help=f"seeds {FULL_SEEDS} (5 of each)")
+        p.add_argument(
+            "--clients",
+            default=None,
+            help="client classes in every cell, as simulate's (the isolation column compares "
+            "their service with ideal CFS's)",
+        )
+        p.add_argument("--jobs", type=int, default=None, help="processes (default: all cores)")
         if name == "compare":
             p.add_argument(
                 "--policies",
@@ -421,6 +695,13 @@ def build_parser() -> argparse.ArgumentParser:
                 help=f"any of {', '.join(POLICIES)}, fixed:MHZ, {BEST_FIXED}",
             )
             p.add_argument("--seeds", type=_ints, default=None, help="e.g. 0,1,2,3,4")
+            p.add_argument(
+                "--one-gpu-loads",
+                type=_floats,
+                default=(),
+                help="with --gpus N: also run one GPU at these loads (its own capacity's), to "
+                "give each node row's throughput over the most one GPU carried",
+            )
             p.add_argument("-o", "--out-dir", default="out/compare")
             p.set_defaults(run=_cmd_compare)
         else:
@@ -435,7 +716,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(argv=None)
 
     p = sub.add_parser("bench", help="the core's cost per decision and the simulator's speed")
+    p.add_argument("--results-dir", type=Path, default=Path("results"))
     p.set_defaults(run=_cmd_bench)
+    add_generative_parser(sub)
     return parser
 
 

@@ -16,10 +16,13 @@ from typing import Any
 import numpy as np
 
 from dvfs.profiles import CNN, TRANSFORMER, get_profile
+from scheduler.clients import ClientSpec
+from scheduler.placement import DEFAULT_PLACEMENT, PlacementParams
 from scheduler.policies import SlackParams
 from scheduler.registry import DEFAULT_POLICY
 from simulator.bestfixed import BEST_FIXED, best_fixed
-from simulator.simulate import ModelMix, SimConfig, parse_models, simulate, top_clock_capacity_rps
+from simulator.node import run
+from simulator.simulate import ModelMix, SimConfig, parse_models, top_clock_capacity_rps
 from simulator.workload import DayCycle
 
 Row = dict[str, Any]
@@ -52,6 +55,10 @@ COLUMNS = (
     "mean_clock_mhz",
     "clock_changes",
     "fixed_mhz",
+    "isolation_deviation",
+    "gpus",
+    "placement",
+    "gpus_used",
 )
 DEFAULT_MIX = f"{CNN}:0.7,{TRANSFORMER}:0.3"
 
@@ -84,6 +91,10 @@ class Matrix:
     load_basis: str = "capacity"
     arrival: str = "poisson"
     day: DayCycle = field(default_factory=DayCycle)
+    clients: tuple[ClientSpec, ...] = (ClientSpec("default"),)
+    node_gpus: int = 1  # GPUs per node; load is then a fraction of the node's capacity
+    placements: tuple[str, ...] = (DEFAULT_PLACEMENT,)
+    pack_slo_share: float = PlacementParams.pack_slo_share
 
     def __post_init__(self) -> None:
         if self.slo_basis not in ("full", "batch1") or self.load_basis not in (
@@ -101,34 +112,41 @@ class Matrix:
 
     def configs(self) -> list[SimConfig]:
         out = []
+        placements = self.placements if self.node_gpus > 1 else (DEFAULT_PLACEMENT,)
         for gpu in self.gpus:
             for mix in self.mixes:
                 for mult in self.slo_multipliers:
                     models = slo_models(gpu, mix, mult, self.slo_basis)
                     for load in self.loads:
                         rate = (
-                            load * batch1_capacity_rps(gpu, models)
+                            load * self.node_gpus * batch1_capacity_rps(gpu, models)
                             if self.load_basis == "batch1"
                             else None
                         )
                         for seed in self.seeds:
-                            for policy in self.policies:
-                                out.append(
-                                    SimConfig(
-                                        gpu=gpu,
-                                        policy=policy,
-                                        with_oracle=policy in self._bounded,
-                                        load=load,
-                                        rate_rps=rate,
-                                        models=models,
-                                        slo_multiplier=mult,
-                                        duration_s=self.duration_s,
-                                        seed=seed,
-                                        slack=self.slack,
-                                        arrival=self.arrival,
-                                        day=self.day,
+                            for placement in placements:
+                                for policy in self.policies:
+                                    out.append(
+                                        SimConfig(
+                                            gpus=self.node_gpus,
+                                            placement=PlacementParams(
+                                                placement, self.pack_slo_share
+                                            ),
+                                            gpu=gpu,
+                                            policy=policy,
+                                            with_oracle=policy in self._bounded,
+                                            load=load,
+                                            rate_rps=rate,
+                                            models=models,
+                                            slo_multiplier=mult,
+                                            duration_s=self.duration_s,
+                                            seed=seed,
+                                            slack=self.slack,
+                                            clients=self.clients,
+                                            arrival=self.arrival,
+                                            day=self.day,
+                                        )
                                     )
-                                )
         return out
 
 
@@ -203,13 +221,10 @@ def resolve_capacities(configs: Sequence[SimConfig], *, jobs: int | None = None)
 
 
 def _run(cfg: SimConfig) -> Row:
-    row = (
-        best_fixed(cfg)
-        if cfg.policy == BEST_FIXED
-        else {**simulate(cfg).to_json(), "fixed_mhz": None}
-    )
+    node = {"gpus": cfg.gpus, "placement": cfg.placement.mode, "gpus_used": 1}
+    row = best_fixed(cfg) if cfg.policy == BEST_FIXED else {**run(cfg).to_json(), "fixed_mhz": None}
     # The matrix's load, whatever it is a fraction of (a rate given is the load's rate).
-    return {**row, "load": cfg.load}
+    return {**node, **row, "load": cfg.load}
 
 
 def run_all(
@@ -238,8 +253,18 @@ def run_all(
 
 
 def cell(row: Row) -> tuple[Any, ...]:
-    """What identifies a row's cell: the same arrivals and deadlines, whatever the policy."""
-    return row["gpu"], row["mix"], row["arrival"], row["load"], row["slo_mult"], row["seed"]
+    """What identifies a row's cell: the same arrivals and deadlines, whatever the policy
+    (on a node, under the same placement)."""
+    return (
+        row["gpu"],
+        row["mix"],
+        row["arrival"],
+        row["load"],
+        row["slo_mult"],
+        row["seed"],
+        row.get("gpus", 1),
+        row.get("placement", DEFAULT_PLACEMENT),
+    )
 
 
 def tabulate(results: Sequence[Row]) -> list[Row]:
@@ -272,7 +297,8 @@ def tabulate(results: Sequence[Row]) -> list[Row]:
             "oracle_energy_per_inference_j": oracle,
             "clairvoyant_energy_per_inference_j": clairvoyant,
         }
-        rows.append({**{k: r[k] for k in COLUMNS if k not in derived}, **derived})
+        kept = {k: r[k] for k in (*COLUMNS, "clients") if k in r and k not in derived}
+        rows.append({**kept, **derived})
     return rows
 
 
@@ -312,6 +338,45 @@ def against_best_fixed(rows: Sequence[Row]) -> list[Row]:
             }
         )
     return out
+
+
+def against_spread(rows: Sequence[Row]) -> list[Row]:
+    """Node rows (several GPUs) with ``vs_spread``: energy per inference over the ``spread``
+    placement's on the same cell and policy."""
+    spread = {
+        (*cell(r)[:-1], r["policy"]): r["energy_per_inference_j"]
+        for r in rows
+        if r.get("placement") == DEFAULT_PLACEMENT
+    }
+    out = []
+    for r in rows:
+        if r.get("gpus", 1) < 2:
+            continue
+        base = spread.get((*cell(r)[:-1], r["policy"]), math.nan)
+        out.append({**r, "vs_spread": r["energy_per_inference_j"] / base})
+    return out
+
+
+def against_one_gpu(rows: Sequence[Row]) -> tuple[list[Row], list[Row]]:
+    """Node rows with ``vs_one_gpu``: their throughput over the most one GPU of the same
+    profile carried, under the same policy, mix, SLO and seed, at any load it was run at (the
+    largest one-GPU throughput is the strongest baseline: a load past its capacity shows what it
+    carries at best). Returns (node rows, the one-GPU rows with the most each carried)."""
+    best: dict[tuple[Any, ...], Row] = {}
+    for r in rows:
+        if r.get("gpus", 1) != 1:
+            continue
+        key = (r["gpu"], r["mix"], r["slo_mult"], r["seed"], r["policy"])
+        if key not in best or r["throughput_rps"] > best[key]["throughput_rps"]:
+            best[key] = r
+    out = []
+    for r in rows:
+        if r.get("gpus", 1) < 2:
+            continue
+        one = best.get((r["gpu"], r["mix"], r["slo_mult"], r["seed"], r["policy"]))
+        ratio = r["throughput_rps"] / one["throughput_rps"] if one else math.nan
+        out.append({**r, "vs_one_gpu": ratio})
+    return out, list(best.values())
 
 
 def write_csv(rows: Sequence[Row], path: Path) -> None:

@@ -1,153 +1,195 @@
-"""The results file of ``compare``: every row (CSV and JSON), a markdown page with a table per
-cell and a summary over cells, and where and from what code the figures came."""
+"""Results files: what a command measured, with the commit and the machine it ran on.
+
+A command that measures prints its figures and also writes them with :func:`write_results`:
+``<dir>/<name>.md`` (a provenance header, then the command's own Markdown) and
+``<dir>/<name>.json`` (the same provenance, and the figures as data). A figure quoted anywhere
+can then be traced to the command line, the commit (and whether the tree had local changes), the
+date and the machine (CPU model, cores, memory, load, Python) that produced it. Each run replaces
+the files of the previous run of the same name.
+"""
 
 from __future__ import annotations
 
-import datetime as dt
 import json
-import math
 import os
 import platform
+import shlex
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
-import numpy as np
-
-from simulator.bestfixed import BEST_FIXED
-from simulator.compare import Row, against_best_fixed
-
-DEFAULT_POLICY = "adaptive"
+DEFAULT_DIR = Path("results")
+# The source tree whose commit a result belongs to: the one this module was loaded from.
+SOURCE_ROOT = Path(__file__).resolve().parent.parent
 
 
-def provenance(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """The git commit (and whether the tree had changes), the machine and the command."""
+@dataclass(frozen=True)
+class Machine:
+    """Where a measurement ran: what a reader needs to compare two results."""
 
-    def git(*args: str) -> str:
+    cpu_model: str
+    cpus: int  # logical CPUs in the machine
+    cpus_usable: int  # of those, the ones this process may run on
+    memory_gib: float | None
+    load_avg_1m: float | None  # when the command started: a shared machine shows here
+    python: str
+    platform: str
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """A result's origin: the command line, the code, when, and where."""
+
+    command: str
+    commit: str | None  # None outside a git checkout
+    dirty: bool | None  # tracked files changed since that commit
+    date: str  # ISO 8601, UTC
+    machine: Machine
+
+
+def _cpu_model(cpuinfo: Path) -> str:
+    try:
+        for line in cpuinfo.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("model name", "Model", "Hardware") and value.strip():
+                return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def _memory_gib(meminfo: Path) -> float | None:
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return round(int(line.split()[1]) / 2**20, 1)  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def describe_machine(proc: Path = Path("/proc")) -> Machine:
+    """The machine this process runs on (``proc``: where to read Linux's cpuinfo and meminfo)."""
+    cpus = os.cpu_count() or 1
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        usable = cpus
+    try:
+        load: float | None = round(os.getloadavg()[0], 2)
+    except OSError:
+        load = None
+    return Machine(
+        cpu_model=_cpu_model(proc / "cpuinfo"),
+        cpus=cpus,
+        cpus_usable=usable,
+        memory_gib=_memory_gib(proc / "meminfo"),
+        load_avg_1m=load,
+        python=f"{platform.python_implementation()} {platform.python_version()}",
+        platform=platform.platform(),
+    )
+
+
+def git_commit(root: Path = SOURCE_ROOT) -> tuple[str | None, bool | None]:
+    """The commit checked out at ``root`` and whether tracked files differ from it; (None,
+    None) when ``root`` is not a git checkout or git is missing."""
+
+    def git(*args: str) -> str | None:
         try:
             done = subprocess.run(
-                ["git", *args], capture_output=True, text=True, check=True, timeout=10
+                ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10
             )
-        except (OSError, subprocess.SubprocessError):
-            return ""
-        return done.stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
 
-    return {
-        "commit": git("rev-parse", "HEAD") or "unknown",
-        "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
-        "machine": platform.node(),
-        "platform": platform.platform(),
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "command": " ".join(argv if argv is not None else sys.argv),
-    }
+    commit = git("rev-parse", "HEAD")
+    if commit is None:
+        return None, None
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return commit, (bool(status) if status is not None else None)
 
 
-def _cells(rows: Sequence[Row]) -> dict[tuple[Any, ...], list[Row]]:
-    """Rows by cell without the seed: (GPU, mix, arrivals, load, SLO)."""
-    out: dict[tuple[Any, ...], list[Row]] = {}
-    for r in rows:
-        out.setdefault((r["gpu"], r["mix"], r["arrival"], r["load"], r["slo_mult"]), []).append(r)
-    return out
-
-
-def _f(x: float, digits: int = 2) -> str:
-    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
-
-
-def cell_table(rows: Sequence[Row], policy: str) -> list[str]:
-    """Markdown: per cell (seeds together), ``policy`` against ``max``, ``best-fixed`` and the
-    lower bound, with ``best-fixed``'s own p99 and clock."""
-    head = (
-        "| GPU | mix | arrivals | load | SLO × | best-fixed meets p99 | best-fixed MHz | "
-        "bound / best-fixed | vs max | vs best-fixed (mean, worst) | vs bound | "
-        "closed (least) | p99 / SLO (worst) |"
+def provenance(
+    argv: Sequence[str] | None = None,
+    *,
+    now: datetime | None = None,
+    root: Path = SOURCE_ROOT,
+) -> Provenance:
+    """Where a result comes from; ``argv`` defaults to this process's command line."""
+    args = list(sys.argv if argv is None else argv)
+    if args and args[0].endswith(".py"):  # ``python -m pkg.mod`` shows as its file
+        module = _module_of(Path(args[0]))
+        args[0] = f"python -m {module}" if module else args[0]
+    commit, dirty = git_commit(root)
+    return Provenance(
+        command=" ".join([args[0], *map(shlex.quote, args[1:])]) if args else "",
+        commit=commit,
+        dirty=dirty,
+        date=(now or datetime.now(UTC)).isoformat(timespec="seconds"),
+        machine=describe_machine(),
     )
-    lines = [head, "|" + " --- |" * 13]
-    for key, group in _cells(rows).items():
-        fixed = [r for r in group if r["policy"] == BEST_FIXED]
-        mine = [r for r in group if r["policy"] == policy]
-        if not mine:
-            continue
-        gpu, mix, arrival, load, slo = key
-        fixed_ok = sum(r["p99_over_slo"] <= 1 for r in fixed)
-        mhz = [r["fixed_mhz"] for r in fixed]
-        bound = [r["oracle_energy_per_inference_j"] / r["energy_per_inference_j"] for r in fixed]
-
-        def mean(k: str, rs: list[Row] = mine) -> float:
-            vals = [r[k] for r in rs if not math.isnan(r[k])]
-            return float(np.mean(vals)) if vals else math.nan
-
-        worst = max((r["vs_best_fixed"] for r in mine), default=math.nan)
-        least = min((r["closed"] for r in mine if not math.isnan(r["closed"])), default=math.nan)
-        p99 = max(r["p99_over_slo"] for r in mine)
-        lines.append(
-            f"| {gpu} | {mix} | {arrival} | {load:g} | {slo:g} | {fixed_ok}/{len(fixed)} | "
-            f"{min(mhz, default=0)}–{max(mhz, default=0)} | "
-            f"{_f(float(np.mean(bound)) if bound else math.nan)} | {_f(mean('vs_max'))} | "
-            f"{_f(mean('vs_best_fixed'), 3)}, {_f(worst, 3)} | {_f(mean('vs_oracle'))} | "
-            f"{_f(least)} | {'**' if p99 > 1 else ''}{_f(p99)}{'**' if p99 > 1 else ''} |"
-        )
-    return lines
 
 
-def summary_table(rows: Sequence[Row]) -> list[str]:
-    """Markdown: :func:`simulator.compare.against_best_fixed`, one row per policy."""
-    lines = [
-        "| policy | pairs where best-fixed meets p99 | meets p99 | ≤ best-fixed energy | both | "
-        "vs best-fixed (mean, worst) | vs max | vs bound | closed (mean, least) |",
-        "|" + " --- |" * 9,
-    ]
-    for s in against_best_fixed(rows):
-        lines.append(
-            f"| {s['policy']} | {s['cells']} | {s['meets']} | {s['cheaper']} | {s['both']} | "
-            f"{_f(s['mean_vs_best_fixed'], 3)}, {_f(s['worst_vs_best_fixed'], 3)} | "
-            f"{_f(s['mean_vs_max'])} | {_f(s['mean_vs_oracle'])} | "
-            f"{_f(s['mean_closed'])}, {_f(s['least_closed'])} |"
-        )
-    return lines
+def _module_of(path: Path) -> str | None:
+    try:
+        rel = path.resolve().relative_to(SOURCE_ROOT)
+    except ValueError:
+        return None
+    parts = list(rel.with_suffix("").parts)
+    if parts and parts[-1] == "__main__":
+        parts.pop()
+    return ".".join(parts) or None
+
+
+def markdown_table(head: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A Markdown table; cells are written with ``str``."""
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def header(title: str, prov: Provenance) -> str:
+    """The Markdown lines that open a results file: what ran, which code, when, where."""
+    m = prov.machine
+    if prov.commit is None:
+        code = "not a git checkout"
+    else:
+        code = f"`{prov.commit[:12]}`" + (" with local changes" if prov.dirty else "")
+    load = f", load {m.load_avg_1m:g} at start" if m.load_avg_1m is not None else ""
+    memory = f", {m.memory_gib:g} GiB" if m.memory_gib is not None else ""
+    return "\n".join(
+        [
+            f"# {title}",
+            "",
+            f"- command: `{prov.command}`",
+            f"- commit: {code}",
+            f"- date: {prov.date}",
+            f"- machine: {m.cpu_model}, {m.cpus} CPUs ({m.cpus_usable} usable){memory}{load}",
+            f"- Python: {m.python} on {m.platform}",
+        ]
+    )
 
 
 def write_results(
-    rows: Sequence[Row],
-    out_dir: Path,
+    name: str,
     *,
     title: str,
-    describe: str,
-    meta: dict[str, Any],
-) -> list[Path]:
-    """``compare.json`` (every row, the summary, ``meta``) and ``compare.md`` (the tables);
-    the paths written."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    summary = against_best_fixed(rows) if any(r["policy"] == BEST_FIXED for r in rows) else []
-    json_path = out_dir / "compare.json"
-    json_path.write_text(
-        json.dumps({"meta": meta, "summary": summary, "rows": list(rows)}, indent=1, default=str)
-    )
-    policies = [p for p in dict.fromkeys(r["policy"] for r in rows) if p != BEST_FIXED]
-    md = [
-        f"# {title}",
-        "",
-        describe,
-        "",
-        f"Commit `{meta['commit']}`{' (with uncommitted changes)' if meta['dirty'] else ''}, "
-        f"{meta['machine']} ({meta['platform']}, {meta['cpus']} CPUs, Python "
-        f"{meta['python']}), {meta['date']}.",
-        "",
-        f"Command: `{meta['command']}`",
-        "",
-        "Energy per inference; *bound* is the lower bound (`simulator/oracle.py`); *closed* the "
-        "share of the distance from best-fixed to the bound a policy covers; ratios are means "
-        "over seeds, worst and least over seeds; bold: a p99 over the SLO.",
-        "",
-    ]
-    if summary:
-        md += ["## Summary over cells", "", *summary_table(rows), ""]
-    for policy in sorted(policies, key=lambda p: p != DEFAULT_POLICY):
-        md += [f"## {policy}, per cell", "", *cell_table(rows, policy), ""]
-    md_path = out_dir / "compare.md"
-    md_path.write_text("\n".join(md))
-    return [json_path, md_path]
+    markdown: str,
+    data: Mapping[str, object],
+    directory: Path = DEFAULT_DIR,
+    prov: Provenance | None = None,
+) -> tuple[Path, Path]:
+    """Write ``<directory>/<name>.md`` and ``.json`` (replacing an earlier run's); return both
+    paths. ``data`` goes under ``"results"``: JSON types, with anything else (a ``Path``) written
+    as its ``str``."""
+    prov = prov or provenance()
+    directory.mkdir(parents=True, exist_ok=True)
+    md, js = directory / f"{name}.md", directory / f"{name}.json"
+    md.write_text(header(title, prov) + "\n\n" + markdown.rstrip() + "\n")
+    payload = {"title": title, "provenance": asdict(prov), "results": data}
+    js.write_text(json.dumps(payload, indent=2, ensure_ascii=False, default=str) + "\n")
+    return md, js

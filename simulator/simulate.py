@@ -2,12 +2,13 @@
 
 The same :class:`scheduler.core.Scheduler` the gateway runs makes every decision; the simulator
 only plays the GPU (service times drawn from the device at the clock in force, energy from its
-counter) and the clients (arrivals). Everything random comes from one seed.
+counter) and the clients (arrivals). Everything random comes from one seed. Here: the run's
+configuration, its results, the emulated Triton; the event loop, for one GPU or a node of
+several, is :mod:`simulator.node`'s.
 """
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections import deque
 from collections.abc import Sequence
@@ -20,19 +21,18 @@ import numpy as np
 
 from dvfs.profiles import CNN, GpuProfile, ModelProfile, get_profile
 from dvfs.simulated import SimulatedDevice, shared_time_ms
-from dvfs.timesource import VirtualTime
 from scheduler.clients import ClientSpec
-from scheduler.core import Scheduler, SchedulerConfig
+from scheduler.config import PolicyConfig
+from scheduler.core import SchedulerConfig
 from scheduler.feedback import FeedbackParams
+from scheduler.isolation import ClientUsage, IsolationReport, isolation
+from scheduler.placement import PlacementParams
 from scheduler.policies import SlackParams
-from scheduler.registry import make_policy
 from scheduler.request import Request
 from scheduler.view import ModelServing
-from simulator.oracle import oracle_energy
 from simulator.workload import (
     DayCycle,
     FloatArray,
-    assign_clients,
     bursty_arrivals,
     day_arrivals,
     poisson_arrivals,
@@ -42,9 +42,6 @@ from time2clock.fit import fit_model_table
 from time2clock.online import OnlineTables
 from time2clock.profile import SimulatedMeasurer, sweep
 from time2clock.table import TableSet
-
-# At equal times: clock changes land, then completions, timers, arrivals.
-_CLOCK, _COMPLETE, _TIMER, _ARRIVAL = 0, 1, 2, 3
 
 
 @dataclass(frozen=True)
@@ -88,12 +85,17 @@ class SimConfig:
     sets the rate instead. For ``arrival="day"`` either is the highest rate the day reaches
     (:class:`simulator.workload.DayCycle`). Triton runs each model with ``instances``
     instances and its dynamic batcher (largest batch: the model's, ``batcher_delay_ms`` of
-    waiting for a fuller one); ``max_inflight`` caps what the sidecar keeps at Triton.
+    waiting for a fuller one, ``triton_priority_levels`` priority levels, the sidecar's level
+    sent as each request's priority, as the embedded models are configured; 0: first come,
+    first served); ``max_inflight`` caps what the sidecar keeps at Triton.
+
+    ``gpus`` > 1: a node of that many GPUs (:mod:`simulator.node`), ``load`` a fraction of
+    ``gpus`` times what one GPU's top clock holds, ``placement`` choosing each request's GPU.
     """
 
     gpu: str = "v100"
-    policy: str = "adaptive"
-    slo_ms: float = 100.0
+    policy: str = PolicyConfig.name
+    slo_ms: float = SchedulerConfig.default_slo_ms
     duration_s: float = 30.0
     seed: int = 0
     load: float | None = 0.5
@@ -106,15 +108,33 @@ class SimConfig:
     models: tuple[ModelMix, ...] = (ModelMix(CNN),)
     instances: int = 2
     batcher_delay_ms: float = 0.0
-    max_inflight: int = 256
-    max_queue: int = 1000
-    priority_levels: int = 2
+    triton_priority_levels: int = 2  # each model's dynamic_batching.priority_levels (0: FIFO)
+    max_inflight: int = SchedulerConfig.max_inflight
+    max_queue: int = SchedulerConfig.max_queue
+    priority_levels: int = SchedulerConfig.priority_levels
     slo_multiplier: float | None = None  # what set the models' SLOs, for reports
     profile_requests_per_clock: int = 20
     with_oracle: bool = True
     slack: SlackParams = field(default_factory=SlackParams)
     feedback: FeedbackParams = field(default_factory=FeedbackParams)
     learn: bool = False  # refit the tables online from what the run measures
+    gpus: int = 1
+    placement: PlacementParams = field(default_factory=PlacementParams)
+
+    @property
+    def scheduler_config(self) -> SchedulerConfig:
+        """The scheduler's bounds, as the live sidecar's :class:`SchedulerConfig` has them."""
+        return SchedulerConfig(
+            max_inflight=self.max_inflight,
+            max_queue=self.max_queue,
+            priority_levels=self.priority_levels,
+            default_slo_ms=self.slo_ms,
+        )
+
+    @property
+    def policy_config(self) -> PolicyConfig:
+        """The policy and its parameters, as the live sidecar's :class:`PolicyConfig` has them."""
+        return PolicyConfig(self.policy, self.slack, self.feedback)
 
     def rate(self) -> float:
         """Requests per second: the Poisson rate, or the highest rate of a day."""
@@ -122,7 +142,7 @@ class SimConfig:
             return self.rate_rps
         assert self.load is not None
         capacity = self.capacity_rps or top_clock_capacity_rps(self)
-        return self.load * capacity
+        return self.load * self.gpus * capacity
 
     def model_slo_ms(self, mix: ModelMix) -> float:
         return mix.slo_ms if mix.slo_ms is not None else self.slo_ms
@@ -167,6 +187,8 @@ def top_clock_capacity_rps(cfg: SimConfig) -> float:
         slack=SlackParams(),
         feedback=FeedbackParams(),
         slo_multiplier=None,
+        gpus=1,
+        placement=PlacementParams(),
     )
     return _capacity(key)
 
@@ -236,6 +258,8 @@ class ClientStats:
     met: int = 0
     service_ms: float = 0.0
     rejected: int = 0
+    offered_work_ms: float = 0.0  # what it sent while arrivals ran, in GPU time (see isolation)
+    served_work_ms: float = 0.0  # what was served of it by then
 
 
 @dataclass
@@ -273,8 +297,30 @@ class SimResult:
                 worst = ratio if math.isnan(worst) else max(worst, ratio)
         return worst
 
+    def isolation(self) -> IsolationReport:
+        """Seed 000's isolation metric over the clients (:mod:`scheduler.isolation`): GPU work
+        served while arrivals ran (the drain after them serves every backlog to the end, which
+        no fair share decides), against the same work shared by ideal CFS with what each client
+        offered as its demand."""
+        c = self.config
+        levels = SchedulerConfig(priority_levels=c.priority_levels)
+        return isolation(
+            [
+                ClientUsage(
+                    spec.name,
+                    levels.level_of(spec.priority),
+                    spec.nice,
+                    self.clients[spec.name].served_work_ms,
+                    self.clients[spec.name].offered_work_ms,
+                )
+                for spec in c.clients
+            ]
+        )
+
     def to_json(self) -> dict[str, Any]:
         c = self.config
+        iso = self.isolation()
+        shares = {share.name: share for share in iso.clients}
         return {
             "policy": c.policy,
             "gpu": c.gpu,
@@ -322,9 +368,16 @@ class SimResult:
                     "p99_ms": self._pct(99, np.asarray(s.latencies_ms)),
                     "slo_attainment": s.met / s.completed if s.completed else math.nan,
                     "service_ms": s.service_ms,
+                    "dct_over_ideal": iso.ratio_of(name),
+                    # GPU time served while arrivals ran, and ideal CFS's share of it
+                    "level": shares[name].level,
+                    "nice": shares[name].nice,
+                    "served_work_ms": shares[name].served,
+                    "ideal_work_ms": shares[name].ideal,
                 }
                 for name, s in self.clients.items()
             },
+            "isolation_deviation": iso.deviation,
         }
 
 
@@ -345,13 +398,22 @@ class _Triton:
     """Triton on the simulated GPU: per model, a queue, its dynamic batcher and ``instances``
     instances. Batches running at once share the GPU as :func:`dvfs.simulated.shared_time_ms`
     says; when the clock, or that sharing, changes mid-way, the rest of each batch's work goes
-    at the new speed.
+    at the new speed. With ``priority_levels`` the queue is Triton's priority queue: a request
+    goes ahead of every waiting one of a lower priority (a larger number), behind those of its
+    own, and batches are formed from the front; a running batch is never preempted.
     """
 
-    def __init__(self, profile: GpuProfile, device: SimulatedDevice, instances: int) -> None:
+    def __init__(
+        self,
+        profile: GpuProfile,
+        device: SimulatedDevice,
+        instances: int,
+        serving: dict[str, ModelServing] | None = None,
+    ) -> None:
         self.profile = profile
         self.device = device
         self.instances = instances
+        self.serving = serving or {}
         self.running: dict[int, _Execution] = {}
         self.busy: dict[str, int] = {}
         self.requests_running: dict[str, int] = {}
@@ -372,7 +434,21 @@ class _Triton:
             run.since_s = now
 
     def release(self, request: Request[None]) -> None:
-        self.queues.setdefault(request.model, deque()).append(request)
+        queue = self.queues.setdefault(request.model, deque())
+        serving = self.serving.get(request.model)
+        priority = None if serving is None else serving.triton_priority(request.level)
+        if priority is None:
+            queue.append(request)
+            return
+        at = len(queue)
+        while at and self._priority(queue[at - 1]) > priority:
+            at -= 1
+        queue.insert(at, request)
+
+    def _priority(self, request: Request[None]) -> int:
+        priority = self.serving[request.model].triton_priority(request.level)
+        assert priority is not None
+        return priority
 
     def start_batches(self, now: float) -> bool:
         """Every free instance takes a batch of what waits for it; whether any started."""
@@ -452,189 +528,8 @@ def simulate(
     cfg: SimConfig, tables: TableSet | None = None, learner: OnlineTables | None = None
 ) -> SimResult:
     """Run one simulation; deterministic for a given config (seed included). ``learner``: the
-    online fit to use when ``cfg.learn`` (default: a fresh one)."""
-    profile = get_profile(cfg.gpu)
-    rng = np.random.default_rng(cfg.seed)
-    arrival_rng, client_rng, device_rng = (
-        np.random.default_rng(s) for s in rng.integers(0, 2**63, 3)
-    )
-    model_rng = np.random.default_rng(int(rng.integers(0, 2**63)))
-    arrivals = _arrivals(cfg, arrival_rng)
-    who = assign_clients(len(arrivals), list(cfg.clients), client_rng)
-    which = model_rng.choice(len(cfg.models), size=len(arrivals), p=[m.share for m in cfg.models])
-    client_slos = [c.slo_ms for c in cfg.clients]
-    model_slos = [cfg.model_slo_ms(m) for m in cfg.models]
-    slos_ms = np.array(
-        [client_slos[c] or model_slos[m] for c, m in zip(who, which, strict=True)], dtype=float
-    )
+    online fit to use when ``cfg.learn`` (default: a fresh one). One event loop serves one GPU
+    and a node of several: :func:`simulator.node.simulate_node`."""
+    from simulator.node import simulate_node  # it imports this module's parts
 
-    names = tuple(m.name for m in cfg.models)
-    tables = tables or profiled_tables(cfg.gpu, names, 0, cfg.profile_requests_per_clock)
-    vt = VirtualTime()
-    device = SimulatedDevice(profile, time_source=vt, rng=device_rng)
-    # The GPU's idle power at its lowest and top clock, what a live sidecar reads from the
-    # device at start (idle, locked low then high): adaptive's energy floor counts energy
-    # above idle, and its idle clock weighs idling lower against waking up.
-    feedback = cfg.feedback
-    if feedback.idle_power_w is None:
-        feedback = replace(
-            feedback,
-            idle_power_w=profile.idle_power_w(profile.min_clock_mhz),
-            idle_power_top_w=profile.idle_power_w(profile.max_clock_mhz),
-        )
-    policy = make_policy(cfg.policy, device.supported_clocks_mhz(), cfg.slack, feedback)
-    sched: Scheduler[None] = Scheduler(
-        tables,
-        policy,
-        SchedulerConfig(
-            max_inflight=cfg.max_inflight,
-            max_queue=cfg.max_queue,
-            priority_levels=cfg.priority_levels,
-            default_slo_ms=cfg.slo_ms,
-        ),
-        serving={n: ModelServing(profile.model(n).max_batch, cfg.instances) for n in names},
-        learner=(
-            (learner or OnlineTables(device.supported_clocks_mhz(), gpu=cfg.gpu))
-            if cfg.learn
-            else None
-        ),
-    )
-
-    initial = policy.initial_clock_mhz()
-    if initial is None:
-        device.reset()
-    else:
-        device.set_clock_mhz(initial)
-
-    stats = {c.name: ClientStats() for c in cfg.clients}
-    per_model = {n: ClientStats() for n in names}
-    latencies: list[float] = []
-    work = np.ones(len(arrivals))  # each request's drawn service time over its mean
-    index_of: dict[int, int] = {}  # request seq -> its arrival's index
-    met = rejected = events = batches = 0
-    heap: list[tuple[float, int, int, Any]] = [
-        (float(t), _ARRIVAL, i, None) for i, t in enumerate(arrivals)
-    ]
-    heapq.heapify(heap)
-    seq = len(arrivals)
-    timer_at: float | None = None
-    batcher_at: float | None = None
-    triton = _Triton(profile, device, cfg.instances)
-
-    def push(t: float, kind: int, payload: Any) -> None:
-        nonlocal seq
-        heapq.heappush(heap, (t, kind, seq, payload))
-        seq += 1
-
-    def after_clock_request(now: float) -> None:
-        """Schedule the moment a requested clock change lands, so running work speeds up."""
-        pending = device.pending_change()
-        if pending is not None and triton.running:
-            push(pending[0], _CLOCK, None)
-
-    def apply(clock: int | None, now: float) -> None:
-        if clock is not None:
-            device.set_clock_mhz(clock)
-            after_clock_request(now)
-
-    def dispatch(now: float) -> None:
-        nonlocal batcher_at
-        while (d := sched.next_dispatch(now)) is not None:
-            apply(d.clock_mhz, now)
-            triton.release(d.request)
-        if cfg.batcher_delay_ms > 0 and any(triton.queues.values()):
-            # Triton's batcher waits up to its delay for a fuller batch (not past it).
-            oldest = min(q[0].dispatch_s for q in triton.queues.values() if q)
-            due = oldest + cfg.batcher_delay_ms / 1000.0
-            if now < due:
-                if batcher_at != due:
-                    batcher_at = due
-                    push(due, _TIMER, "batcher")
-                return
-        if triton.start_batches(now):
-            after_clock_request(now)
-            for t_end, key in triton.completions():
-                push(t_end, _COMPLETE, key)
-
-    while heap:
-        now, kind, idx, payload = heapq.heappop(heap)
-        vt.advance_to(now)
-        events += 1
-        if kind == _ARRIVAL:
-            client = cfg.clients[who[idx]]
-            req: Request[None] = Request(
-                model=names[which[idx]],
-                arrival_s=now,
-                slo_ms=float(slos_ms[idx]),
-                priority=client.priority,
-                nice=client.nice,
-                client_id=client.name,
-            )
-            result = sched.enqueue(req, now)
-            if result.accepted:
-                index_of[req.seq] = idx
-            else:
-                rejected += 1
-                stats[client.name].rejected += 1
-                per_model[req.model].rejected += 1
-            apply(result.clock_mhz, now)
-        elif kind == _COMPLETE:
-            run = triton.finish(payload, now)
-            if run is None:
-                continue  # rescheduled after a clock or sharing change
-            batches += 1
-            for t_end, key in triton.completions():
-                push(t_end, _COMPLETE, key)
-            for req in run.requests:
-                work[index_of.pop(req.seq)] = run.work
-                service_s = now - req.dispatch_s
-                apply(sched.on_complete(req, service_s, now).clock_mhz, now)
-                latency_ms = (now - req.arrival_s) * 1000.0
-                latencies.append(latency_ms)
-                ok = latency_ms <= req.slo_ms
-                met += ok
-                for s in (stats[req.client_id], per_model[req.model]):
-                    s.completed += 1
-                    s.latencies_ms.append(latency_ms)
-                    s.service_ms += service_s * 1000.0
-                    s.met += ok
-        elif kind == _CLOCK:
-            for t_end, key in triton.clock_landed(now):
-                push(t_end, _COMPLETE, key)
-        elif payload == "batcher":
-            batcher_at = None
-        else:
-            timer_at = None
-            apply(sched.poll(now), now)
-        dispatch(now)
-        wake = sched.wake_at_s()
-        if wake is not None and wake != timer_at:
-            timer_at = max(wake, now)
-            push(timer_at, _TIMER, None)
-
-    span_s = max(cfg.duration_s, vt())
-    vt.advance_to(span_s)
-    dev_stats = device.stats()
-    oracle = clairvoyant = None
-    if cfg.with_oracle and len(arrivals):
-        deadlines, models = arrivals + slos_ms / 1000.0, [names[w] for w in which]
-        oracle = oracle_energy(profile, arrivals, deadlines, span_s, models).energy_j
-        clairvoyant = oracle_energy(profile, arrivals, deadlines, span_s, models, work).energy_j
-    return SimResult(
-        config=cfg,
-        requests=len(arrivals),
-        completed=len(latencies),
-        rejected=rejected,
-        span_s=span_s,
-        energy_j=dev_stats.energy_j,
-        oracle_energy_j=oracle,
-        clairvoyant_energy_j=clairvoyant,
-        latencies_ms=np.asarray(latencies),
-        met=met,
-        clock_changes=dev_stats.clock_changes,
-        mean_clock_mhz=dev_stats.clock_mhz_s / span_s,
-        clients=stats,
-        models=per_model,
-        batches=batches,
-        events=events,
-    )
+    return simulate_node(cfg, tables, learner)

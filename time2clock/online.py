@@ -36,12 +36,14 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Sized
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from dvfs.energy import EnergyReading
 from time2clock.fit import trimmed_mean
+from time2clock.online_energy import EnergyParams, OnlineEnergy
 from time2clock.profile import select_clocks
 from time2clock.table import (
     TAIL_QUANTILES,
@@ -169,13 +171,24 @@ class OnlineTables:
     """
 
     def __init__(
-        self, clocks_mhz: Sequence[int], *, gpu: str = "unknown", params: OnlineParams | None = None
+        self,
+        clocks_mhz: Sequence[int],
+        *,
+        gpu: str = "unknown",
+        params: OnlineParams | None = None,
+        learn_energy: bool = True,
+        energy_params: EnergyParams | None = None,
     ) -> None:
+        """``learn_energy``: also refit the energy per inference from the GPU's energy counter
+        (:mod:`time2clock.online_energy`), when its values are handed to :meth:`on_energy`."""
         if not clocks_mhz:
             raise ValueError("the online fit needs the GPU's clock ladder")
         self.clocks_mhz = sorted(clocks_mhz)
         self.gpu = gpu
         self.params = params or OnlineParams()
+        self.energy: OnlineEnergy | None = (
+            OnlineEnergy(self.clocks_mhz, energy_params) if learn_energy else None
+        )
         self._models: dict[str, _ModelState] = {}
         self._last_refit_s: float | None = None
         self.version = 0  # bumped by every refit that changed a table
@@ -206,6 +219,25 @@ class OnlineTables:
                 state.ratios.append(sample.ms / predicted)
                 del state.ratios[:-1000]
 
+    def occupancy(self, now_s: float, clock_mhz: int | None, inflight: Mapping[str, Sized]) -> None:
+        """What runs changed (see :meth:`time2clock.online_energy.ClockWindows.occupancy`)."""
+        if self.energy is not None:
+            self.energy.occupancy(now_s, clock_mhz, inflight)
+
+    def clock_unknown(self) -> None:
+        """The clock target changed at a moment not known (e.g. a new policy)."""
+        if self.energy is not None:
+            self.energy.attribution.forget()
+
+    def on_energy(self, reading: EnergyReading, update_interval_s: float | None) -> None:
+        """A value of the GPU's energy counter, and its refresh interval as learned."""
+        if self.energy is not None:
+            self.energy.reading(reading, update_interval_s)
+
+    def floor_mhz(self, floor_mhz: int, now_s: float) -> int:
+        """The energy floor a policy should use now (lower while a clock under it is probed)."""
+        return floor_mhz if self.energy is None else self.energy.probe_floor_mhz(floor_mhz, now_s)
+
     def due(self, now_s: float) -> bool:
         """Whether a refit is due: ``refit_every_s`` since the last, and something new."""
         if (
@@ -213,6 +245,8 @@ class OnlineTables:
             and now_s - self._last_refit_s < self.params.refit_every_s
         ):
             return False
+        if self.energy is not None and self.energy.pending():
+            return True
         return any(s.new_samples for s in self._models.values())
 
     # -- the fit --------------------------------------------------------------------------
@@ -239,6 +273,10 @@ class OnlineTables:
             state.refits += 1
             state.last_refit_s = now_s
             changed = True
+        if self.energy is not None:
+            for table in self.energy.refit(tables, result, now_s).values():
+                result.add(table)
+                changed = True
         if not changed:
             return None
         self.version += 1
@@ -376,7 +414,7 @@ class OnlineTables:
 
     @property
     def models(self) -> list[str]:
-        return sorted(self._models)
+        return sorted({*self._models, *(self.energy.models if self.energy else ())})
 
     def samples_total(self, model: str) -> int:
         state = self._models.get(model)
@@ -395,10 +433,16 @@ class OnlineTables:
         return self._median_error(state) if state.ratios else state.last_error
 
     def state(self, model: str, now_s: float) -> dict[str, object] | None:
-        """Per model: samples in the window, refits, age of the last refit, error."""
+        """Per model: samples in the window, refits, age of the last refit, error; and under
+        ``energy`` the same of the energy fit."""
         state = self._models.get(model)
+        energy = (
+            None
+            if self.energy is None
+            else self.energy.state(model, now_s, self.latest.get(model) if self.latest else None)
+        )
         if state is None:
-            return None
+            return None if energy is None else {"energy": energy}
         horizon = now_s - self.params.window_s
         in_window = sum(1 for at, *_ in state.recent if at >= horizon)  # at most residual_cap
         error = self.error(model)
@@ -410,6 +454,7 @@ class OnlineTables:
                 None if state.last_refit_s is None else round(now_s - state.last_refit_s, 3)
             ),
             "error": None if error is None else round(error, 4),
+            **({} if energy is None else {"energy": energy}),
         }
 
 

@@ -7,6 +7,9 @@ from typing import Any
 
 from tritonclient.grpc import service_pb2
 
+from api.hints import BadRequestError
+from api.tensors import MAX_DIMS, ElementBudget, ModelLimits, check_binary_size
+
 SERVICE = "inference.GRPCInferenceService"
 MODEL_INFER = "ModelInfer"
 STREAM_INFER = "ModelStreamInfer"
@@ -14,12 +17,23 @@ _METHODS = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].metho
 UNARY_METHODS: tuple[str, ...] = tuple(
     m.name for m in _METHODS if not (m.client_streaming or m.server_streaming)
 )
-# Triton's own limit (INT32_MAX) on both sides, so a request Triton takes, the sidecar takes.
+# Triton's own limit (INT32_MAX): what Triton may send back, and what the sidecar may send on.
 MAX_MESSAGE_BYTES = 2**31 - 1
-OPTIONS = (
+CHANNEL_OPTIONS = (
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
 )
+
+
+def server_options(max_message_bytes: int) -> tuple[tuple[str, int], ...]:
+    """The front end's: a client's message is bounded as HTTP's body is (``--max-body-bytes``);
+    gRPC refuses a longer one with RESOURCE_EXHAUSTED from its length prefix."""
+    return (
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_receive_message_length", max_message_bytes),
+    )
+
+
 # Transport-level keys that the gRPC library sets itself on the next hop.
 _NOT_FORWARDED = ("user-agent", "te", "content-type", "grpc-", ":")
 
@@ -40,6 +54,53 @@ def parse_infer_request(raw: bytes) -> Any:
         return service_pb2.ModelInferRequest.FromString(raw)
     except Exception as err:  # protobuf's DecodeError, whichever backend raised it
         raise BadMessageError(f"malformed ModelInferRequest: {err}") from None
+
+
+_CONTENTS = (
+    "bool_contents",
+    "int_contents",
+    "int64_contents",
+    "uint_contents",
+    "uint64_contents",
+    "fp32_contents",
+    "fp64_contents",
+    "bytes_contents",
+)
+
+
+def check_infer_request(request: Any, *, max_elements: int, model: ModelLimits | None) -> None:
+    """The checks HTTP's :func:`api.tensors.check_request` makes, on a ``ModelInferRequest``:
+    shapes and datatypes, element bounds, and each input's data against its shape."""
+    if not request.inputs:
+        raise BadRequestError("inputs must be a non-empty list of tensors")
+    raw = request.raw_input_contents
+    with_data = [t for t in request.inputs if "shared_memory_region" not in t.parameters]
+    if raw and len(raw) != len(with_data):  # one entry per input not in shared memory, in order
+        raise BadRequestError(
+            f"raw_input_contents has {len(raw)} entries for {len(with_data)} inputs with data"
+        )
+    sizes = iter(len(r) for r in raw)
+    budget = ElementBudget(max_elements, model)
+    for i, tensor in enumerate(request.inputs):
+        name = tensor.name
+        if not name:
+            raise BadRequestError(f"inputs[{i}].name must be a non-empty string")
+        shape = list(tensor.shape)
+        if len(shape) > MAX_DIMS or any(d < 0 for d in shape):
+            raise BadRequestError(
+                f"input {name!r}: shape must be at most {MAX_DIMS} dims, each >= 0, got {shape}"
+            )
+        elements = budget.take(name, tensor.datatype, shape)
+        if "shared_memory_region" in tensor.parameters:
+            continue
+        if raw:
+            check_binary_size(name, tensor.datatype, shape, elements, next(sizes))
+            continue
+        count = sum(len(getattr(tensor.contents, f)) for f in _CONTENTS)
+        if count != elements:
+            raise BadRequestError(
+                f"input {name!r}: shape {shape} has {elements} elements, but contents has {count}"
+            )
 
 
 def parameter_values(parameters: Mapping[str, Any]) -> dict[str, Any]:
@@ -71,6 +132,8 @@ def stream_error(message: str, request: Any | None) -> bytes:
     return data
 
 
-def stream_has_error(raw: bytes) -> bool:
-    """Whether a ``ModelStreamInferResponse`` from Triton carries an error."""
-    return bool(service_pb2.ModelStreamInferResponse.FromString(raw).error_message)
+def stream_reply(raw: bytes) -> tuple[bool, bool]:
+    """Whether a ``ModelStreamInferResponse`` from Triton carries an error, and whether it
+    carries outputs (a token of a generative model; a decoupled model's final flag has none)."""
+    reply = service_pb2.ModelStreamInferResponse.FromString(raw)
+    return bool(reply.error_message), bool(reply.infer_response.outputs)

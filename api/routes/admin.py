@@ -16,10 +16,11 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field, ValidationError
 
-from api.runtime import Runtime
+from api.runtime import Gpu, Runtime
 from dvfs.errors import DeviceError
+from scheduler.config import TOKENS
 from scheduler.policies import ClockPolicy, FixedPolicy
-from scheduler.registry import POLICIES, make_policy
+from scheduler.registry import POLICIES
 from time2clock.table import TableError, TableSet
 
 bearer = HTTPBearer(auto_error=False, description="the sidecar's --admin-token")
@@ -86,25 +87,64 @@ def _body_schema(model: type[BaseModel]) -> dict[str, Any]:
 
 @router.get("/state")
 async def state(rt: Admin) -> dict[str, Any]:
-    """Queues, in-flight requests, clock target and reading, policy, each model's batching and
-    table, requests taken by protocol (HTTP and gRPC feed the same queue)."""
-    assert rt.dispatcher is not None and rt.device is not None
-    clock_mhz = await asyncio.to_thread(rt.device.clock_mhz)  # may block: not in the loop
+    """Per GPU (``gpus``, each with its ``gpu`` label): queues, in-flight requests, clock target
+    and reading, policy, each model's batching and table, its Triton; the top level repeats
+    GPU 0's (as with one GPU) and adds the placement, and requests taken by protocol (HTTP and
+    gRPC feed the same queues)."""
+    gpus = []
+    for gpu in rt.gpus:
+        assert gpu.dispatcher is not None and gpu.device is not None
+        clock_mhz = await asyncio.to_thread(gpu.device.clock_mhz)  # may block: not in the loop
+        gpus.append(
+            {
+                **gpu.dispatcher.state(),
+                "clock_mhz": clock_mhz,
+                "triton_url": gpu.url,
+                "triton_grpc_url": gpu.grpc_url,
+                "triton_up": gpu.up,
+            }
+        )
     return {
-        **rt.dispatcher.state(),
-        "clock_mhz": clock_mhz,
-        "triton_url": rt.triton_url,
-        "triton_grpc_url": rt.triton_grpc_url,
+        **gpus[0],
+        "gpus": gpus,
+        "placement": {
+            "mode": rt.placer.mode,
+            "pack_slo_share": rt.placer.params.pack_slo_share,
+        },
         "requests_by_protocol": dict(rt.metrics.requests_by_protocol),
     }
 
 
-def _swap(rt: Runtime, build: Callable[[list[int]], ClockPolicy]) -> dict[str, Any]:
-    assert rt.dispatcher is not None and rt.device is not None
-    scheduler = rt.dispatcher.scheduler
-    scheduler.set_policy(build(rt.device.supported_clocks_mhz()))
-    rt.dispatcher.change_policy()
-    return {"policy": scheduler.policy.name, "clock_target_mhz": scheduler.clock_target_mhz}
+def _swap(rt: Runtime, build: Callable[[Gpu], ClockPolicy]) -> dict[str, Any]:
+    """Every GPU runs the policy ``build`` makes for it; GPU 0's answer (with one GPU, the only
+    one), and with several each GPU's under ``gpus``. A policy a GPU cannot run (tokens
+    without an engine profile) is a 400."""
+    policies = []
+    for gpu in rt.gpus:
+        assert gpu.dispatcher is not None and gpu.device is not None
+        try:
+            policies.append(build(gpu))
+        except ValueError as err:
+            raise HTTPException(400, str(err)) from None
+    out = []
+    for gpu, policy in zip(rt.gpus, policies, strict=True):
+        dispatcher = gpu.dispatcher
+        assert dispatcher is not None
+        dispatcher.set_policy(policy)
+        out.append(
+            {
+                "gpu": gpu.index,
+                "policy": dispatcher.policy.name,
+                "clock_target_mhz": dispatcher.clock_target_mhz,
+            }
+        )
+    first = {"policy": out[0]["policy"], "clock_target_mhz": out[0]["clock_target_mhz"]}
+    return first if len(out) == 1 else {**first, "gpus": out}
+
+
+def _clocks(gpu: Gpu) -> list[int]:
+    assert gpu.device is not None
+    return gpu.device.supported_clocks_mhz()
 
 
 async def _json(request: Request, model: type[BodyT]) -> BodyT:
@@ -120,47 +160,48 @@ async def _json(request: Request, model: type[BodyT]) -> BodyT:
 
 @router.put("/policy", openapi_extra=_body_schema(PolicyChange))
 async def change_policy(request: Request, rt: Admin) -> dict[str, Any]:
-    """Switch the clock policy now."""
+    """Switch every GPU's clock policy now."""
     change = await _json(request, PolicyChange)
-    if change.policy not in POLICIES:
+    if change.policy not in (*POLICIES, TOKENS):
         raise HTTPException(
-            400, f"policy must be one of {', '.join(POLICIES)}, got {change.policy!r}"
+            400, f"policy must be one of {', '.join((*POLICIES, TOKENS))}, got {change.policy!r}"
         )
-    return _swap(rt, lambda clocks: make_policy(change.policy, clocks))
+    return _swap(rt, lambda gpu: rt.build_policy(change.policy, gpu))
 
 
 @router.put("/clock", openapi_extra=_body_schema(ClockForce))
 async def force_clock(request: Request, rt: Admin) -> dict[str, Any]:
-    """Hold one clock (the policy becomes ``fixed``); ``null`` goes back to ``--policy``."""
+    """Hold one clock on every GPU (the policy becomes ``fixed``); ``null`` goes back to
+    ``--policy``."""
     force = await _json(request, ClockForce)
     if force.clock_mhz is None:
-        return _swap(rt, lambda clocks: make_policy(rt.config.policy, clocks))
+        return _swap(rt, lambda gpu: rt.build_policy(gpu=gpu))
     clock = force.clock_mhz
     try:
-        return _swap(rt, lambda clocks: FixedPolicy(clocks, clock))
+        return _swap(rt, lambda gpu: FixedPolicy(_clocks(gpu), clock))
     except ValueError as err:
         raise HTTPException(400, str(err)) from None
 
 
 @router.post("/table", openapi_extra=_body_schema(TableReload))
 async def reload_table(request: Request, rt: Admin) -> dict[str, Any]:
-    """Load a time2clock table file; its models' tables replace theirs."""
+    """Load a time2clock table file; its models' tables replace theirs on every GPU."""
     reload = await _json(request, TableReload)
     try:
         loaded = await asyncio.to_thread(TableSet.load, Path(reload.path))
     except (TableError, OSError, ValueError) as err:
         raise HTTPException(400, str(err)) from None
+    for dispatcher in rt.dispatchers:
+        tables = TableSet(dispatcher.tables)
+        for table in loaded:
+            tables.add(table)
+        dispatcher.set_tables(tables)
     assert rt.dispatcher is not None
-    scheduler = rt.dispatcher.scheduler
-    tables = TableSet(scheduler.tables)
-    for table in loaded:
-        tables.add(table)
-    scheduler.set_tables(tables)
-    name = scheduler.policy.name
+    name = rt.dispatcher.policy.name
     if name == "fixed":
-        name = rt.config.policy
+        name = rt.config.policy.name
     try:
-        swapped = _swap(rt, lambda clocks: make_policy(name, clocks))
+        swapped = _swap(rt, lambda gpu: rt.build_policy(name, gpu))
     except DeviceError as err:
         raise HTTPException(503, str(err)) from None
     return {**swapped, "table": reload.path, "models": loaded.models}

@@ -14,19 +14,20 @@ router = APIRouter(tags=["health and metadata"])
 
 @router.get("/v2/health/live")
 async def live(request: Request) -> Response:
-    """The sidecar is up; 503 once Triton has been down past ``--liveness-grace-s`` (then only a
-    restart of the pod will help)."""
+    """The sidecar is up; 503 once a GPU's Triton has been down past ``--liveness-grace-s``
+    (then only a restart of the pod will help)."""
     rt: Runtime = request.app.state.runtime
-    if rt.watch is not None and not rt.watch.live():
+    if not rt.live():
         return error(503, f"Triton has been down for over {rt.config.liveness_grace_s:g} s")
     return Response(status_code=200)
 
 
 async def _proxy(request: Request, path: str) -> Response:
     rt: Runtime = request.app.state.runtime
-    assert rt.upstream is not None
+    upstream = rt.upstream_up()
+    assert upstream is not None
     try:
-        resp = await rt.upstream.request("GET", path)
+        resp = await upstream.request("GET", path)
     except UpstreamUnavailableError as err:
         return error(503, str(err))
     status = resp.status
@@ -37,7 +38,7 @@ async def _proxy(request: Request, path: str) -> Response:
 
 @router.get("/v2/health/ready")
 async def ready(request: Request) -> Response:
-    """Ready when Triton is ready and the dispatcher runs."""
+    """Ready when a GPU's Triton is ready and the dispatchers run."""
     rt: Runtime = request.app.state.runtime
     if rt.dispatcher is None:
         return error(503, "the sidecar is starting")

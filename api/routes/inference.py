@@ -11,95 +11,94 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from api.dispatcher import Job, RejectedError, UnavailableError
+from api.admission import Inbound, Outcome, admit
+from api.dispatcher import Job, post
 from api.errors import error_body
-from api.hints import HEADER_LENGTH, BadRequestError, json_header, parse_hints
+from api.hints import HEADER_LENGTH, json_header_bytes, parse_json_object
 from api.runtime import Runtime
-from api.tenants import UnknownTokenError
-from api.tensors import check_request
-from scheduler.weights import weight_for_nice
+from api.tensors import MAX_JSON_DEPTH, ModelLimits, check_request, nesting_bound
+from api.triton_priority import post_at_level
+from api.upstream import UpstreamResponse
 
 router = APIRouter(tags=["inference"])
 PASS_HEADERS = ("content-type", HEADER_LENGTH, "accept-encoding", "content-encoding")
+GPU_HEADER = "x-sidecar-gpu"  # which GPU of the node served the request
 Reply = tuple[int, dict[str, str], bytes]
+
+
+class HttpBody:
+    """An HTTP inference body as admission reads it: the JSON (or the binary extension's JSON
+    header), parsed once."""
+
+    __slots__ = ("_body", "_headers", "_json", "_shallow")
+
+    def __init__(self, body: bytes, headers: Mapping[str, str]) -> None:
+        self._body = body
+        self._headers = headers
+        self._json: dict[str, Any] | None = None
+        self._shallow = False
+
+    def _parsed(self) -> dict[str, Any]:
+        if self._json is None:
+            raw = json_header_bytes(self._body, self._headers)
+            self._json = parse_json_object(raw)
+            self._shallow = nesting_bound(raw) <= MAX_JSON_DEPTH
+        return self._json
+
+    def parameters(self) -> Any:
+        return self._parsed().get("parameters")
+
+    def check(self, *, max_elements: int, model: ModelLimits | None) -> None:
+        header_length = self._headers.get(HEADER_LENGTH)
+        binary = len(self._body) - int(header_length) if header_length is not None else 0
+        request = self._parsed()
+        check_request(
+            request, binary, max_elements=max_elements, model=model, shallow=self._shallow
+        )
+
+
+STATUS = {
+    Outcome.BAD_REQUEST: 400,
+    Outcome.UNAUTHORIZED: 401,
+    Outcome.UNKNOWN_MODEL: 404,
+    Outcome.REJECTED: 429,
+    Outcome.UNAVAILABLE: 503,
+}
 
 
 async def infer(
     rt: Runtime, model: str, version: str | None, body: bytes, headers: Mapping[str, str]
 ) -> Reply:
     """Schedule one inference request and return Triton's reply (or the protocol's error)."""
-    arrival_s = time.monotonic()
-    metrics = rt.metrics
-    label = rt.models.label(model)
-    if rt.draining:
-        metrics.count(label, "", "", "unavailable")
-        return _retry_later(503, "the sidecar is shutting down")
-    if not rt.triton_up:
-        metrics.count(label, "", "", "unavailable")
-        return _retry_later(503, "Triton is unavailable (restarting or unreachable); retry later")
-    try:
-        request_json = json_header(body, headers)
-        hints = parse_hints(request_json, headers, rt.config.priority_levels)
-    except BadRequestError as err:
-        metrics.count(label, "", "", "bad_request")
-        return error_body(400, str(err))
-    if rt.tenants is not None:
-        try:
-            hints = rt.tenants.apply(hints, headers.get("authorization"))
-        except UnknownTokenError as err:
-            metrics.count(label, "", "", "unauthorized")
-            return error_body(401, str(err))
-    client = metrics.client_label(hints.client_id)
-    assert rt.dispatcher is not None
-    level = rt.dispatcher.scheduler.config.level_of(hints.priority)
-    priority = str(level)
-    metrics.client_weight.labels(client, priority).set(weight_for_nice(hints.nice))
-    if not await rt.models.exists(model):
-        metrics.count(label, priority, client, "unknown_model")
-        return error_body(404, f"Request for unknown model: '{model}' is not found")
-    label = rt.models.label(model)
-    header_length = headers.get(HEADER_LENGTH)
-    try:
-        check_request(
-            request_json,
-            len(body) - int(header_length) if header_length is not None else 0,
-            max_elements=rt.config.max_request_elements,
-            model=await rt.models.limits(model),
-        )
-    except BadRequestError as err:
-        metrics.count(label, priority, client, "bad_request")
-        return error_body(400, str(err))
     path = (
         f"/v2/models/{model}/versions/{version}/infer" if version else f"/v2/models/{model}/infer"
     )
-    job = Job(
-        path=path,
-        body=body,
-        timeout_us=hints.timeout_us,
-        headers={k: v for k in PASS_HEADERS if (v := headers.get(k)) is not None},
+    forward = {k: v for k in PASS_HEADERS if (v := headers.get(k)) is not None}
+    inbound = Inbound(
+        protocol="http",
+        model=model,
+        body=HttpBody(body, headers),
+        headers=headers,
+        arrival_s=time.monotonic(),
+        job=Job(send=post(path, body, forward), at_level=post_at_level(path, body, forward)),
     )
-    request = hints.request(model, arrival_s, rt.config.slo_ms, job)
-    assert rt.dispatcher is not None
-    try:
-        upstream = await rt.dispatcher.submit(request)
-    except RejectedError as err:
-        metrics.count(label, priority, client, "rejected")
-        return _retry_later(429, str(err))
-    except UnavailableError as err:
-        metrics.count(label, priority, client, "unavailable")
-        return error_body(503, str(err))
-    metrics.count(label, priority, client, "ok" if upstream.status == 200 else "triton_error")
-    return upstream.status, upstream.headers, upstream.body
-
-
-def _retry_later(status: int, message: str) -> Reply:
-    status, headers, content = error_body(status, message)
-    return status, {**headers, "retry-after": "1"}, content
+    admission = await admit(rt, inbound)
+    if admission.answer is not None:
+        answer: UpstreamResponse = admission.answer
+        headers = answer.headers
+        if admission.gpu is not None:
+            headers = {**headers, GPU_HEADER: admission.gpu}
+        return answer.status, headers, answer.body
+    status, out_headers, content = error_body(STATUS[admission.outcome], admission.message)
+    if admission.retry:
+        out_headers = {**out_headers, "retry-after": "1"}
+    return status, out_headers, content
 
 
 def _response(reply: Reply) -> Response:
@@ -130,26 +129,80 @@ Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 
+@dataclass(slots=True)
+class Call:
+    """One request on the fast path: what the handler needs, and how to answer in pieces."""
+
+    model: str
+    version: str | None
+    body: bytes
+    headers: dict[str, str]
+    send: Send
+    started: bool = False  # the reply's head is out: no other status can follow
+    finished: bool = False  # the reply's last byte is out: a client leaving now cancels nothing
+
+    async def start(self, status: int, headers: dict[str, str]) -> None:
+        """Begin a reply whose body follows in :meth:`write` calls."""
+        raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+        await self.send({"type": "http.response.start", "status": status, "headers": raw})
+        self.started = True
+
+    async def write(self, data: bytes, *, more: bool = True) -> None:
+        await self.send({"type": "http.response.body", "body": data, "more_body": more})
+        self.finished = not more
+
+
+Handler = Callable[[Runtime, Call], Awaitable[Reply | None]]
+
+
+async def _infer_call(rt: Runtime, call: Call) -> Reply:
+    return await infer(rt, call.model, call.version, call.body, call.headers)
+
+
 class InferenceFastPath:
-    """ASGI: ``POST /v2/models/<m>[/versions/<v>]/infer`` straight to :func:`infer`; all else to
-    the FastAPI app (lifespan included)."""
+    """ASGI: the inference routes (``POST /v2/models/<m>[/versions/<v>]/<verb>``, and whatever
+    :meth:`add` registers) straight to their handlers, without FastAPI's routing and middleware;
+    all else to the FastAPI app (lifespan included)."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
+        self.verbs: dict[str, Handler] = {"infer": _infer_call}
+        self.paths: dict[str, Handler] = {}
+
+    def add_verb(self, verb: str, handler: Handler) -> None:
+        """Serve ``POST /v2/models/<m>[/versions/<v>]/<verb>`` with ``handler``."""
+        self.verbs[verb] = handler
+
+    def add_path(self, path: str, handler: Handler) -> None:
+        """Serve ``POST <path>`` with ``handler`` (its call has no model: the body names it)."""
+        self.paths[path] = handler
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
-            parts = scope["path"].split("/")
-            # ["", "v2", "models", m, "infer"] or ["", "v2", "models", m, "versions", v, "infer"]
-            shaped = len(parts) == 5 or (len(parts) == 7 and parts[4] == "versions")
-            if shaped and parts[1:3] == ["v2", "models"] and parts[-1] == "infer":
-                version = parts[5] if len(parts) == 7 else None
-                await self._serve(scope, receive, send, parts[3], version)
+            path = scope["path"]
+            handler = self.paths.get(path)
+            if handler is not None:
+                await self._serve(scope, receive, send, handler, "", None)
                 return
+            parts = path.split("/")
+            # ["", "v2", "models", m, verb] or ["", "v2", "models", m, "versions", v, verb]
+            shaped = len(parts) == 5 or (len(parts) == 7 and parts[4] == "versions")
+            if shaped and parts[1:3] == ["v2", "models"]:
+                handler = self.verbs.get(parts[-1])
+                if handler is not None:
+                    version = parts[5] if len(parts) == 7 else None
+                    await self._serve(scope, receive, send, handler, parts[3], version)
+                    return
         await self.app(scope, receive, send)
 
     async def _serve(
-        self, scope: Scope, receive: Receive, send: Send, model: str, version: str | None
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        handler: Handler,
+        model: str,
+        version: str | None,
     ) -> None:
         rt: Runtime = self.app.state.runtime
         limit = rt.config.max_body_bytes
@@ -175,22 +228,40 @@ class InferenceFastPath:
             chunks.append(chunk)
             if not message.get("more_body"):
                 break
-        work = asyncio.ensure_future(infer(rt, model, version, b"".join(chunks), headers))
+        call = Call(model, version, b"".join(chunks), headers, send)
+        work = asyncio.ensure_future(handler(rt, call))
         rt.pending.add(work)  # a shutdown past its grace period cancels what is left
         work.add_done_callback(rt.pending.discard)
         gone = asyncio.ensure_future(_disconnected(receive))
         await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
+        if call.finished and not work.done():  # answered in full: let its accounting finish
+            await asyncio.wait((work,))
         if not work.done():  # the client went away: so does its request (queue slot included)
             work.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await work
-            rt.metrics.count(rt.models.label(model), "", "", "abandoned")
             return
         gone.cancel()
         if work.cancelled():
-            await _send_reply(send, error_body(503, "the sidecar is shutting down"))
+            if call.started:
+                await call.write(b"", more=False)
+            else:
+                await _send_reply(send, error_body(503, "the sidecar is shutting down"))
             return
-        await _send_reply(send, work.result())
+        reply = work.result()
+        if reply is not None:
+            await _send_reply(send, reply)
+
+
+def infer_target(path: str) -> tuple[str, str | None] | None:
+    """``(model, version)`` when ``path`` is an inference path (version None when it names
+    none), else None."""
+    parts = path.split("/")
+    # ["", "v2", "models", m, "infer"] or ["", "v2", "models", m, "versions", v, "infer"]
+    shaped = len(parts) == 5 or (len(parts) == 7 and parts[4] == "versions")
+    if shaped and parts[1] == "v2" and parts[2] == "models" and parts[-1] == "infer":
+        return parts[3], parts[5] if len(parts) == 7 else None
+    return None
 
 
 async def _disconnected(receive: Receive) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 from tritonclient.utils import InferenceServerException
 
-from api.config import GatewayConfig
+from api.config import GatewayConfig, from_options
 from api.embedded import SIMNET
 from api.server import SidecarServer
 from simulator.simulate import profiled_tables
@@ -22,7 +22,7 @@ class LiveSidecar(SidecarServer):
     """A :class:`SidecarServer` on a free port, with ``get``/``post`` shortcuts."""
 
     def __init__(self, config: GatewayConfig) -> None:
-        super().__init__(GatewayConfig(**{**config.__dict__, "port": 0, "grpc_port": 0}))
+        super().__init__(replace(config, port=0, grpc_port=0))
 
     def get(self, path: str, **kw: object) -> httpx.Response:
         return httpx.get(f"http://{self.url}{path}", timeout=30.0, **kw)  # type: ignore[arg-type]
@@ -51,7 +51,7 @@ def embedded_config(tmp: Path, **overrides: object) -> GatewayConfig:
         max_queue=8,
     )
     base.update(overrides)
-    return GatewayConfig(**base)  # type: ignore[arg-type]
+    return from_options(**base)
 
 
 def timeout_in_queue(

@@ -22,7 +22,7 @@ import tritonclient.http as httpclient
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
-from api.config import GatewayConfig
+from api.config import from_options
 from api.embedded import free_port
 from tests.api.live import LiveSidecar, embedded_config, timeout_in_queue
 
@@ -309,14 +309,17 @@ def test_the_adaptive_policys_classes_are_in_the_admin_state_and_metrics(
         client(sidecar).infer("simnet", [tensor(x)], parameters={"slo_ms": 250})
     classes = admin(sidecar, "GET", "/state").json()["feedback"]
     mine = next(c for c in classes if c["model"] == "simnet" and c["slo_ms"] == 250.0)
-    assert mine["scale"] == 1.0  # five completions: too few to move it
+    assert mine["completions"] == 5 and mine["near_misses"] == 0
+    assert isinstance(mine["base_mhz"], int) and mine["base_mhz"] > 0
     assert mine["attainment"] == 1.0 and mine["tail_over_slo"] is None  # JSON null, not NaN
     families = {f.name: f for f in text_string_to_metric_families(sidecar.get("/metrics").text)}
-    scales = {s.labels["model"]: s.value for s in families["sidecar_slo_scale"].samples}
-    assert 0.5 <= scales["simnet"] <= 3.0
+    speeds = {s.labels["model"]: s.value for s in families["sidecar_base_speed"].samples}
+    assert 0.0 < speeds["simnet"] <= 1.0
+    assert speeds["simnet"] == mine["scale"]
 
 
 def test_the_default_policy_moves_the_clock_with_the_queue(sidecar: LiveSidecar) -> None:
+    time.sleep(0.3)  # the earlier tests' requests are done: the clock is at rest
     floor = admin(sidecar, "GET", "/state").json()["clock_target_mhz"]
     seen: list[int] = []
     stop = threading.Event()
@@ -329,24 +332,25 @@ def test_the_default_policy_moves_the_clock_with_the_queue(sidecar: LiveSidecar)
     watcher = threading.Thread(target=watch)
     watcher.start()
     x = np.ones((1, 16), dtype=np.float32)
-    with ThreadPoolExecutor(7) as pool:  # 7 at once, 40 ms SLO: the queue needs a faster clock
+    with ThreadPoolExecutor(8) as pool:  # 8 at once, 25 ms SLO: the queue needs a faster clock
         list(
             pool.map(
-                lambda _: client(sidecar).infer("simnet", [tensor(x)], parameters={"slo_ms": 40}),
-                range(7),
+                lambda _: client(sidecar).infer("simnet", [tensor(x)], parameters={"slo_ms": 25}),
+                range(8),
             )
         )
     time.sleep(0.3)  # longer than the 50 ms hold: back down
     stop.set()
     watcher.join()
     assert max(seen) > floor
-    assert seen[-1] == floor
+    # back down: to the resting clock, or under it while the energy fit probes a lower floor
+    assert seen[-1] <= floor
 
 
 def test_triton_down_is_503_and_admin_can_be_disabled(tmp_path: Path) -> None:
     dead = f"127.0.0.1:{free_port()}"
     # slack with no table for any model: served at the top clock (a warning says so)
-    cfg = GatewayConfig(triton_url=dead, device="sim:v100", policy="slack", state_dir=tmp_path)
+    cfg = from_options(triton_url=dead, device="sim:v100", policy="slack", state_dir=tmp_path)
     with LiveSidecar(cfg) as sc:
         r = sc.post("/v2/models/simnet/infer", content=b'{"inputs": []}')
         assert r.status_code == 503 and "unavailable" in r.json()["error"]

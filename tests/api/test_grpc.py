@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
-from api.config import GatewayConfig
+from api.config import GatewayConfig, from_options
 from api.embedded import free_port
 from api.grpc_frontend.protocol import method_path
 from api.server import SidecarServer
@@ -396,7 +396,7 @@ def test_a_cancelled_call_leaves_the_queue(sidecar: LiveSidecar, how: str, statu
     # It reached the sidecar's queue, then left it.
     assert outcomes_of(sidecar, flow["client_id"]) == {
         ("ok", "grpc"): 8.0,
-        ("cancelled", "grpc"): 1.0,
+        ("abandoned", "grpc"): 1.0,
     }
 
 
@@ -452,7 +452,7 @@ def test_embedded_triton_grpc_listens_on_localhost_only(sidecar: LiveSidecar) ->
 
 def test_triton_down_is_unavailable(tmp_path: Path) -> None:
     dead = f"127.0.0.1:{free_port()}"
-    cfg = GatewayConfig(
+    cfg = from_options(
         triton_url=dead, triton_grpc_url=dead, device="sim:v100", policy="max", state_dir=tmp_path
     )
     with LiveSidecar(cfg) as sc:
@@ -479,13 +479,13 @@ def test_grpc_port_option(monkeypatch: pytest.MonkeyPatch) -> None:
     assert from_args(parser.parse_args([])).grpc_port == 9101
     assert from_args(parser.parse_args(["--grpc-port", "0"])).grpc_port == 0
     with pytest.raises(ValueError, match=r"--grpc-port must be in 0\.\.65535"):
-        GatewayConfig(grpc_port=70000)
+        from_options(grpc_port=70000)
     assert GatewayConfig().grpc_port == 8001
     # In front of an existing Triton: its gRPC as given, else Triton's convention (HTTP port + 1).
-    rt = Runtime(GatewayConfig(triton_url="10.0.0.5:8010"), GatewayMetrics())
+    rt = Runtime(from_options(triton_url="10.0.0.5:8010"), GatewayMetrics())
     assert rt.triton_grpc_url == "10.0.0.5:8011"
     rt = Runtime(
-        GatewayConfig(triton_url="http://h:8010", triton_grpc_url="g:9001"), GatewayMetrics()
+        from_options(triton_url="http://h:8010", triton_grpc_url="g:9001"), GatewayMetrics()
     )
     assert rt.triton_grpc_url == "g:9001"
 
@@ -496,7 +496,7 @@ def test_grpc_port_taken_fails_the_start_cleanly(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        cfg = GatewayConfig(
+        cfg = from_options(
             port=free_port(),
             grpc_port=taken.getsockname()[1],
             triton_url=dead,

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from api.config import GatewayConfig
+from api.config import from_options
 from api.embedded import free_port
 from tests.api.live import LiveSidecar
 
@@ -122,7 +122,7 @@ def test_decoupled_responses_stream_back_as_triton_sends_them(
     decoupled_triton: tuple[str, str], tmp_path: Path
 ) -> None:
     http_url, grpc_url = decoupled_triton
-    cfg = GatewayConfig(
+    cfg = from_options(
         triton_url=http_url,
         triton_grpc_url=grpc_url,
         device="sim:v100",

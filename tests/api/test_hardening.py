@@ -17,7 +17,7 @@ import pytest
 import tritonclient.http as httpclient
 from prometheus_client.parser import text_string_to_metric_families
 
-from api.config import GatewayConfig
+from api.config import from_options
 from api.embedded import EmbeddedTriton, free_port
 from dvfs.simulated import SimulatedDevice
 from tests.api.live import LiveSidecar, embedded_config
@@ -103,7 +103,7 @@ def _binary(header: dict[str, object], tail: bytes) -> tuple[bytes, dict[str, st
             {"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "FP32",
                          "parameters": {"binary_data_size": 60}}]},
             b"\0" * 60,
-        ), "is 64 bytes, but binary_data_size is 60"),
+        ), "is 64 bytes, but 60 bytes were sent"),
         (*_binary(
             {"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "FP32",
                          "parameters": {"binary_data_size": 64}}]},
@@ -269,7 +269,7 @@ def test_triton_killed_is_restarted(tmp_path: Path) -> None:
 
 def test_liveness_fails_after_the_grace_period(tmp_path: Path) -> None:
     dead = f"127.0.0.1:{free_port()}"
-    cfg = GatewayConfig(
+    cfg = from_options(
         triton_url=dead,
         device="sim:v100",
         policy="max",
@@ -300,7 +300,7 @@ def test_an_external_triton_that_returns_is_served_again(tmp_path: Path) -> None
     triton = EmbeddedTriton(tmp_path / "gpu.state")
     SimulatedDevice("v100", state_path=tmp_path / "gpu.state").close()
     with triton:
-        cfg = GatewayConfig(
+        cfg = from_options(
             triton_url=triton.url,
             device="sim:v100",
             policy="max",
@@ -326,3 +326,45 @@ def test_an_external_triton_that_returns_is_served_again(tmp_path: Path) -> None
                 assert time.monotonic() < deadline, "not served again after Triton came back"
                 time.sleep(0.1)
             assert sc.get("/v2/health/ready").status_code == 200
+
+
+def test_grpc_refuses_an_absurd_shape_and_a_message_over_the_limit(
+    sidecar: LiveSidecar, tmp_path: Path
+) -> None:
+    """Every limit is every protocol's: over gRPC an absurd shape is INVALID_ARGUMENT before the
+    queue, and a message over ``--max-body-bytes`` is RESOURCE_EXHAUSTED from its length prefix
+    (the sidecar never holds it whole); Triton keeps running."""
+    import grpc
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    pids = triton_pids(sidecar)
+    assert sidecar.runtime.embedded is not None
+    config = embedded_config(
+        tmp_path,
+        triton_url=sidecar.runtime.embedded.url,
+        triton_grpc_url=sidecar.runtime.embedded.ports.grpc_url,
+        device="sim:v100",
+        profile_models=(),
+        max_body_bytes=1 << 20,
+    )
+    with LiveSidecar(config) as small:
+        client = grpcclient.InferenceServerClient(small.grpc_url)
+        try:
+            absurd = grpcclient.InferInput("INPUT0", [1, 10**12], "FP32")
+            absurd._raw_content = b"\0" * 64  # the shape lies about the data that follows
+            with pytest.raises(InferenceServerException) as refused:
+                client.infer("simnet", [absurd])
+            assert refused.value.status() == str(grpc.StatusCode.INVALID_ARGUMENT)
+            assert "elements" in refused.value.message()
+            big = grpcclient.InferInput("INPUT0", [1, 16], "FP32")
+            big._raw_content = b"\0" * (2 << 20)
+            with pytest.raises(InferenceServerException) as too_big:
+                client.infer("simnet", [big])
+            assert too_big.value.status() == str(grpc.StatusCode.RESOURCE_EXHAUSTED)
+            ok = grpcclient.InferInput("INPUT0", [1, 16], "FP32")
+            ok.set_data_from_numpy(np.ones((1, 16), dtype=np.float32))
+            assert client.infer("simnet", [ok]).as_numpy("OUTPUT0") is not None
+        finally:
+            client.close()
+    assert triton_pids(sidecar) == pids

@@ -40,10 +40,10 @@ sys.meta_path[:] = [Hide(finder) for finder in sys.meta_path]
 
 SERVE = """
 import json, urllib.request
-from api.config import GatewayConfig
+from api.config import from_options
 from api.server import SidecarServer
 
-config = GatewayConfig(triton_url={triton!r}, device="sim:v100", policy="max", port=0,
+config = from_options(triton_url={triton!r}, device="sim:v100", policy="max", port=0,
                        state_dir={state!r}, shadow=True)
 with SidecarServer(config) as sc:
     body = json.dumps({{"inputs": [{{"name": "INPUT0", "shape": [1, 16], "datatype": "FP32",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -16,11 +17,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from api.config import GatewayConfig, add_arguments, from_args
 from api.embedded import EMULATED
-from api.learning import LearnedTableSaver, learned_path, load_learned, save_atomic
+from api.learning import EnergyReader, LearnedTableSaver, learned_path, load_learned, save_atomic
 from api.runtime import TABLES_VERSION
+from benchmarks.recovery import wrong_energy
+from dvfs.energy import EnergyReading
 from dvfs.profiles import get_profile
+from dvfs.simulated import SimulatedDevice
 from tests.api.live import LiveSidecar, embedded_config, simnet_tables
 from tests.time2clock.test_online import V100_CLOCKS
+from tests.time2clock.test_online_energy import floor_of
 from time2clock.online import ExecutionSample, OnlineParams, OnlineTables
 from time2clock.table import ModelTable, TableSet, Time2ClockTable
 
@@ -161,3 +166,88 @@ def test_the_saver_writes_what_was_learned_and_keeps_what_was_loaded(tmp_path: P
 
 def _renamed(table: ModelTable, model: str) -> dict[int, Time2ClockTable]:
     return {b: replace(c, model=model) for b, c in table.curves.items()}
+
+
+def test_energy_refits_show_in_the_admin_state_and_the_metrics(tmp_path: Path) -> None:
+    """Served from a table whose energy curve is wrong, with learning on: the GPU's energy
+    counter is attributed to clock windows, the model's energy is refitted, and the admin
+    state and the metrics say so (refits, windows, the table's energy error); the learned
+    batch-1 floor comes down from the top clock."""
+    table = tmp_path / "table.json"
+    wrong_energy(simnet_tables()).save(table)
+    top = get_profile("v100").max_clock_mhz
+    assert floor_of(TableSet.load(table).get("simnet")) >= top - 60
+    config = embedded_config(tmp_path, table=(table,), slo_ms=40.0, max_queue=100, policy="slack")
+    x = httpclient.InferInput("INPUT0", [1, 16], "FP32")
+    x.set_data_from_numpy(np.ones((1, 16), np.float32))
+    with LiveSidecar(config) as sc:
+        # about 30 s on a quiet machine; one probe every 10 s, so a loaded one needs longer
+        stop = time.monotonic() + 180.0
+
+        def send(seed: int) -> None:
+            client = httpclient.InferenceServerClient(sc.url, network_timeout=60.0)
+            rng = np.random.default_rng(seed)
+            while time.monotonic() < stop:
+                time.sleep(float(rng.exponential(0.1)))
+                client.infer("simnet", [x])
+                energy = model_state(sc, "simnet")["learning"]["energy"]  # type: ignore[index]
+                if energy["refits"] >= 3 and energy["optimal_clock_mhz"]["1"] < top - 60:
+                    return
+
+        threads = [threading.Thread(target=send, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        learning = model_state(sc, "simnet")["learning"]
+        assert isinstance(learning, dict)
+        energy = learning["energy"]
+        assert energy["refits"] >= 3, energy
+        assert energy["windows_in_window"] > 50 and energy["busy_s_in_window"] > 1.0
+        assert 0.0 <= energy["last_refit_age_s"] < 30.0
+        assert energy["optimal_clock_mhz"]["1"] < top - 60  # the floor came down
+        assert isinstance(energy["error"], float)
+        assert metric(sc, "sidecar_table_energy_refits_total", "simnet") == energy["refits"]
+        error = metric(sc, "sidecar_table_energy_error_ratio", "simnet")
+        assert error is not None and error == pytest.approx(energy["error"], abs=0.05)
+        text = sc.get("/metrics").text
+        kept = [
+            float(line.split()[-1])
+            for line in text.splitlines()
+            if line.startswith("sidecar_energy_attributed_seconds_total")
+            and 'outcome="kept"' in line
+        ]
+        assert kept and kept[0] >= energy["busy_s_in_window"]
+    saved = TableSet.load(learned_path(tmp_path, "v100", TABLES_VERSION)).get("simnet")
+    assert floor_of(saved) < top - 60  # kept on disk
+
+
+def test_the_energy_reader_hands_every_new_value_in_order_to_the_loop() -> None:
+    """Values read in the reader's thread reach ``on_reading`` in the event loop's thread, in
+    order, each once; stopping joins the thread."""
+    device = SimulatedDevice("v100", rng=np.random.default_rng(0))
+    got: list[tuple[EnergyReading, int]] = []
+
+    async def run() -> EnergyReader:
+        loop_thread = threading.get_ident()
+        reader = EnergyReader(
+            device, lambda r, _i: got.append((r, threading.get_ident())), poll_s=0.005,
+            deliver_s=0.05,
+        )  # fmt: skip
+        reader.start()
+        await asyncio.sleep(0.6)
+        await reader.stop()
+        assert all(ident == loop_thread for _r, ident in got)
+        return reader
+
+    reader = asyncio.run(run())
+    assert reader._thread is None and not any(
+        t.name == "energy-reader" for t in threading.enumerate()
+    )
+    assert len(got) == reader.readings >= 5
+    times = [r.as_of_s for r, _ in got]
+    energies = [r.energy_j for r, _ in got]
+    assert times == sorted(times) and len(set(times)) == len(times)
+    assert energies == sorted(energies)
+    with pytest.raises(ValueError, match="poll_s"):
+        EnergyReader(device, lambda r, i: None, poll_s=0.0)

@@ -6,13 +6,14 @@ import argparse
 import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from api.config import GatewayConfig, add_arguments, from_args
+from api.config import add_arguments, from_args
 from api.shadow import energy_per_inference_j
 from dvfs.readonly import DeviceWriteForbiddenError, ReadOnlyDevice
 from dvfs.simulated import SimulatedDevice
@@ -81,9 +82,7 @@ def test_shadow_decides_exports_and_never_writes(tmp_path: Path, spy: WriteSpy) 
     with LiveSidecar(config) as embedded:
         assert embedded.runtime.embedded is not None
         # In front of a real Triton too: a second shadow sidecar before the same server.
-        front = GatewayConfig(
-            **{**config.__dict__, "triton_url": embedded.runtime.embedded.url, "device": "sim:v100"}
-        )
+        front = replace(config, triton_url=embedded.runtime.embedded.url, device="sim:v100")
         with LiveSidecar(front) as external:
             for sc in (embedded, external):
                 drive(sc, 40, slo_ms=200.0)

@@ -2,7 +2,8 @@
 
 Supported: ``resources`` (files and directories), ``configMapGenerator`` with ``files`` and
 ``generatorOptions.disableNameSuffixHash``, and ``patches`` given by ``path`` as strategic-merge
-patches (maps merged key by key, lists of named items merged by ``name``, other lists replaced).
+patches (maps merged key by key, a key set to null deleted, lists of named items merged by
+``name``, other lists replaced).
 Anything else in a kustomization is an error here rather than silently ignored.
 """
 
@@ -73,7 +74,10 @@ def merge(base: Any, patch: Any) -> Any:
     """Strategic merge of ``patch`` into ``base`` (in place for maps); returns the result."""
     if isinstance(base, dict) and isinstance(patch, dict):
         for key, value in patch.items():
-            base[key] = merge(base[key], value) if key in base else value
+            if value is None:
+                base.pop(key, None)
+            else:
+                base[key] = merge(base[key], value) if key in base else value
         return base
     if _named(base) and _named(patch):
         by_name = {item["name"]: item for item in base}

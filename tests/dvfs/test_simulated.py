@@ -225,3 +225,24 @@ def test_batches_share_the_gpu_and_power_follows_the_running_models() -> None:
         dev.end_work("bert-large", 2)
     with pytest.raises(KeyError, match="no model 'gpt' on the simulated v100"):
         dev.begin_work("gpt", 1)
+
+
+def test_an_engine_sets_the_power_while_it_runs_and_the_counter_integrates_it() -> None:
+    dev, vt = make_device("h100")
+    p = dev.profile
+    dev.set_clock_mhz(p.max_clock_mhz)
+    vt.advance_to(1.0)
+    start = dev.energy_j()
+    assert dev.engine_power(400.0) == p.max_clock_mhz
+    vt.advance_to(1.5)
+    dev.engine_power(250.0)  # the next iteration draws less
+    vt.advance_to(2.0)
+    assert dev.engine_power(None) == p.max_clock_mhz
+    vt.advance_to(3.0)
+    stats = dev.stats()
+    assert stats.energy_j - start == pytest.approx(
+        400.0 * 0.5 + 250.0 * 0.5 + p.idle_power_w(p.max_clock_mhz) * 1.0
+    )
+    assert stats.busy_s == pytest.approx(1.0) and stats.active == 0
+    dev.engine_power(None)  # idle twice: nothing to end
+    assert dev.stats().active == 0

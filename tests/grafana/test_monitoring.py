@@ -11,6 +11,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -18,7 +19,6 @@ import numpy as np
 import pytest
 import yaml
 
-from api.config import GatewayConfig
 from api.embedded import INPUT_WIDTH, SIMNET, free_port
 from api.server import SidecarServer
 from loadgen.classes import RequestClass
@@ -103,22 +103,25 @@ def monitored(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with contextlib.ExitStack() as stack:
         sc = stack.enter_context(SidecarServer(config))
         assert sc.runtime.embedded is not None
-        shadow = GatewayConfig(
-            **{
-                **config.__dict__,
-                "triton_url": sc.runtime.embedded.url,
-                "device": "sim:v100",
-                "shadow": True,
-                "table": tuple((tmp / "tables").glob("*.json")),
-            }
+        shadow = replace(
+            config,
+            triton_url=sc.runtime.embedded.url,
+            device="sim:v100",
+            shadow=True,
+            table=tuple((tmp / "tables").glob("*.json")),
         )
         shadow_sc = stack.enter_context(SidecarServer(shadow))
+        # A third, on a simulated H100, serving the embedded LLM (the generative panels' data).
+        llm_config = embedded_config(
+            tmp / "llm", device="sim:h100", profile_models=(), port=0, grpc_port=0
+        )
+        llm_sc = stack.enter_context(SidecarServer(llm_config))
         triton_metrics = f"127.0.0.1:{sc.runtime.embedded.ports.metrics}"
         prom_config = yaml.safe_load((GRAFANA / "prometheus" / "prometheus.yml").read_text())
         prom_config["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
         prom_config["rule_files"] = [str(GRAFANA / "prometheus" / "rules.yml")]
         targets = {
-            "sidecar": [sc.url, shadow_sc.url],
+            "sidecar": [sc.url, shadow_sc.url, llm_sc.url],
             "triton": [triton_metrics],
             "dcgm": [f"127.0.0.1:{free_port()}"],
         }
@@ -143,6 +146,7 @@ def monitored(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 threading.Thread(target=_drive, args=(url, 12.0, rate))
                 for url, rate in ((sc.url, 50.0), (shadow_sc.url, 20.0))
             ]
+            drivers += [threading.Thread(target=_stream, args=(llm_sc.url, 12.0)) for _ in range(4)]
             for driver in drivers:
                 driver.start()
             for driver in drivers:
@@ -171,6 +175,19 @@ def _drive(url: str, seconds: float, rate_rps: float) -> None:
     worker = threading.Thread(target=asyncio.run, args=(go(),))
     worker.start()
     worker.join(seconds + 60)
+
+
+def _stream(url: str, seconds: float) -> None:
+    """Streams of tokens, one after another, with token SLOs (one in three missed)."""
+    body = {
+        "text_input": "a b c d",
+        "max_tokens": 24,
+        "parameters": {"ttft_ms": 1000, "tpot_ms": 8},
+    }
+    end = time.monotonic() + seconds
+    with httpx.Client(timeout=30) as client:
+        while time.monotonic() < end:
+            client.post(f"http://{url}/v2/models/simllm/generate_stream", json=body)
 
 
 def query(prom: str, expr: str) -> list[object]:
@@ -204,17 +221,19 @@ def test_every_recording_rule_returns_data(monitored: str) -> None:
             assert time.monotonic() < deadline, f"recording rule {name} has no data"
             time.sleep(1)
     shares = {
-        s["metric"]["client"]: float(s["value"][1])  # type: ignore[index]
+        (s["metric"]["instance"], s["metric"]["client"]): float(s["value"][1])  # type: ignore[index]
         for s in query(monitored, "sidecar_client:entitled_share:ratio")
     }
-    # gold (priority 1) and bulk (default level) are alone in their levels: entitled to all of it.
-    assert shares == {"gold": 1.0, "bulk": 1.0}
+    # gold (priority 1) and bulk (default level) are alone in their levels: entitled to all of
+    # it; so is the generative sidecar's one client.
+    assert {client for _, client in shares} == {"gold", "bulk", "default"}
+    assert set(shares.values()) == {1.0}
 
 
 def test_scraped_metrics_pass_promtool(monitored: str) -> None:
     targets = httpx.get(f"{monitored}/api/v1/targets").json()["data"]["activeTargets"]
     sidecars = [t for t in targets if t["labels"]["job"] == "sidecar"]
-    assert len(sidecars) == 2  # active and shadow
+    assert len(sidecars) == 3  # active, shadow and generative
     for sidecar in sidecars:
         assert sidecar["health"] == "up"
         text = httpx.get(sidecar["scrapeUrl"]).text

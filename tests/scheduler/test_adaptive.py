@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
+import pytest
 
 from scheduler.adaptive import MAX_CLASSES, AdaptivePolicy, EnergyModel
+from scheduler.core import Scheduler
 from scheduler.feedback import FeedbackParams
 from scheduler.policies import ModelPlan, SlackPolicy
 from scheduler.view import ModelServing
@@ -207,3 +210,142 @@ def test_classes_are_bounded() -> None:
         policy.controller(MODEL, 50.0 + i)
     assert len(policy.controllers) == MAX_CLASSES
     assert (MODEL, 50.0) not in policy.controllers  # the oldest went first
+
+
+def test_the_room_caps_the_batch_a_hold_can_form() -> None:
+    """Given the time a held batch has in all (``room_s``), the hold and the run fill it: the
+    batch is what arrives in the room, less than a fixed hold promises where the hold and a
+    slow run together would not fit."""
+    table = _batched_table(idle_w=30.0)
+    plan = ModelPlan(table, 4, CLOCKS, "mean")
+    energy = EnergyModel(table, plan, CLOCKS)
+    rate, hold_s, room_s = 20.0, 0.05, 0.04
+    free = energy.batch_at(rate, hold_s)
+    capped = energy.batch_at(rate, hold_s, room_s)
+    assert np.all(capped <= free + 1e-9) and np.any(capped < free - 0.1)
+    assert capped[-1] == pytest.approx(1.0 + rate * room_s)  # the top clock: hold + run = room
+    # The floor is then found over those batches.
+    assert 0 <= energy.floor_index(rate, 30.0, 0.0, hold_s, room_s) < len(CLOCKS)
+
+
+HOLDING = FeedbackParams(min_samples=5, batch_hold=0.8, hold_while_busy=True)
+
+
+def _batched_scheduler(
+    policy: AdaptivePolicy,
+    *extra: ModelTable,
+    serving: dict[str, ModelServing] | None = None,
+    **cfg: object,
+) -> Scheduler[None]:
+    return make_scheduler(
+        policy,
+        make_model_table(batches={1: 1.0, 2: 1.2, 4: 1.5}),
+        *extra,
+        serving=serving or {MODEL: ModelServing(4, 1)},
+        **cfg,
+    )
+
+
+def _warm(s: Scheduler[None], until_s: float) -> float:
+    """Full batches of 4 every 40 ms (100 requests a second, a rate the policy measures), each
+    sent at once (a full batch is never held) and done 20 ms later; the time reached."""
+    now = 0.0
+    while now < until_s:
+        for _ in range(4):
+            s.enqueue(make_request(arrival_s=now, slo_ms=100.0), now)
+        sent = [d for _ in range(4) if (d := s.next_dispatch(now)) is not None]
+        assert len(sent) == 4
+        for d in sent:
+            s.on_complete(d.request, 0.02, now + 0.02)
+        now += 0.04
+    return now
+
+
+def test_a_hold_ends_in_time_for_the_setpoint_at_the_energy_floor() -> None:
+    """A lone request with more expected is held, re-decided at each wake-up (fewer arrivals
+    to wait for leave more room), and released in time to run at the energy floor, with the
+    table's p99 margin, within the controller's setpoint of its SLO."""
+    policy = AdaptivePolicy(CLOCKS, feedback=HOLDING)
+    s = _batched_scheduler(policy)
+    now = _warm(s, 2.0)
+    arrival = now
+    s.enqueue(make_request(arrival_s=arrival, slo_ms=100.0), now)
+    assert s.next_dispatch(now) is None  # one request, more to come: held
+    released = None
+    for _ in range(100):
+        wake = policy.wake_at_s()
+        assert wake is not None and wake > now
+        now = wake
+        s.poll(now)
+        if s.next_dispatch(now) is not None:
+            released = now
+            break
+    assert released is not None and released > arrival
+    floor = policy.energy_floor_mhz(s, MODEL)
+    plan = policy._plan(s, MODEL)
+    assert floor is not None and plan is not None
+    run_ms = float(plan.times_ms[1, CLOCKS.index(floor)]) + plan.margin_ms
+    assert released + run_ms / 1000.0 <= arrival + 0.95 * 0.100 + 1e-9
+
+
+def test_while_the_model_runs_what_arrives_waits_for_the_next_batch() -> None:
+    """With ``hold_while_busy`` a request arriving while its model's batch runs is held for a
+    fuller next batch; without, it goes to Triton at once (and runs nearly alone)."""
+    for busy, expect_held in ((True, True), (False, False)):
+        policy = AdaptivePolicy(CLOCKS, feedback=replace(HOLDING, hold_while_busy=busy))
+        s = _batched_scheduler(policy, serving={MODEL: ModelServing(4, 2)}, triton_batches=2)
+        now = _warm(s, 2.0)
+        for _ in range(4):  # a full batch: goes at once
+            s.enqueue(make_request(arrival_s=now, slo_ms=100.0), now)
+        sent = [d for _ in range(4) if (d := s.next_dispatch(now)) is not None]
+        assert len(sent) == 4
+        s.enqueue(make_request(arrival_s=now + 0.001, slo_ms=100.0), now + 0.001)
+        held = s.next_dispatch(now + 0.001) is None
+        assert held == expect_held
+
+
+def test_other_models_work_shortens_a_hold() -> None:
+    """A model's held batch time-shares the GPU with the other models' work: the hold ends
+    earlier while a long execution of another model is at Triton."""
+    other = make_model_table(model="other", slower=8.0)
+    ends = []
+    for busy_other in (False, True):
+        policy = AdaptivePolicy(CLOCKS, feedback=HOLDING)
+        s = _batched_scheduler(
+            policy, other, serving={MODEL: ModelServing(4, 1), "other": ModelServing(1, 1)}
+        )
+        now = _warm(s, 2.0)
+        if busy_other:
+            s.enqueue(make_request(model="other", arrival_s=now, slo_ms=1000.0), now)
+            assert s.next_dispatch(now) is not None
+        s.enqueue(make_request(arrival_s=now, slo_ms=100.0), now)
+        assert s.next_dispatch(now) is None
+        ends.append(policy._holds[MODEL])
+    assert ends[1] < ends[0]
+
+
+def test_the_gpu_rests_while_every_model_waiting_is_held() -> None:
+    """Nothing at Triton and the one model waiting held back: the clock drops to the idle
+    clock, and rises one clock change before the hold ends, so the batch starts at speed."""
+    policy = AdaptivePolicy(CLOCKS, feedback=replace(HOLDING, rest_while_holding=True))
+    s = _batched_scheduler(policy)
+    now = _warm(s, 2.0)
+    s.enqueue(make_request(arrival_s=now, slo_ms=100.0), now)
+    assert s.next_dispatch(now) is None
+    idle = policy.idle_clock_mhz(s)
+    assert s.clock_target_mhz == idle < (policy.energy_floor_mhz(s, MODEL) or 0)
+    lead_s = policy.params.change_delay_ms / 1000.0
+    raised = None
+    for _ in range(100):
+        wake = policy.wake_at_s()
+        assert wake is not None and wake > now
+        now = wake
+        raised = s.poll(now)
+        if raised is not None:
+            break
+        assert s.next_dispatch(now) is None  # still held, still resting
+    assert raised is not None and raised > idle
+    assert s.next_dispatch(now) is None  # the raise comes first ...
+    until = policy._holds[MODEL]
+    assert math.isclose(until - now, lead_s)  # ... a clock change before the hold ends
+    assert s.next_dispatch(until) is not None

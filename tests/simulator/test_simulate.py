@@ -171,7 +171,7 @@ def test_cli_simulate_json_last_line(capsys: pytest.CaptureFixture[str]) -> None
     out = json.loads(last)
     assert (out["policy"], out["gpu"], out["seed"]) == ("seed", "v100", 1)
     assert main(["simulate", "--policy", "fast"]) == 2
-    assert "unknown policy" in capsys.readouterr().err
+    assert "--policy must be one of" in capsys.readouterr().err
     assert main(["simulate", "--clients", "a:nice=99"]) == 2
 
 
@@ -217,10 +217,12 @@ def test_cli_compare_writes_table_csv_and_plot(
     out = capsys.readouterr().out
     assert "adaptive" in out and "where the best single clock meets p99" in out
     # The results file: every run, the summary, where and from what code they came.
-    results = json.loads((tmp_path / "compare.json").read_text())
-    assert len(results["rows"]) == 8 and results["meta"]["commit"]
+    written = json.loads((tmp_path / "compare.json").read_text())
+    results, provenance = written["results"], written["provenance"]
+    assert len(results["rows"]) == 8 and provenance["commit"] and provenance["machine"]
     assert {s["policy"] for s in results["summary"]} == {"max", "slack", "adaptive"}
     page = (tmp_path / "compare.md").read_text()
+    assert "- commit: " in page and "- machine: " in page
     assert "## Summary over cells" in page and "## adaptive, per cell" in page
     assert "vs best-fixed" in page and "closed" in page
 
@@ -229,12 +231,12 @@ def test_cli_compare_varying_matrix_reports_the_distance_to_the_bound(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     argv = [
-        "compare", "--matrix", "varying", "--gpus", "v100", "--loads", "0.9",
+        "compare", "--matrix", "varying", "--gpu", "v100", "--loads", "0.9",
         "--slo-multipliers", "3", "--policies", "max,adaptive,best-fixed",
         "--duration-s", "20", "--jobs", "1", "-o", str(tmp_path),
     ]  # fmt: skip
     assert main(argv) == 0
-    rows = json.loads((tmp_path / "compare.json").read_text())["rows"]
+    rows = json.loads((tmp_path / "compare.json").read_text())["results"]["rows"]
     assert {r["arrival"] for r in rows} == {"day:diurnal"}
     fixed = next(r for r in rows if r["policy"] == "best-fixed")
     mine = next(r for r in rows if r["policy"] == "adaptive")

@@ -1,0 +1,254 @@
+"""The same streamed LLM load through each clock policy on the live stack: joules per output
+token and the token tails against their SLOs.
+
+Starts the embedded default on a simulated GPU with an LLM profile (``simllm``: an emulated
+continuously batching engine whose iterations take as long, and draw as much power, as the
+simulated GPU says at the clock the sidecar set) in a process of its own. Then for each policy:
+switch it through the admin API, send the same seeded Poisson arrivals of the same synthetic
+requests open-loop with loadgen's generative client (Triton's ``generate_stream``, the token
+SLOs as hints), and read the GPU's energy counter and clock from the sidecar's ``/metrics``.
+
+Each policy first runs ``warmup_s`` of the load unmeasured: the token policy decides nothing
+before it has seen enough finished streams, as it would have in a sidecar serving for hours.
+Then the measured window: energy read at its start and after the last token, joules per
+output token over the tokens that left in that window (whichever request they belong to), and
+the tails over the requests sent in it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import math
+import secrets
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+from benchmarks.sidecar import running
+from loadgen.engine import new_session, schedule
+from loadgen.generative import TokenSloSpec
+from loadgen.genrun import GenRun, open_loop, read_energy_j
+from loadgen.metrics import ClockSampler
+from loadgen.stream import GENERATE_STREAM, GenTarget, TimedStream
+from loadgen.synthetic import GenRequest, LengthSpec, RequestSource
+
+MODEL = "simllm"
+
+
+@dataclass(frozen=True)
+class GenWorkload:
+    """What every policy is sent: Poisson arrivals and synthetic lengths, seeded."""
+
+    rate_rps: float = 8.0
+    duration_s: float = 15.0  # measured, after the warm-up
+    warmup_s: float = 15.0
+    input_tokens: LengthSpec = field(default_factory=lambda: LengthSpec(1000, 200.0))
+    output_tokens: LengthSpec = field(default_factory=lambda: LengthSpec(64, 16.0))
+    ttft_ms: float = 500.0
+    tpot_ms: float = 30.0
+    seed: int = 0
+
+    def requests(self) -> tuple[list[float], list[GenRequest]]:
+        """Send times (s from the start, warm-up included) and the requests."""
+        span_s = self.warmup_s + self.duration_s
+        times = schedule(self.rate_rps, span_s, "poisson", np.random.default_rng(self.seed))
+        source = RequestSource(self.input_tokens, self.output_tokens, seed=self.seed)
+        return [float(t) for t in times], source.take(len(times))
+
+
+@dataclass(frozen=True)
+class GenPolicyRun:
+    policy: str
+    rate_rps: float
+    sent: int
+    completed: int
+    output_tokens: int
+    output_tokens_per_s: float
+    p50_ttft_ms: float
+    p99_ttft_ms: float
+    p50_tpot_ms: float
+    p99_tpot_ms: float
+    ttft_slo_ms: float
+    tpot_slo_ms: float
+    slo_attainment: float
+    energy_j: float
+    energy_per_token_j: float
+    mean_clock_mhz: float
+    clocks_seen: int
+
+    @property
+    def meets_slos(self) -> bool:
+        return self.p99_ttft_ms <= self.ttft_slo_ms and self.p99_tpot_ms <= self.tpot_slo_ms
+
+
+@dataclass
+class Window:
+    """A policy's measured window: the streams sent in it, every token's time (all streams),
+    the energy counter at its ends."""
+
+    streams: list[TimedStream]
+    token_times_s: list[float]
+    start_s: float
+    end_s: float
+    energy_j: float | None
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.start_s <= t <= self.end_s for t in self.token_times_s)
+
+
+def policy_run(
+    policy: str, work: GenWorkload, window: Window, clock: ClockSampler | None
+) -> GenPolicyRun:
+    """One policy's figures (TPOT: aiperf's inter-token latency, per request)."""
+    run = GenRun(window.streams)
+    report = run.report(TokenSloSpec(work.ttft_ms, work.tpot_ms))
+    joules = window.energy_j if window.energy_j is not None else math.nan
+    tokens = window.tokens
+    span_s = window.end_s - window.start_s
+    return GenPolicyRun(
+        policy=policy,
+        rate_rps=work.rate_rps,
+        sent=len(run.streams),
+        completed=len(run.records),
+        output_tokens=tokens,
+        output_tokens_per_s=tokens / span_s if span_s > 0 else math.nan,
+        p50_ttft_ms=report["time_to_first_token"]["p50"],
+        p99_ttft_ms=report["time_to_first_token"]["p99"],
+        p50_tpot_ms=report["inter_token_latency"]["p50"],
+        p99_tpot_ms=report["inter_token_latency"]["p99"],
+        ttft_slo_ms=work.ttft_ms,
+        tpot_slo_ms=work.tpot_ms,
+        slo_attainment=report.get("slo_attainment", {}).get("both", math.nan),
+        energy_j=joules,
+        energy_per_token_j=joules / tokens if tokens else math.nan,
+        mean_clock_mhz=(clock.mean_mhz if clock is not None else None) or math.nan,
+        clocks_seen=len(clock.distinct_mhz) if clock is not None else 0,
+    )
+
+
+async def _set_policy(session: aiohttp.ClientSession, url: str, token: str, policy: str) -> None:
+    async with session.put(
+        f"http://{url}/admin/policy",
+        json={"policy": policy},
+        headers={"Authorization": f"Bearer {token}"},
+    ) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"policy {policy!r}: HTTP {resp.status}: {await resp.text()}")
+
+
+async def run_policies(
+    url: str,
+    admin_token: str,
+    policies: Sequence[str],
+    work: GenWorkload,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> list[GenPolicyRun]:
+    """The workload through each policy on the sidecar at ``url`` (``host:port``)."""
+    times, requests = work.requests()
+    hints: dict[str, Any] = {"client_id": "demo", "ttft_ms": work.ttft_ms, "tpot_ms": work.tpot_ms}
+    target = GenTarget(f"http://{url}", GENERATE_STREAM, MODEL, hints)
+    metrics_url = f"http://{url}/metrics"
+    runs = []
+    async with new_session(timeout_s=600.0) as session:
+        for policy in policies:
+            await _set_policy(session, url, admin_token, policy)
+            await asyncio.sleep(0.5)  # let the clock settle
+            clock = ClockSampler(session, metrics_url, period_s=0.2)
+            marks: dict[str, float | None] = {}
+
+            async def mark(clock: ClockSampler = clock, marks: dict[str, float | None] = marks
+                           ) -> None:  # fmt: skip
+                await asyncio.sleep(work.warmup_s)
+                marks["energy_j"] = await read_energy_j(session, metrics_url)
+                marks["start_s"] = time.perf_counter()
+                clock.start()
+
+            tick = None
+            if progress is not None:
+                tick = lambda n, p=policy: progress(p, n, len(times))  # noqa: E731
+            started = time.perf_counter()
+            marker = asyncio.create_task(mark())
+            try:
+                streams = await open_loop(session, target, requests, times, on_done=tick)
+                await marker
+            finally:
+                marker.cancel()
+                await clock.stop()
+            end_s = time.perf_counter()
+            after = await read_energy_j(session, metrics_url)
+            before, start_s = marks.get("energy_j"), marks.get("start_s") or end_s
+            window = Window(
+                streams=[s for s in streams if s.start_s >= started + work.warmup_s],
+                token_times_s=[t for s in streams for t in s.token_times_s],
+                start_s=start_s,
+                end_s=end_s,
+                energy_j=after - before if after is not None and before is not None else None,
+            )
+            runs.append(policy_run(policy, work, window, clock))
+    return runs
+
+
+def compare_generative(
+    *,
+    gpu: str = "h100",
+    policies: Sequence[str] = ("max", "tokens"),
+    work: GenWorkload | None = None,
+    state_dir: Path,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> list[GenPolicyRun]:
+    """Start the embedded default on simulated ``gpu`` and run the same workload under each
+    policy (the token policy holding the workload's SLOs)."""
+    work = work or GenWorkload()
+    token = secrets.token_urlsafe(16)
+    flags = [
+        "--device", f"sim:{gpu}", "--profile-models", "", "--policy", "max",
+        "--ttft-ms", str(work.ttft_ms), "--tpot-ms", str(work.tpot_ms), "--max-queue", "4096",
+    ]  # fmt: skip
+    with running(flags, state_dir=state_dir, admin_token=token, starts=3) as sc:
+        return asyncio.run(run_policies(sc.url, token, policies, work, progress))
+
+
+def write_csv(runs: Sequence[GenPolicyRun], path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(asdict(runs[0])))
+        writer.writeheader()
+        for r in runs:
+            writer.writerow(asdict(r))
+    return path
+
+
+def plot(runs: Sequence[GenPolicyRun], path: Path) -> Path:
+    """Joules per output token, and p99 TTFT and TPOT against their SLOs, per policy."""
+    from time2clock.plot import pyplot
+
+    plt = pyplot()
+    names = [r.policy for r in runs]
+    colors = [f"C{i}" for i in range(len(runs))]
+    fig, axes = plt.subplots(1, 3, figsize=(12, 4))
+    panels = (
+        ([r.energy_per_token_j for r in runs], "energy per output token (J)", None),
+        ([r.p99_ttft_ms for r in runs], "p99 time to first token (ms)", runs[0].ttft_slo_ms),
+        ([r.p99_tpot_ms for r in runs], "p99 time per output token (ms)", runs[0].tpot_slo_ms),
+    )
+    for ax, (values, label, slo) in zip(axes, panels, strict=True):
+        ax.bar(names, values, color=colors)
+        ax.set_ylabel(label)
+        if slo is not None:
+            ax.axhline(slo, color="red", linestyle="--", label=f"SLO {slo:g} ms")
+            ax.legend()
+    fig.suptitle(
+        f"live stack, simllm: {runs[0].rate_rps:g} req/s Poisson, same arrivals for each policy"
+    )
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,145 @@
+"""What gRPC costs before the sidecar does anything: the floor of its two gRPC hops.
+
+A ``grpc.aio`` server in a process of its own answers ``ModelInfer`` with a fixed reply (no
+parsing, no scheduling, no Triton), and this process calls it in a closed loop over one
+``grpc.aio`` channel, as the sidecar's front end and its channel to Triton do. Printed: the
+server's CPU per call (its own ``/proc`` accounting) and the client's (this process's CPU time).
+The sidecar's gRPC path pays both per request, on top of its own work, so neither its CPU nor
+its added latency can go below their sum with this library.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import numpy as np
+import uvloop
+
+from api.embedded import INPUT_WIDTH, NOOP, free_port
+from api.grpc_frontend.protocol import MODEL_INFER, SERVICE
+from benchmarks.bench import process_cpu_s
+from loadgen.classes import RequestClass
+from loadgen.engine import InputTensor
+from loadgen.grpc_client import GrpcClient, grpc_payloads
+from simulator.results import DEFAULT_DIR, markdown_table, write_results
+
+REPLY = b"\n\x04noop\x12\x011"
+
+
+async def serve(port: int) -> None:
+    """The server: a fixed reply to every ``ModelInfer``, until stdin closes."""
+
+    async def infer(_: bytes, __: object) -> bytes:
+        return REPLY
+
+    server = grpc.aio.server()
+    handler = grpc.unary_unary_rpc_method_handler(infer)
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(SERVICE, {MODEL_INFER: handler}),)
+    )
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    await server.stop(0)
+
+
+async def load(url: str, concurrency: int, duration_s: float, server_pid: int) -> dict[str, float]:
+    tensors = [InputTensor("INPUT0", "FP32", np.ones((1, INPUT_WIDTH), dtype=np.float32))]
+    raw = grpc_payloads([RequestClass("bench")], tensors, NOOP, None)[0].body
+    calls = 0
+    async with GrpcClient(url) as client:
+
+        async def loop(until: float, count: bool) -> None:
+            nonlocal calls
+            while time.monotonic() < until:
+                status, *_ = await client.infer(raw)
+                if status != 200:
+                    raise RuntimeError(f"the fixed server answered {status}")
+                calls += count
+
+        await asyncio.gather(*(loop(time.monotonic() + 0.5, False) for _ in range(concurrency)))
+        server0, client0 = process_cpu_s(server_pid), time.process_time()
+        start = time.monotonic()
+        await asyncio.gather(*(loop(start + duration_s, True) for _ in range(concurrency)))
+        server_s, client_s = process_cpu_s(server_pid) - server0, time.process_time() - client0
+    return {
+        "calls_per_s": calls / duration_s,
+        "server_cpu_us": server_s / calls * 1e6,
+        "client_cpu_us": client_s / calls * 1e6,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.grpcfloor", description=__doc__)
+    parser.add_argument("--concurrency", default="1,16")
+    parser.add_argument("--duration-s", type=float, default=5.0)
+    parser.add_argument(
+        "--results-dir", type=Path, default=DEFAULT_DIR, help="where grpcfloor.{md,json} go"
+    )
+    parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)  # the server process
+    args = parser.parse_args(argv)
+    if args.serve is not None:
+        uvloop.run(serve(args.serve))
+        return 0
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.grpcfloor", "--serve", str(port)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        if server.stdout.readline().strip() != "ready":
+            raise RuntimeError("the fixed gRPC server did not start")
+        print("grpc.aio alone, a fixed reply, loopback (the floor of each of the sidecar's hops):")
+        rows = []
+        for c in (int(x) for x in args.concurrency.split(",")):
+            r = uvloop.run(load(f"127.0.0.1:{port}", c, args.duration_s, server.pid))
+            rows.append({"concurrency": c, **r})
+            print(
+                f"  concurrency {c:>2}: {r['calls_per_s']:.0f} calls/s; CPU per call: server "
+                f"{r['server_cpu_us']:.0f} µs, client {r['client_cpu_us']:.0f} µs"
+            )
+        md, _ = write_results(
+            "grpcfloor",
+            title="What gRPC costs alone (python -m benchmarks.grpcfloor)",
+            markdown="A grpc.aio server answering a fixed reply, called over one grpc.aio "
+            f"channel in closed loops of {args.duration_s:g} s; CPU per call of each side.\n\n"
+            + markdown_table(
+                ["concurrency", "calls/s", "server CPU µs/call", "client CPU µs/call"],
+                [
+                    (
+                        r["concurrency"],
+                        f"{r['calls_per_s']:.0f}",
+                        f"{r['server_cpu_us']:.0f}",
+                        f"{r['client_cpu_us']:.0f}",
+                    )
+                    for r in rows
+                ],
+            ),
+            data={"settings": {"duration_s": args.duration_s}, "cost": rows},
+            directory=args.results_dir,
+        )
+        print(f"written to {md} (and .json)")
+    finally:
+        if server.stdin is not None:
+            server.stdin.close()
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(5)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,300 @@
+"""The sidecar's own Python per inference request, in one process, without sockets or Triton.
+
+The real code from the bytes of a request to the bytes of its reply: for HTTP the sidecar's
+connection protocol is fed a request (as the event loop would), admission, the scheduler core
+(policy ``max``), the dispatcher and the upstream client run as in production, and a fake
+Triton answers each request on the next turn of the loop; for gRPC the front end's handler is
+called with a ``ModelInferRequest`` and a fake Triton channel. CPU per request is this process's
+CPU time over the run: what the code costs, apart from the kernel's share (socket reads and
+writes) and other processes' load, so it moves only when the code does. ``make bench``'s live
+figures (``python -m benchmarks.bench``) add the kernel and the real Triton.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+import uvicorn
+import uvloop
+from uvicorn.server import ServerState
+
+from api.config import from_options
+from api.connection import bounded_protocol
+from api.dispatcher import GpuDispatcher, Job
+from api.embedded import INPUT_WIDTH, NOOP
+from api.grpc_frontend.protocol import MODEL_INFER
+from api.grpc_frontend.server import GrpcFrontend, _TritonChannel
+from api.metrics import GatewayMetrics
+from api.runtime import Runtime, serving_from_config
+from api.upstream import Upstream, _Connection
+from dvfs.simulated import SimulatedDevice
+from loadgen.classes import RequestClass
+from loadgen.engine import InputTensor, build_payloads
+from loadgen.grpc_client import grpc_payloads
+from scheduler.core import Scheduler
+from simulator.results import DEFAULT_DIR, markdown_table, write_results
+from time2clock.table import TableSet
+
+# What the embedded Triton says of ``noop``, and its reply to one request (as Triton sends it).
+NOOP_CONFIG = {
+    "name": NOOP,
+    "max_batch_size": 8,
+    "dynamic_batching": {},
+    "instance_group": [{"count": 2}],
+    "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [INPUT_WIDTH]}],
+}
+_REPLY_JSON = json.dumps(
+    {
+        "model_name": NOOP,
+        "model_version": "1",
+        "outputs": [
+            {
+                "name": "OUTPUT0",
+                "datatype": "FP32",
+                "shape": [1, INPUT_WIDTH],
+                "parameters": {"binary_data_size": 4 * INPUT_WIDTH},
+            }
+        ],
+    }
+).encode()
+
+
+def _http_reply(body: bytes, extra: str = "") -> bytes:
+    return (
+        f"HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\n{extra}"
+        f"content-length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+
+TRITON_REPLY = _http_reply(
+    _REPLY_JSON + bytes(4 * INPUT_WIDTH),
+    f"inference-header-content-length: {len(_REPLY_JSON)}\r\n",
+)
+TRITON_CONFIG = _http_reply(json.dumps(NOOP_CONFIG).encode())
+
+
+class _FakeTriton:
+    """A transport to Triton that answers each request on the next turn of the loop."""
+
+    def __init__(self, protocol: _Connection) -> None:
+        self.protocol = protocol
+        self.loop = asyncio.get_running_loop()
+        self.closing = False
+
+    def write(self, data: bytes) -> None:
+        reply = TRITON_CONFIG if data.startswith(b"GET") else TRITON_REPLY
+        self.loop.call_soon(self.protocol.data_received, reply)
+
+    def writelines(self, data: Any) -> None:
+        self.write(b"".join(data))
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def close(self) -> None:
+        self.closing = True
+
+
+class _FakeUpstream(Upstream):
+    async def _connect(self, timeout_s: float) -> _Connection:
+        self._open_count += 1
+        conn = _Connection(self._generation)
+        conn.connection_made(cast(asyncio.Transport, _FakeTriton(conn)))
+        return conn
+
+
+class _Client:
+    """The client's side of one connection to the sidecar: what the protocol writes."""
+
+    def __init__(self) -> None:
+        self.closing = False
+        self.waiter: asyncio.Future[None] | None = None
+
+    def write(self, data: bytes) -> None:
+        if data.startswith(b"HTTP/1.1 100"):
+            return
+        waiter = self.waiter
+        if waiter is None or waiter.done():
+            raise RuntimeError(f"a reply nobody waits for: {data[:200]!r}")
+        if data.startswith(b"HTTP/1.1 200"):
+            waiter.set_result(None)
+        else:
+            waiter.set_exception(RuntimeError(f"the sidecar answered {data[:200]!r}"))
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return {"peername": ("127.0.0.1", 50000), "sockname": ("127.0.0.1", 8000)}.get(
+            name, default
+        )
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def close(self) -> None:
+        self.closing = True
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+@contextmanager
+def runtime(**options: Any) -> Iterator[Runtime]:
+    """A runtime as ``python -m api serve --policy max`` runs it (``options``: other settings,
+    as :func:`api.config.from_options` takes them), in front of the fake Triton."""
+    with tempfile.TemporaryDirectory() as tmp:
+        device = SimulatedDevice("v100", state_path=Path(tmp) / "gpu.state")
+        options = {"policy": "max", "max_queue": 10_000, **options}
+        config = from_options(triton_url="127.0.0.1:1", **options)
+        rt = Runtime(config, GatewayMetrics())
+        upstream = _FakeUpstream("127.0.0.1:1")
+        rt.upstream = upstream
+        scheduler: Scheduler[Job] = Scheduler(
+            TableSet(), config.policy.build(device.supported_clocks_mhz()), config.scheduler
+        )
+        scheduler.set_serving(NOOP, serving_from_config(NOOP_CONFIG))
+        rt.dispatcher = GpuDispatcher(
+            gpu="0", scheduler=scheduler, device=device, upstream=upstream, metrics=rt.metrics
+        )
+        rt.models.known.add(NOOP)
+        try:
+            yield rt
+        finally:
+            device.close()
+
+
+def http_client(rt: Runtime) -> Callable[[], Awaitable[None]]:
+    """One kept-alive connection to the sidecar's protocol; each call sends one request (as
+    the load generator does) and returns with its reply."""
+    data = np.ones((1, INPUT_WIDTH), dtype=np.float32)
+    payload = build_payloads([RequestClass("bench")], data=data)[0]
+    head = [f"POST /v2/models/{NOOP}/infer HTTP/1.1", "Host: 127.0.0.1:8000"]
+    head += [f"{k}: {v}" for k, v in payload.headers.items()]
+    head += [f"Content-Length: {len(payload.body)}", "Accept: */*", "User-Agent: bench"]
+    request = ("\r\n".join(head) + "\r\n\r\n").encode() + payload.body
+
+    async def no_app(scope: Any, receive: Any, send: Any) -> None:
+        raise RuntimeError(f"not on the inference path: {scope.get('path')}")
+
+    config = uvicorn.Config(no_app, http=bounded_protocol(64 * 1024, 10.0, rt), log_level="warning")
+    config.load()
+    protocol_class = cast(Any, config.http_protocol_class)
+    protocol = protocol_class(config=config, server_state=ServerState(), app_state={})
+    client = _Client()
+    protocol.connection_made(client)
+
+    async def one() -> None:
+        client.waiter = asyncio.get_running_loop().create_future()
+        protocol.data_received(request)
+        await client.waiter
+
+    return one
+
+
+def grpc_client(rt: Runtime) -> Callable[[], Awaitable[None]]:
+    """The gRPC front end's handler, called as grpc.aio calls it, Triton's channel faked."""
+    data = np.ones((1, INPUT_WIDTH), dtype=np.float32)
+    tensors = [InputTensor("INPUT0", "FP32", data)]
+    raw = grpc_payloads([RequestClass("bench")], tensors, NOOP, None)[0].body
+    frontend = GrpcFrontend(rt)
+    reply = b"\n\x04noop\x12\x011"
+
+    async def triton(_: bytes, metadata: Any = None, timeout: Any = None) -> bytes:
+        await asyncio.sleep(0)
+        return reply
+
+    frontend._channels[0] = _TritonChannel(None, {MODEL_INFER: triton}, None)
+
+    class Context:
+        def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+            return (("user-agent", "grpc-python"),)
+
+        def time_remaining(self) -> float | None:
+            return None
+
+        def set_trailing_metadata(self, metadata: Any) -> None:
+            pass
+
+        async def abort(self, code: Any, details: str = "", *_: Any) -> None:
+            raise RuntimeError(f"the sidecar aborted: {code} {details}")
+
+    context = Context()
+
+    async def one() -> None:
+        await frontend._infer(raw, context)
+
+    return one
+
+
+async def cost_us(protocol: str, concurrency: int, requests: int) -> float:
+    """CPU µs per request of ``requests`` through ``protocol`` at ``concurrency``."""
+    with runtime() as rt:
+        assert rt.dispatcher is not None and rt.upstream is not None
+        rt.dispatcher.start()
+        await rt.upstream.open()
+        if await rt.models.limits(NOOP) is None:
+            raise RuntimeError("the fake Triton gave no config")
+        clients = [
+            (http_client if protocol == "http" else grpc_client)(rt) for _ in range(concurrency)
+        ]
+        for one in clients:  # warm: first-time paths (labels, caches) out of the count
+            for _ in range(20):
+                await one()
+        each = max(1, requests // concurrency)
+
+        async def loop(one: Callable[[], Awaitable[None]]) -> None:
+            for _ in range(each):
+                await one()
+
+        start = time.process_time()
+        await asyncio.gather(*(loop(one) for one in clients))
+        elapsed = time.process_time() - start
+        await rt.dispatcher.stop()
+    return elapsed / (each * concurrency) * 1e6
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.pathbench", description=__doc__)
+    parser.add_argument("--concurrency", default="1,16")
+    parser.add_argument("--protocols", default="http,grpc")
+    parser.add_argument("--requests", type=int, default=20_000)
+    parser.add_argument(
+        "--results-dir", type=Path, default=DEFAULT_DIR, help="where pathbench.{md,json} go"
+    )
+    args = parser.parse_args(argv)
+    print("the sidecar's own Python per request, in process (no sockets, no Triton):")
+    rows = []
+    for protocol in args.protocols.split(","):
+        for c in (int(x) for x in args.concurrency.split(",")):
+            us = uvloop.run(cost_us(protocol, c, args.requests))
+            rows.append({"protocol": protocol, "concurrency": c, "cpu_us": us})
+            print(f"  {protocol:>4} concurrency {c:>2}: {us:6.1f} µs CPU per request", flush=True)
+    md, _ = write_results(
+        "pathbench",
+        title="The sidecar's own Python per request (python -m benchmarks.pathbench)",
+        markdown="In one process, no sockets, a fake Triton that answers at once; policy max; "
+        f"{args.requests} requests per cell.\n\n"
+        + markdown_table(
+            ["protocol", "concurrency", "CPU µs per request"],
+            [(r["protocol"], r["concurrency"], f"{r['cpu_us']:.1f}") for r in rows],
+        ),
+        data={"settings": {"requests": args.requests, "policy": "max"}, "cost": rows},
+        directory=args.results_dir,
+    )
+    print(f"written to {md} (and .json)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

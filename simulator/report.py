@@ -1,0 +1,103 @@
+"""The page ``compare`` writes: a table per cell (seeds together) for each policy against
+``max``, ``best-fixed`` and the lower bound, and a summary over cells, as Markdown; written with
+:func:`simulator.results.write_results` (commit and machine in the header)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from scheduler.registry import DEFAULT_POLICY
+from simulator.bestfixed import BEST_FIXED
+from simulator.compare import Row, against_best_fixed
+
+
+def _cells(rows: Sequence[Row]) -> dict[tuple[Any, ...], list[Row]]:
+    """Rows by cell without the seed: (GPU, mix, arrivals, load, SLO)."""
+    out: dict[tuple[Any, ...], list[Row]] = {}
+    for r in rows:
+        out.setdefault((r["gpu"], r["mix"], r["arrival"], r["load"], r["slo_mult"]), []).append(r)
+    return out
+
+
+def _f(x: float | None, digits: int = 2) -> str:
+    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+
+CELL_HEAD = (
+    "| GPU | mix | arrivals | load | SLO × | best-fixed meets p99 | best-fixed MHz | "
+    "bound / best-fixed | vs max | vs best-fixed (mean, worst) | vs bound | "
+    "closed (mean, least) | p99 / SLO (worst) |"
+)
+
+
+def cell_table(rows: Sequence[Row], policy: str) -> list[str]:
+    """Markdown: per cell (seeds together), ``policy`` against ``max``, ``best-fixed`` and the
+    lower bound, with ``best-fixed``'s own p99 and clock."""
+    lines = [CELL_HEAD, "|" + " --- |" * 13]
+    for key, group in _cells(rows).items():
+        fixed = [r for r in group if r["policy"] == BEST_FIXED]
+        mine = [r for r in group if r["policy"] == policy]
+        if not mine:
+            continue
+        gpu, mix, arrival, load, slo = key
+        fixed_ok = sum(r["p99_over_slo"] <= 1 for r in fixed)
+        mhz = [r["fixed_mhz"] for r in fixed]
+        bound = [r["oracle_energy_per_inference_j"] / r["energy_per_inference_j"] for r in fixed]
+
+        def mean(k: str, rs: list[Row] = mine) -> float:
+            vals = [r[k] for r in rs if not math.isnan(r[k])]
+            return float(np.mean(vals)) if vals else math.nan
+
+        worst = max((r["vs_best_fixed"] for r in mine), default=math.nan)
+        least = min((r["closed"] for r in mine if not math.isnan(r["closed"])), default=math.nan)
+        p99 = max(r["p99_over_slo"] for r in mine)
+        lines.append(
+            f"| {gpu} | {mix} | {arrival} | {load:g} | {slo:g} | {fixed_ok}/{len(fixed)} | "
+            f"{min(mhz, default=0)}–{max(mhz, default=0)} | "
+            f"{_f(float(np.mean(bound)) if bound else math.nan)} | {_f(mean('vs_max'))} | "
+            f"{_f(mean('vs_best_fixed'), 3)}, {_f(worst, 3)} | {_f(mean('vs_oracle'))} | "
+            f"{_f(mean('closed'))}, {_f(least)} | "
+            f"{'**' if p99 > 1 else ''}{_f(p99)}{'**' if p99 > 1 else ''} |"
+        )
+    return lines
+
+
+def summary_table(rows: Sequence[Row]) -> list[str]:
+    """Markdown: :func:`simulator.compare.against_best_fixed`, one row per policy."""
+    lines = [
+        "| policy | pairs where best-fixed meets p99 | meets p99 | ≤ best-fixed energy | both | "
+        "vs best-fixed (mean, worst) | vs max | vs bound | closed (mean, least) |",
+        "|" + " --- |" * 9,
+    ]
+    for s in against_best_fixed(rows):
+        lines.append(
+            f"| {s['policy']} | {s['cells']} | {s['meets']} | {s['cheaper']} | {s['both']} | "
+            f"{_f(s['mean_vs_best_fixed'], 3)}, {_f(s['worst_vs_best_fixed'], 3)} | "
+            f"{_f(s['mean_vs_max'])} | {_f(s['mean_vs_oracle'])} | "
+            f"{_f(s['mean_closed'])}, {_f(s['least_closed'])} |"
+        )
+    return lines
+
+
+def compare_markdown(rows: Sequence[Row], describe: str) -> str:
+    """The page's body: what ran, the summary over cells, then each policy per cell (the
+    default policy first)."""
+    policies = [p for p in dict.fromkeys(r["policy"] for r in rows) if p != BEST_FIXED]
+    md = [
+        describe,
+        "",
+        "Energy per inference; *bound* is the lower bound (`simulator/oracle.py`); *closed* the "
+        "share of the distance from best-fixed to the bound a policy covers (1: at the bound, "
+        "0: no better than best-fixed); ratios are means over seeds, worst and least over "
+        "seeds; bold: a p99 over the SLO.",
+        "",
+    ]
+    if any(r["policy"] == BEST_FIXED for r in rows):
+        md += ["## Summary over cells", "", *summary_table(rows), ""]
+    for policy in sorted(policies, key=lambda p: p != DEFAULT_POLICY):
+        md += [f"## {policy}, per cell", "", *cell_table(rows, policy), ""]
+    return "\n".join(md)

@@ -1,0 +1,84 @@
+"""One config tree: flags, variables and a TOML file, with the precedence documented."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from api.config import OPTIONS, GatewayConfig, add_arguments, from_args, from_options
+from scheduler.core import SchedulerConfig
+from simulator.simulate import SimConfig
+
+
+def parse(argv: list[str], environ: dict[str, str] | None = None) -> GatewayConfig:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return from_args(parser.parse_args(argv), environ or {})
+
+
+def test_defaults_are_the_nested_classes_own() -> None:
+    config = parse([])
+    assert config.scheduler == SchedulerConfig()
+    assert config.policy.name == "adaptive"
+    assert config.scheduler.max_inflight == SimConfig().max_inflight
+
+
+def test_every_policy_parameter_is_settable(tmp_path: Path) -> None:
+    config = parse(["--slack-hold-s", "0.2", "--feedback-target", "0.95", "--policy", "slack"])
+    assert config.policy.name == "slack"
+    assert config.policy.slack.hold_s == 0.2 and config.policy.feedback.target == 0.95
+    flags = {o.flag for o in OPTIONS}
+    assert {"slack-quantile", "feedback-setpoint", "max-inflight", "slo-ms"} <= flags
+
+
+def test_flag_beats_variable_beats_file_beats_default(tmp_path: Path) -> None:
+    file = tmp_path / "sidecar.toml"
+    file.write_text(
+        "port = 9000\nmax_body_bytes = 1000\n[scheduler]\nmax_queue = 7\ndefault_slo_ms = 40\n"
+        '[policy]\nname = "slack"\n[policy.slack]\nhold_s = 0.3\n'
+    )
+    env = {"SIDECAR_CONFIG": str(file), "SIDECAR_MAX_QUEUE": "9", "SIDECAR_PORT": "9100"}
+    config = parse(["--port", "9200"], env)
+    assert config.port == 9200  # flag
+    assert config.scheduler.max_queue == 9  # variable
+    assert config.scheduler.default_slo_ms == 40 and config.max_body_bytes == 1000  # file
+    assert config.policy.name == "slack" and config.policy.slack.hold_s == 0.3
+    assert config.grpc_port == 8001  # default
+    assert parse(["--config", str(file)]).scheduler.max_queue == 7
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("nope = 1\n", "unknown key 'nope'"),
+        ("[scheduler]\nmax_queue = 1.5\n", "scheduler.max_queue"),
+        ("[policy.feedback]\nbogus = 1\n", "unknown key 'policy.feedback.bogus'"),
+        ("port = 70000\n", "--port must be in 0..65535"),
+        ("[policy]\nname = 'fastest'\n", "--policy must be one of"),
+        ("port = [", "--config"),
+    ],
+)
+def test_bad_files_are_named(tmp_path: Path, text: str, problem: str) -> None:
+    file = tmp_path / "bad.toml"
+    file.write_text(text)
+    with pytest.raises(ValueError, match=problem.replace(".", r"\.").replace("[", r"\[")):
+        parse(["--config", str(file)])
+
+
+def test_bad_values_name_their_flag_or_variable() -> None:
+    with pytest.raises(ValueError, match="--max-queue must be a whole number"):
+        parse(["--max-queue", "lots"])
+    with pytest.raises(ValueError, match="SIDECAR_SLACK_SAFETY must be a number"):
+        parse([], {"SIDECAR_SLACK_SAFETY": "high"})
+    with pytest.raises(ValueError, match="quantile must be one of"):
+        parse(["--slack-quantile", "p42"])
+
+
+def test_from_options_uses_flag_names() -> None:
+    config = from_options(slo_ms=60.0, policy="max", max_queue=8, port=0)
+    assert config.slo_ms == 60.0 and config.policy.name == "max"
+    assert config.scheduler.max_queue == 8 and config.port == 0
+    with pytest.raises(TypeError, match="unknown option"):
+        from_options(max_qeueu=8)

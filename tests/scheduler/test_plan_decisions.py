@@ -1,0 +1,84 @@
+"""The plan's speed-ups change no decision: seeded simulations give what they gave before them.
+
+``slack`` and ``adaptive`` plan with :mod:`scheduler.constraints` (work tables instead of a
+matrix product, two clocks checked around the last answer when feasibility is monotone, the
+per-plan caches). The figures below are what each run gave with the plain evaluation (every
+constraint at every clock, a matrix product per plan; ``slack`` as of commit 2133b8b,
+``adaptive`` as reworked since: a base clock from the tail, an energy floor above idle for the
+batches formed, holds planned at that floor and kept while the model runs, an idle clock, also
+while every model waiting is held):
+every clock change, batch and completion time feeds into them, so a single decision that
+differs shows. A change that means to alter decisions updates them
+(``python -m tests.scheduler.test_plan_decisions`` prints the current ones).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dvfs.profiles import CNN, TRANSFORMER, get_profile
+from scheduler.clients import ClientSpec
+from simulator.simulate import ModelMix, SimConfig, mix_capacity_rps, simulate
+
+# (policy, arrival, seed) -> (completed, met, clock changes, batches, energy J, mean clock MHz,
+# sum of latencies ms, median latency ms, largest latency ms)
+BEFORE = {
+    ("adaptive", "poisson", 3): (
+        1175, 951, 11, 1019, 1184.928021, 1516.687308, 509660.158832, 24.395799, 7125.631723
+    ),
+    ("adaptive", "bursty", 5): (
+        961, 475, 51, 744, 950.615209, 1510.273607, 272352.252087, 102.074914, 2090.308741
+    ),
+    ("slack", "poisson", 3): (
+        1175, 989, 5, 885, 1141.881494, 1521.12835, 389187.818765, 30.289985, 5590.77316
+    ),
+    ("slack", "bursty", 5): (
+        961, 485, 22, 726, 932.596067, 1475.953408, 261363.034151, 103.157213, 2044.44784
+    ),
+}  # fmt: skip
+
+
+def fingerprint(policy: str, arrival: str, seed: int) -> tuple[float, ...]:
+    """Two models with their own SLOs, three clients (nice, a priority class with its own
+    SLO), 8 simulated seconds at 60% of the mix's full-batch capacity (a rate: what ``load``
+    0.6 meant when the figures were taken)."""
+    models = (ModelMix(CNN, 0.7, 60.0), ModelMix(TRANSFORMER, 0.3, 400.0))
+    cfg = SimConfig(
+        gpu="v100",
+        policy=policy,
+        duration_s=8.0,
+        seed=seed,
+        rate_rps=0.6 * mix_capacity_rps(get_profile("v100"), models),
+        arrival=arrival,
+        models=models,
+        clients=(
+            ClientSpec("a", 0.5, 0, -5),
+            ClientSpec("b", 0.3, 0, 5),
+            ClientSpec("c", 0.2, 1, 0, 45.0),
+        ),
+        with_oracle=False,
+    )
+    r = simulate(cfg)
+    lat = np.sort(r.latencies_ms)
+    return (
+        r.completed,
+        r.met,
+        r.clock_changes,
+        r.batches,
+        round(r.energy_j, 6),
+        round(r.mean_clock_mhz, 6),
+        round(float(lat.sum()), 6),
+        round(float(lat[len(lat) // 2]), 6),
+        round(float(lat[-1]), 6),
+    )
+
+
+@pytest.mark.parametrize(("policy", "arrival", "seed"), sorted(BEFORE))
+def test_decisions_are_those_of_the_plain_evaluation(policy: str, arrival: str, seed: int) -> None:
+    assert fingerprint(policy, arrival, seed) == pytest.approx(BEFORE[policy, arrival, seed])
+
+
+if __name__ == "__main__":
+    for key in sorted(BEFORE):
+        print(key, fingerprint(*key))

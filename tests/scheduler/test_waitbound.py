@@ -1,0 +1,130 @@
+"""The release depth and the wait bound: what lower levels may keep at Triton while a higher
+level is active, and that the higher level never waits in the sidecar for them."""
+
+from __future__ import annotations
+
+from scheduler.core import Scheduler
+from scheduler.registry import make_policy
+from scheduler.view import ModelServing
+from scheduler.waitbound import GUARD_S, SAFETY, execution_ms
+from tests.scheduler.helpers import CLOCKS, MODEL, make_model_table, make_request, make_scheduler
+
+TOP = CLOCKS[-1]
+BATCHES = {1: 1.0, 8: 2.0, 32: 5.0}  # 7.4, 14.8 and 36.9 ms at the top clock
+SERVING = ModelServing(32, 2, priority_levels=2, default_priority_level=2)
+OTHER = "other"
+
+
+def scheduler(*models: str) -> Scheduler[None]:
+    names = models or (MODEL,)
+    tables = [make_model_table(batches=BATCHES, model=m) for m in names]
+    return make_scheduler(
+        make_policy("max", CLOCKS), *tables, serving=dict.fromkeys(names, SERVING)
+    )
+
+
+def release_all(s: Scheduler[None], now_s: float) -> int:
+    sent = 0
+    while s.next_dispatch(now_s) is not None:
+        sent += 1
+    return sent
+
+
+def at_triton(s: Scheduler[None], level: int, model: str = MODEL) -> int:
+    return s.inflight_levels(model).get(level, 0)
+
+
+def flood(s: Scheduler[None], n: int, now_s: float, model: str = MODEL) -> None:
+    for _ in range(n):
+        assert s.enqueue(make_request(arrival_s=now_s, slo_ms=1e5, model=model), now_s).accepted
+
+
+def test_alone_a_level_keeps_one_full_batch_at_triton() -> None:
+    s = scheduler()
+    flood(s, 100, 0.0)
+    assert release_all(s, 0.0) == s.release_depth(MODEL) == 32
+    assert s.queue_len == 68  # the rest waits in the sidecar, where priority and CFS decide
+
+
+def test_a_higher_level_caps_what_lower_levels_keep_at_triton() -> None:
+    """With a priority-1 class active (SLO 40 ms), the flood keeps at Triton only what a
+    priority-1 request arriving now could wait behind and still meet its SLO: one execution of
+    everything there, then its own, at the table's times."""
+    s = scheduler()
+    slo_ms = 40.0
+    assert s.enqueue(make_request(priority=1, slo_ms=slo_ms), 0.0).accepted
+    flood(s, 100, 0.0)
+    release_all(s, 0.0)
+    hi, lo = at_triton(s, 1), at_triton(s, 2)
+    assert hi == 1  # the higher level went first
+    table = s.table_for(MODEL)
+    assert table is not None
+    arriving = hi + 1
+    assert 1 < lo < 32
+    assert 2 * execution_ms(table, TOP, lo + arriving) <= SAFETY * slo_ms
+    assert 2 * execution_ms(table, TOP, lo + 1 + arriving) > SAFETY * slo_ms
+
+
+def test_the_higher_level_is_never_held_for_the_lower() -> None:
+    s = scheduler()
+    assert s.enqueue(make_request(priority=1, slo_ms=40.0), 0.0).accepted
+    flood(s, 100, 0.0)
+    release_all(s, 0.0)
+    before = at_triton(s, 1)
+    for i in range(5):
+        assert s.enqueue(make_request(priority=1, slo_ms=40.0, arrival_s=0.001), 0.001).accepted
+        assert s.next_dispatch(0.001) is not None, f"priority-1 request {i} was held"
+    assert at_triton(s, 1) == before + 5
+
+
+def test_a_lower_level_is_never_starved_outright() -> None:
+    """A higher level whose SLO no batch could meet still leaves the lower level one request
+    at Triton."""
+    s = scheduler()
+    assert s.enqueue(make_request(priority=1, slo_ms=5.0), 0.0).accepted
+    flood(s, 50, 0.0)
+    release_all(s, 0.0)
+    assert at_triton(s, 2) == 1
+
+
+def test_protection_ends_after_the_higher_level_goes_quiet() -> None:
+    s = scheduler()
+    assert s.enqueue(make_request(priority=1, slo_ms=40.0), 0.0).accepted
+    flood(s, 100, 0.0)
+    release_all(s, 0.0)
+    capped = at_triton(s, 2)
+    for r in list(s.inflight.values()):  # everything at Triton completes
+        s.on_complete(r, 0.02, 0.02)
+    later = GUARD_S + 0.1
+    flood(s, 1, later)  # an arrival refreshes what is protected
+    release_all(s, later)
+    assert capped < at_triton(s, 2) == s.release_depth(MODEL)
+
+
+def test_other_models_share_the_gpu_so_the_cap_tightens() -> None:
+    """A second model busy on the GPU halves the speed the bound counts on (time sharing), so
+    the lower level of the protected model keeps less at Triton; the other model's own lower
+    level is not capped by a level of a model it does not run with in one batch."""
+    alone = scheduler(MODEL, OTHER)
+    assert alone.enqueue(make_request(priority=1, slo_ms=80.0), 0.0).accepted
+    flood(alone, 100, 0.0)
+    release_all(alone, 0.0)
+    shared = scheduler(MODEL, OTHER)
+    assert shared.enqueue(make_request(priority=1, slo_ms=80.0), 0.0).accepted
+    flood(shared, 100, 0.0, model=OTHER)
+    flood(shared, 100, 0.0)
+    release_all(shared, 0.0)
+    assert at_triton(shared, 2) < at_triton(alone, 2)
+    assert at_triton(shared, 2, OTHER) == shared.release_depth(OTHER)
+
+
+def test_a_full_batch_of_lower_levels_at_triton_does_not_hold_a_higher_one() -> None:
+    """The release depth counts a request's own level and those above: a priority-1 request
+    goes to Triton's priority queue, ahead of the lower level's batch already there."""
+    s = scheduler()
+    flood(s, 100, 0.0)
+    assert release_all(s, 0.0) == s.release_depth(MODEL)
+    assert s.enqueue(make_request(priority=1, slo_ms=200.0, arrival_s=0.001), 0.001).accepted
+    sent = s.next_dispatch(0.001)
+    assert sent is not None and sent.request.level == 1
+    assert s.next_dispatch(0.001) is None  # the lower level stays at its depth

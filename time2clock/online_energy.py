@@ -1,0 +1,800 @@
+"""Energy that learns: the GPU's energy counter attributed to clock windows, and each model's
+energy per inference per clock refitted from them (no I/O, time injected).
+
+**Attribution.** The scheduler reports every change of what runs (:meth:`ClockWindows.occupancy`:
+the clock target and how many requests of each model are at Triton) and every new value of the
+GPU's cumulative energy counter (:meth:`ClockWindows.reading`, a
+:class:`dvfs.energy.EnergyReading`: the value and the time it became current). The time between
+two counter values is a **window** when the clock target was the same over all of it and for
+``settle_s`` before (a change takes time to land), and it spans at least ``min_window_s`` and
+``MIN_INTERVALS`` of the counter's refresh interval (a shorter one is not trusted; see
+:mod:`dvfs.energy`); otherwise it is merged with the next one or, across a clock change, dropped.
+A window holds its energy, its clock, its idle seconds (nothing at Triton) and, per (model,
+requests of it at Triton), its busy seconds; time with several models at Triton is shared among
+them equally (they time-share the GPU).
+
+**The power model.** Over a window at clock ``f`` (``x = f / f_max``)::
+
+    E = P_idle(x)·t_idle + Σ_(model, batch) P_(model, batch)(x)·t_(model, batch)
+
+with every power on the law ``P(x) = a + c·x^k`` (``a, c >= 0``; ``k`` = ``power_exponent``, 3:
+dynamic power goes as ``C·V²·f`` and voltage rises about linearly with the clock over the DVFS
+range, the law the simulated GPUs follow, see :mod:`dvfs.profiles`). A model's batch sizes are
+its table's curves; ``n`` of its requests at Triton count as a batch of ``n``, shared linearly
+between the two curves around it. The law is linear in ``(a, c)``, so one bounded least squares
+over every window of the last ``window_s`` fits every model and the idle power at once. A first
+fit of the windows alone measures their noise (``min_noise_w`` at least); windows more than
+``outlier_sigmas`` of it off (a counter value late, a burst of host work) are left out of the
+second, which weighs the windows by that noise against the prior.
+
+**The prior.** Each curve's power at its clocks, from the table in force: its energy per
+inference times its batch over its predicted time (the power the profile saw while that batch
+ran, host time included, as the time it measured includes it), put on the law and trusted to
+``prior_uncertainty``. Where the traffic measures a curve the measurement wins; elsewhere the
+law and the prior hold the shape. The idle power has no prior.
+
+**The refit.** A model whose curves saw at least ``min_live_s`` of busy time in the window gets,
+for every curve, energy per inference ``P(f)·t(f)/batch`` at each of its clocks, with ``t`` the
+(refitted) mean time of its table: a curve busy for ``min_curve_s`` by its own law; a batch the
+traffic never forms by a measured curve times the two curves' power ratio in the prior, smoothed
+over the clock (a bias the profile had at a clock for every batch alike cancels in it). Every
+other model's energy moves only with its times (its table's power at each clock, times its new
+time). A law that is not positive and finite over the whole ladder is not used; a curve with no
+energy in its prior and busy time at one clock only is not written (the law's shape is unknown),
+and neither is a curve whose power above idle at the top clock is under ``min_busy_share`` of
+its prior's (requests waiting at the host with the GPU idle: see :meth:`OnlineEnergy._diluted`).
+
+**Probes.** A floor set too high by a wrong table is never measured below: the policy never runs
+there. So while there is traffic, every ``probe_every_s`` the floor may be lowered for
+``probe_s`` to the next clock down (of ``probe_clocks`` spread over the ladder) that has less
+than ``probe_min_s`` of busy time in the window (:meth:`OnlineEnergy.probe_floor_mhz`). The
+policy's deadlines still hold: a probe lowers only the energy floor, never the clock the queue
+needs.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import deque
+from collections.abc import Mapping, Sequence, Sized
+from dataclasses import dataclass, field, replace
+from typing import TypeVar
+
+import numpy as np
+import numpy.typing as npt
+from scipy.optimize import lsq_linear
+
+from dvfs.energy import MIN_INTERVALS, EnergyReading
+from time2clock.profile import select_clocks
+from time2clock.table import ModelTable, TableSet, Time2ClockTable
+
+_T = TypeVar("_T")
+UNKNOWN_BATCH = 0  # the one component of a model with no table yet (its energy goes somewhere)
+MAX_CHANGES = 4096  # occupancy changes kept while no counter value closes a window
+
+
+@dataclass(frozen=True)
+class EnergyParams:
+    """How energy windows are cut, weighed and fitted, and how the floor is probed."""
+
+    window_s: float = 120.0
+    max_windows: int = 3000
+    min_window_s: float = 0.05
+    settle_s: float = 0.02
+    min_live_s: float = 2.0
+    min_curve_s: float = 0.5
+    min_busy_share: float = 0.25
+    prior_uncertainty: float = 0.1
+    min_noise_w: float = 0.5
+    outlier_sigmas: float = 4.0
+    power_exponent: float = 3.0
+    probe: bool = True
+    probe_every_s: float = 10.0
+    probe_s: float = 2.0
+    probe_min_s: float = 1.0
+    probe_clocks: int = 8
+    poll_s: float = 0.01  # how often a reader reads the counter (it is refreshed on its own)
+
+    def __post_init__(self) -> None:
+        positive = (
+            self.window_s,
+            self.min_window_s,
+            self.prior_uncertainty,
+            self.min_noise_w,
+            self.outlier_sigmas,
+            self.poll_s,
+            self.power_exponent,
+        )
+        if min(positive) <= 0:
+            raise ValueError(
+                "window_s, min_window_s, prior_uncertainty, min_noise_w, outlier_sigmas, poll_s "
+                "and power_exponent must be > 0"
+            )
+        if self.max_windows < 1 or self.probe_clocks < 2:
+            raise ValueError("max_windows must be >= 1 and probe_clocks >= 2")
+
+
+@dataclass(frozen=True, slots=True)
+class EnergyWindow:
+    """``energy_j`` used from ``start_s`` to ``end_s`` at ``clock_mhz``: ``idle_s`` with nothing
+    at Triton, and ``busy[(model, n)]`` seconds with ``n`` requests of ``model`` there (time
+    with several models there shared among them)."""
+
+    start_s: float
+    end_s: float
+    clock_mhz: int
+    energy_j: float
+    idle_s: float
+    busy: tuple[tuple[tuple[str, int], float], ...]
+
+    @property
+    def span_s(self) -> float:
+        return self.end_s - self.start_s
+
+    def busy_s(self, model: str | None = None) -> float:
+        """Busy seconds of ``model`` (all models: None)."""
+        return sum(s for (m, _), s in self.busy if model is None or m == model)
+
+
+Composition = tuple[tuple[str, int], ...]
+
+
+class ClockWindows:
+    """Cuts the counter's values into :class:`EnergyWindow` s from the occupancy the scheduler
+    reports (see the module docstring)."""
+
+    def __init__(self, params: EnergyParams | None = None) -> None:
+        self.params = params or EnergyParams()
+        self._clocks: deque[tuple[float, int | None]] = deque()  # (since_s, clock target)
+        self._busy: deque[tuple[float, Composition]] = deque()  # (since_s, what is at Triton)
+        self._start: EnergyReading | None = None
+        self.kept_s = 0.0  # counter time attributed to windows
+        self.dropped_s = 0.0  # and lost: a clock change inside, or a clock not known
+
+    def occupancy(self, now_s: float, clock_mhz: int | None, inflight: Mapping[str, Sized]) -> None:
+        """From ``now_s`` the clock target is ``clock_mhz`` (None: the GPU's own) and
+        ``len(inflight[model])`` requests of each model are at Triton."""
+        if not self._clocks or self._clocks[-1][1] != clock_mhz:
+            self._append(self._clocks, now_s, clock_mhz)
+        composition = tuple(sorted((m, len(v)) for m, v in inflight.items() if len(v)))
+        if not self._busy or self._busy[-1][1] != composition:
+            self._append(self._busy, now_s, composition)
+        for log in (self._busy, self._clocks):
+            if len(log) > MAX_CHANGES:  # no counter value for a long while: start over
+                log.popleft()
+                self._start = None
+
+    def forget(self) -> None:
+        """The clock changed at a moment not known: no window spans it."""
+        self._clocks.clear()
+        self._busy.clear()
+        self._start = None
+
+    @staticmethod
+    def _append(log: deque[tuple[float, _T]], now_s: float, value: _T) -> None:
+        if log and log[-1][0] >= now_s:
+            log.pop()  # the same instant: the later state wins
+            if log and log[-1][1] == value:
+                return
+        log.append((now_s, value))
+
+    def reading(
+        self, reading: EnergyReading, update_interval_s: float | None
+    ) -> EnergyWindow | None:
+        """A value of the counter (deliver them in order); the window it closes, if one."""
+        start = self._start
+        if start is None or reading.energy_j < start.energy_j:
+            self._restart(reading)
+            return None
+        end_s = reading.as_of_s
+        if end_s <= start.as_of_s:
+            return None
+        clock = self._steady_clock(start.as_of_s - self.params.settle_s, end_s)
+        if clock is None:
+            self.dropped_s += end_s - start.as_of_s
+            self._restart(reading)
+            return None
+        shortest = self.params.min_window_s
+        if update_interval_s is None:
+            return None  # the refresh interval is not known yet: keep accumulating
+        shortest = max(shortest, MIN_INTERVALS * update_interval_s)
+        if end_s - start.as_of_s < shortest:
+            return None
+        window = self._window(start, reading, clock)
+        self.kept_s += window.span_s
+        self._restart(reading)
+        return window
+
+    def _restart(self, reading: EnergyReading) -> None:
+        self._start = reading
+        horizon = reading.as_of_s - self.params.settle_s
+        for log in (self._clocks, self._busy):
+            while len(log) > 1 and log[1][0] <= horizon:
+                log.popleft()
+
+    def _steady_clock(self, from_s: float, to_s: float) -> int | None:
+        """The clock target in force over all of ``[from_s, to_s]``, if one was, and known."""
+        clock: int | None = None
+        known = False
+        for since_s, c in self._clocks:
+            if since_s <= from_s:
+                clock, known = c, True
+            elif since_s <= to_s:
+                return None
+        return clock if known else None
+
+    def _window(self, start: EnergyReading, end: EnergyReading, clock_mhz: int) -> EnergyWindow:
+        a, b = start.as_of_s, end.as_of_s
+        idle = 0.0
+        busy: dict[tuple[str, int], float] = {}
+        changes = list(self._busy)
+        for i, (since_s, composition) in enumerate(changes):
+            until_s = changes[i + 1][0] if i + 1 < len(changes) else b
+            dt = min(until_s, b) - max(since_s, a)
+            if dt <= 0:
+                continue
+            if not composition:
+                idle += dt
+            for m, n in composition:
+                busy[m, n] = busy.get((m, n), 0.0) + dt / len(composition)
+        if changes and changes[0][0] > a:  # before the first change nothing was reported
+            idle += min(changes[0][0], b) - a
+        return EnergyWindow(
+            start_s=a,
+            end_s=b,
+            clock_mhz=clock_mhz,
+            energy_j=end.energy_j - start.energy_j,
+            idle_s=idle,
+            busy=tuple(sorted(busy.items())),
+        )
+
+
+# -- the power law ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PowerLaw:
+    """``P(f) = a + c·(f / f_max)^k`` watts."""
+
+    a_w: float
+    c_w: float
+    max_clock_mhz: float
+    exponent: float = 3.0
+
+    def power_w(self, clock_mhz: float) -> float:
+        return float(self.a_w + self.c_w * (clock_mhz / self.max_clock_mhz) ** self.exponent)
+
+    def power_array_w(self, clocks_mhz: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        watts: npt.NDArray[np.float64] = (
+            self.a_w + self.c_w * (clocks_mhz / self.max_clock_mhz) ** self.exponent
+        )
+        return watts
+
+    def is_sound(self, clocks_mhz: Sequence[int]) -> bool:
+        """Positive and finite over the ladder, never falling with the clock."""
+        ends = (min(clocks_mhz), max(clocks_mhz))
+        values = [self.power_w(c) for c in ends]
+        return (
+            math.isfinite(self.a_w)
+            and math.isfinite(self.c_w)
+            and self.c_w >= 0
+            and all(math.isfinite(v) and v > 0 for v in values)
+        )
+
+
+def split_batch(n: int, batches: Sequence[int]) -> list[tuple[int, float]]:
+    """``n`` requests at Triton as shares of the table's batch sizes around it (linearly)."""
+    if n <= batches[0]:
+        return [(batches[0], 1.0)]
+    if n >= batches[-1]:
+        return [(batches[-1], 1.0)]
+    hi = next(b for b in batches if b >= n)
+    if hi == n:
+        return [(n, 1.0)]
+    lo = batches[batches.index(hi) - 1]
+    share_hi = (n - lo) / (hi - lo)
+    return [(lo, 1.0 - share_hi), (hi, share_hi)]
+
+
+def curve_power_w(curve: Time2ClockTable) -> dict[int, float]:
+    """The power a curve's measured energy implies at each of its clocks: energy per inference
+    × batch over its predicted time."""
+    out = {}
+    for point in curve.points:
+        t_ms = curve.predict_ms(point.clock_mhz)
+        e_j = point.energy_per_inference_j
+        if e_j is not None and e_j > 0 and math.isfinite(t_ms) and t_ms > 0:
+            out[point.clock_mhz] = e_j * curve.batch / (t_ms / 1000.0)
+    return out
+
+
+def with_power(
+    curve: Time2ClockTable, power: Mapping[int, float] | PowerLaw | Sequence[float]
+) -> Time2ClockTable:
+    """``curve`` with energy per inference ``P(f)·t(f)/batch`` at each of its clocks (``power``
+    a law; values at clocks, interpolated linearly in the clock between them; or one value per
+    clock of the curve)."""
+    clocks = np.asarray(curve.clocks_mhz, dtype=float)
+    if isinstance(power, PowerLaw):
+        watts = power.power_array_w(clocks)
+    elif isinstance(power, Mapping):
+        xs = sorted(power)
+        watts = np.interp(clocks, xs, [power[c] for c in xs])
+    else:
+        watts = np.asarray(power, dtype=float)
+    fit = curve.mean_fit
+    with np.errstate(divide="ignore", invalid="ignore"):
+        denom = fit.m * clocks + fit.b
+        t_ms = np.where(denom > 0, 1.0 / denom, np.inf)
+        energy = watts * t_ms / 1000.0 / curve.batch
+    points = tuple(
+        replace(p, energy_per_inference_j=float(e) if math.isfinite(e) else None)
+        for p, e in zip(curve.points, energy, strict=True)
+    )
+    return replace(curve, points=points)
+
+
+# -- the online fit -----------------------------------------------------------------------
+
+
+@dataclass
+class _ModelEnergy:
+    diluted: int = 0  # refits where a curve's busy power was too close to idle to be used
+    refits: int = 0
+    last_refit_s: float | None = None
+    last_error: float | None = None
+    windows_total: int = 0
+
+
+@dataclass
+class _Fit:
+    idle: PowerLaw
+    laws: dict[tuple[str, int], PowerLaw]
+    live_s: dict[tuple[str, int], float]
+    clock_live: dict[tuple[str, int], dict[int, float]] = field(default_factory=dict)
+
+
+class OnlineEnergy:
+    """The online energy fit of every model behind one GPU (see the module docstring)."""
+
+    def __init__(self, clocks_mhz: Sequence[int], params: EnergyParams | None = None) -> None:
+        if not clocks_mhz:
+            raise ValueError("the energy fit needs the GPU's clock ladder")
+        self.clocks_mhz = sorted(clocks_mhz)
+        self.params = params or EnergyParams()
+        self.attribution = ClockWindows(self.params)
+        self._windows: deque[EnergyWindow] = deque()
+        self._new: list[EnergyWindow] = []  # since the last refit
+        self._models: dict[str, _ModelEnergy] = {}
+        self.windows_total = 0
+        self.idle: PowerLaw | None = None  # the idle power, as last fitted
+        self.noise_w: float | None = None  # the windows' noise (mean power), as last fitted
+        self.update_interval_s: float | None = None
+        self._probe: tuple[int, float] | None = None  # (clock, until_s)
+        self._last_probe_s = -math.inf
+        self.probes = 0
+        self._probe_ladder = select_clocks(self.clocks_mhz, self.params.probe_clocks)
+        self._evidence: dict[int, float] = {}  # busy seconds in the window, per probe clock
+        # each window's row of the least squares (parallel to _windows, a prefix of it), for
+        # the components of _layout: built once, not at every refit
+        self._rows: deque[npt.NDArray[np.float64]] = deque()
+        self._layout: tuple[tuple[str, int], ...] = ()
+
+    # -- measurements ---------------------------------------------------------------------
+
+    def occupancy(self, now_s: float, clock_mhz: int | None, inflight: Mapping[str, Sized]) -> None:
+        self.attribution.occupancy(now_s, clock_mhz, inflight)
+
+    def reading(self, reading: EnergyReading, update_interval_s: float | None) -> None:
+        """A value of the GPU's energy counter, with the counter's refresh interval as learned."""
+        if update_interval_s is not None:
+            self.update_interval_s = update_interval_s
+        window = self.attribution.reading(reading, update_interval_s)
+        if window is not None:
+            self.add(window)
+
+    def add(self, window: EnergyWindow) -> None:
+        self._windows.append(window)
+        self._new.append(window)
+        self.windows_total += 1
+        for model in {m for (m, _), _s in window.busy}:
+            self._models.setdefault(model, _ModelEnergy()).windows_total += 1
+        bucket = self._bucket(window.clock_mhz)
+        self._evidence[bucket] = self._evidence.get(bucket, 0.0) + window.busy_s()
+        while len(self._windows) > self.params.max_windows:
+            self._pop()
+        del self._new[: -self.params.max_windows]
+
+    def _bucket(self, clock_mhz: int) -> int:
+        """The probe ladder's clock nearest ``clock_mhz``."""
+        ladder = self._probe_ladder
+        i = bisect.bisect_left(ladder, clock_mhz)
+        near = ladder[max(0, i - 1) : i + 1]
+        return min(near, key=lambda c: (abs(c - clock_mhz), c))
+
+    def _pop(self) -> None:
+        window = self._windows.popleft()
+        if self._rows:
+            self._rows.popleft()
+        bucket = self._bucket(window.clock_mhz)
+        self._evidence[bucket] = max(0.0, self._evidence.get(bucket, 0.0) - window.busy_s())
+
+    def pending(self) -> bool:
+        """Whether windows came since the last refit."""
+        return bool(self._new)
+
+    def _prune(self, now_s: float) -> None:
+        horizon = now_s - self.params.window_s
+        while self._windows and self._windows[0].end_s < horizon:
+            self._pop()
+
+    # -- the fit --------------------------------------------------------------------------
+
+    def refit(self, prior: TableSet, tables: TableSet, now_s: float) -> dict[str, ModelTable]:
+        """New energy for the models of ``tables`` (their times refitted, or not, from
+        ``prior``, the tables in force): the models measured from the windows, the others
+        moved with their times. Only tables that changed are returned."""
+        self._prune(now_s)
+        new, self._new = self._new, []
+        out: dict[str, ModelTable] = {}
+        fit = self._fit(prior, tables) if new and self._windows else None
+        if fit is not None:
+            self.idle = fit.idle
+        for table in tables:
+            before = prior.get(table.model)
+            refitted = None
+            if fit is not None and self._measured(table.model, fit):
+                refitted = self._from_fit(table, before, fit)
+                if refitted is not None:
+                    state = self._models.setdefault(table.model, _ModelEnergy())
+                    state.refits += 1
+                    state.last_refit_s = now_s
+                    error = self._error(table.model, new, before, fit)
+                    state.last_error = state.last_error if error is None else error
+            if refitted is None and before is not None and before is not table:
+                refitted = _moved_with_times(table, before)
+            if refitted is not None and refitted != table:
+                out[table.model] = refitted
+        return out
+
+    def _measured(self, model: str, fit: _Fit) -> bool:
+        live = sum(s for (m, _), s in fit.live_s.items() if m == model)
+        return live >= self.params.min_live_s
+
+    def _components(self, tables: TableSet) -> list[tuple[str, int]]:
+        """Every curve of every model the windows saw busy (one for a model with no table)."""
+        comps: set[tuple[str, int]] = set()
+        for m in self._models:
+            table = tables.get(m)
+            batches = table.batches if table is not None else [UNKNOWN_BATCH]
+            comps.update((m, b) for b in batches)
+        return sorted(comps)
+
+    def _fit(self, prior: TableSet, tables: TableSet) -> _Fit | None:
+        """Bounded least squares over every window and every curve's prior, each weighed by
+        its uncertainty, windows more than ``outlier_sigmas`` off left out."""
+        p = self.params
+        comps = self._components(tables)
+        index = {c: 2 + 2 * i for i, c in enumerate(comps)}
+        f_max = float(self.clocks_mhz[-1])
+        k = p.power_exponent
+        width = 2 + 2 * len(comps)
+        if tuple(comps) != self._layout:
+            self._layout = tuple(comps)
+            self._rows.clear()
+        windows = list(self._windows)
+        for w in windows[len(self._rows) :]:
+            x = (w.clock_mhz / f_max) ** k
+            row = np.zeros(width)
+            span = w.span_s
+            row[0], row[1] = w.idle_s / span, w.idle_s * x / span
+            for (m, n), sec in w.busy:
+                table = tables.get(m)
+                shares = split_batch(n, table.batches) if table else [(UNKNOWN_BATCH, 1.0)]
+                for b, share in shares:
+                    j = index[m, b]
+                    row[j] += share * sec / span
+                    row[j + 1] += share * sec * x / span
+            self._rows.append(row)
+        windows_a = np.vstack(self._rows)
+        spans = np.array([w.span_s for w in windows])
+        clocks = np.array([w.clock_mhz for w in windows])
+        windows_y = np.array([w.energy_j for w in windows]) / spans
+        busy_s = windows_a[:, 2::2] * spans[:, None]  # per window, per component
+        live = {c: float(busy_s[:, i].sum()) for i, c in enumerate(comps)}
+        clock_live: dict[tuple[str, int], dict[int, float]] = {}
+        for i, c in enumerate(comps):
+            at = busy_s[:, i] > 0
+            if at.any():
+                seen, where = np.unique(clocks[at], return_inverse=True)
+                sums = np.bincount(where, weights=busy_s[at, i])
+                clock_live[c] = {int(f): float(v) for f, v in zip(seen, sums, strict=True)}
+        prior_rows = []  # (row, target watts)
+        ladder = self._probe_ladder
+        for c in comps:
+            law = _law_through(_prior_power(prior.get(c[0]), tables.get(c[0]), c[1]), f_max, k)
+            if law is None:
+                continue
+            # the prior law at the probe ladder's clocks, each known to prior_uncertainty·√n
+            # (so that together they know the curve to about prior_uncertainty)
+            for clock in ladder:
+                row = np.zeros(width)
+                row[index[c]], row[index[c] + 1] = 1.0, (clock / f_max) ** k
+                watts = law.power_w(clock)
+                std = max(p.prior_uncertainty * watts, p.min_noise_w) * math.sqrt(len(ladder))
+                prior_rows.append((row / std, watts / std))
+        # How noisy the windows are, from a fit to them alone (the prior barely there): it sets
+        # how much the prior counts against them, and which windows are outliers.
+        faint = [(r * 1e-6, t * 1e-6) for r, t in prior_rows]
+        first = _solve(windows_a, windows_y, faint)
+        if first is None:
+            return None
+        residual = windows_a @ first - windows_y
+        noise_w = max(1.4826 * float(np.median(np.abs(residual))), p.min_noise_w)
+        keep = np.abs(residual) <= p.outlier_sigmas * noise_w
+        solution = _solve(windows_a[keep] / noise_w, windows_y[keep] / noise_w, prior_rows)
+        if solution is None:
+            return None
+        self.noise_w = noise_w
+        laws = {
+            c: PowerLaw(float(solution[index[c]]), float(solution[index[c] + 1]), f_max, k)
+            for c in comps
+        }
+        idle = PowerLaw(float(solution[0]), float(solution[1]), f_max, k)
+        return _Fit(idle, laws, {c: v for c, v in live.items() if v > 0}, clock_live)
+
+    def _from_fit(
+        self, table: ModelTable, prior: ModelTable | None, fit: _Fit
+    ) -> ModelTable | None:
+        """``table`` with the energy of the fit: each curve measured by its own law; each other
+        curve by a measured one times the ratio of their powers in the prior (smoothed over the
+        clock), the median over the measured curves at each clock."""
+        p = self.params
+        priors: dict[int, dict[int, float]] = {}
+        measured: dict[int, PowerLaw] = {}
+        for b in table.batches:
+            priors[b] = _prior_power(prior, table, b)
+            law = fit.laws.get((table.model, b))
+            if law is None or fit.live_s.get((table.model, b), 0.0) < p.min_curve_s:
+                continue
+            if not law.is_sound(self.clocks_mhz):
+                continue
+            if not priors[b] and len(fit.clock_live.get((table.model, b), {})) < 2:
+                continue  # no prior and one clock: the law's shape is not known
+            if self._diluted(law, priors[b], fit.idle):
+                self._models.setdefault(table.model, _ModelEnergy()).diluted += 1
+                continue
+            measured[b] = law
+        if not measured:
+            return None
+        curves = {}
+        for b, curve in table.curves.items():
+            if b in measured:
+                curves[b] = with_power(curve, measured[b])
+                continue
+            clocks = np.asarray(curve.clocks_mhz, dtype=float)
+            moved = [
+                law.power_array_w(clocks) * ratio
+                for m, law in measured.items()
+                if (ratio := _power_ratio(priors[b], priors[m], clocks)) is not None
+            ]
+            watts = np.median(moved, axis=0) if moved else None
+            if watts is not None and bool(np.all(np.isfinite(watts) & (watts > 0))):
+                curves[b] = with_power(curve, list(watts))
+            else:
+                curves[b] = curve
+        return replace(table, curves=curves)
+
+    def _diluted(self, law: PowerLaw, prior: Mapping[int, float], idle: PowerLaw) -> bool:
+        """Whether the power measured while the curve's requests were at Triton is barely above
+        idle: under ``min_busy_share`` of the prior's excess over idle at the top clock. Then the
+        requests mostly waited with the GPU idle (host contention: the sidecar sees requests at
+        Triton, not the GPU running them), and multiplying that power by an execution's time
+        would count the execution at little more than idle power."""
+        if not prior:
+            return False
+        top = self.clocks_mhz[-1]
+        xs = sorted(prior)
+        expected = float(np.interp(top, xs, [prior[c] for c in xs])) - idle.power_w(top)
+        return expected > 0 and law.power_w(top) - idle.power_w(top) < (
+            self.params.min_busy_share * expected
+        )
+
+    def _error(
+        self, model: str, windows: Sequence[EnergyWindow], prior: ModelTable | None, fit: _Fit
+    ) -> float | None:
+        """Median ``|measured / predicted − 1|`` of the busy energy (the window's, less the idle
+        power fitted now over its idle time) of the new windows that only ``model`` kept busy, a
+        quarter of the time or more, predicted from the table in force (its power at each
+        clock, as :func:`table_power_w` gives it)."""
+        if prior is None:
+            return None
+        ratios = []
+        for w in windows:
+            busy_s = w.busy_s(model)
+            if busy_s < 0.25 * w.span_s or w.busy_s() > busy_s:
+                continue
+            predicted = 0.0
+            for (_, n), sec in w.busy:
+                for b, share in split_batch(n, prior.batches):
+                    powers = table_power_w(prior, b)
+                    if not powers:
+                        return None  # the table has no energy for this batch
+                    xs = sorted(powers)
+                    watts = float(np.interp(w.clock_mhz, xs, [powers[c] for c in xs]))
+                    predicted += share * sec * watts
+            measured = w.energy_j - fit.idle.power_w(w.clock_mhz) * w.idle_s
+            if predicted > 0:
+                ratios.append(measured / predicted - 1.0)
+        return float(np.median(np.abs(ratios))) if ratios else None
+
+    # -- probes ---------------------------------------------------------------------------
+
+    def probe_floor_mhz(self, floor_mhz: int, now_s: float) -> int:
+        """The energy floor to use now: ``floor_mhz``, or a lower clock while it is probed."""
+        p = self.params
+        if not p.probe or not self.windows_total:
+            return floor_mhz
+        if self._probe is not None:
+            clock, until_s = self._probe
+            if now_s < until_s:
+                return min(floor_mhz, clock)
+            self._probe = None
+            self._last_probe_s = now_s
+        if now_s - self._last_probe_s < p.probe_every_s:
+            return floor_mhz
+        self._prune(now_s)
+        evidence = self._evidence
+        below = [c for c in self._probe_ladder if c < floor_mhz]
+        for clock in reversed(below):
+            if evidence.get(clock, 0.0) < p.probe_min_s:
+                self._probe = (clock, now_s + p.probe_s)
+                self.probes += 1
+                return clock
+            break  # the next clock down was measured: no probe
+        self._last_probe_s = now_s
+        return floor_mhz
+
+    # -- what the admin state and the metrics show -----------------------------------------
+
+    @property
+    def models(self) -> list[str]:
+        return sorted(self._models)
+
+    def refits(self, model: str) -> int:
+        state = self._models.get(model)
+        return 0 if state is None else state.refits
+
+    def error(self, model: str) -> float | None:
+        state = self._models.get(model)
+        return None if state is None else state.last_error
+
+    def state(self, model: str, now_s: float, table: ModelTable | None) -> dict[str, object]:
+        """Per model: windows and busy seconds in the window, refits, age of the last refit, the
+        table's energy error, and the energy-optimal clocks its table now gives."""
+        state = self._models.get(model, _ModelEnergy())
+        horizon = now_s - self.params.window_s
+        recent = [w for w in self._windows if w.end_s >= horizon and w.busy_s(model) > 0]
+        return {
+            "windows_in_window": len(recent),
+            "busy_s_in_window": round(sum(w.busy_s(model) for w in recent), 3),
+            "refits": state.refits,
+            "diluted": state.diluted,
+            "last_refit_age_s": (
+                None if state.last_refit_s is None else round(now_s - state.last_refit_s, 3)
+            ),
+            "error": None if state.last_error is None else round(state.last_error, 4),
+            "optimal_clock_mhz": (
+                None
+                if table is None
+                else {b: table.energy_optimal_clock_mhz(b) for b in table.batches}
+            ),
+        }
+
+
+def _solve(
+    a: npt.NDArray[np.float64],
+    y: npt.NDArray[np.float64],
+    extra: Sequence[tuple[npt.NDArray[np.float64], float]],
+) -> npt.NDArray[np.float64] | None:
+    """Bounded (every parameter >= 0) least squares of ``a·θ = y`` and the ``extra`` rows."""
+    if extra:
+        a = np.vstack([a, np.vstack([r for r, _ in extra])])
+        y = np.concatenate([y, [t for _, t in extra]])
+    try:
+        result = lsq_linear(a, y, bounds=(0.0, np.inf), method="bvls")
+    except (ValueError, np.linalg.LinAlgError):
+        return None
+    x: npt.NDArray[np.float64] = result.x
+    return x if bool(np.all(np.isfinite(x))) else None
+
+
+def _power_ratio(
+    num: Mapping[int, float], den: Mapping[int, float], clocks_mhz: npt.NDArray[np.float64]
+) -> npt.NDArray[np.float64] | None:
+    """``num / den`` (powers of two curves in the prior) at ``clocks_mhz``, smoothed: a
+    quadratic in the clock fitted to the ratio at ``num``'s clocks (what a profile got wrong
+    for every batch alike, a clock-dependent bias, cancels in it; its noise is smoothed)."""
+    if not num or not den:
+        return None
+    xs = sorted(den)
+    at = np.array(sorted(num), dtype=float)
+    ratio = np.array([num[int(c)] for c in at]) / np.interp(at, xs, [den[c] for c in xs])
+    degree = min(2, len(at) - 1)
+    scale = float(clocks_mhz.max()) or 1.0
+    coef = np.polyfit(at / scale, ratio, degree) if degree > 0 else ratio[:1]
+    out: npt.NDArray[np.float64] = np.polyval(coef, clocks_mhz / scale)
+    return out
+
+
+def _law_through(
+    powers: Mapping[int, float], max_clock_mhz: float, exponent: float
+) -> PowerLaw | None:
+    """The law fitted to ``powers`` (watts at clocks) alone: least squares with ``a, c >= 0``
+    (two parameters: in closed form, the bound taken where the free optimum breaks it)."""
+    if not powers:
+        return None
+    x = np.array([(c / max_clock_mhz) ** exponent for c in powers])
+    y = np.array(list(powers.values()))
+    if len(x) >= 2 and float(np.var(x)) > 0:
+        c = float(np.cov(x, y, bias=True)[0, 1] / np.var(x))
+        a = float(y.mean() - c * x.mean())
+    else:
+        a, c = float(y.mean()), 0.0
+    if c < 0:
+        a, c = float(y.mean()), 0.0
+    if a < 0:
+        a, c = 0.0, float(x @ y / (x @ x)) if float(x @ x) > 0 else 0.0
+    return PowerLaw(max(a, 0.0), max(c, 0.0), max_clock_mhz, exponent)
+
+
+def _moved_with_times(table: ModelTable, before: ModelTable) -> ModelTable | None:
+    """``table`` (times refitted from ``before``) with ``before``'s power at each clock: the
+    energy per inference moves with the time, as power × time does."""
+    curves = {}
+    changed = False
+    for b, curve in table.curves.items():
+        old = before.curves.get(b)
+        powers = curve_power_w(old) if old is not None else {}
+        if not powers or old is None or old.mean_fit == curve.mean_fit:
+            curves[b] = curve
+            continue
+        curves[b] = with_power(curve, powers)
+        changed = True
+    return replace(table, curves=curves) if changed else None
+
+
+def _prior_power(
+    prior: ModelTable | None, table: ModelTable | None, batch: int
+) -> dict[int, float]:
+    """The power of ``batch``'s curve in the table in force (else in the refitted one)."""
+    for source in (prior, table):
+        if source is not None:
+            powers = table_power_w(source, batch)
+            if powers:
+                return powers
+    return {}
+
+
+def table_power_w(table: ModelTable, batch: int) -> dict[int, float]:
+    """The power at ``batch`` that ``table``'s energy implies, per clock: its curve's own, or,
+    for a curve without energy (a batch only the traffic formed), linearly between the curves
+    around it that have some (at the clocks of the nearer one)."""
+    own = table.curves.get(batch)
+    powers = curve_power_w(own) if own is not None else {}
+    if powers:
+        return powers
+    known = {b: p for b, c in table.curves.items() if (p := curve_power_w(c))}
+    if not known:
+        return {}
+    shares = split_batch(batch, sorted(known))
+    nearest = max(shares, key=lambda bs: bs[1])[0]
+    out = {}
+    for clock in known[nearest]:
+        total = 0.0
+        for b, share in shares:
+            xs = sorted(known[b])
+            total += share * float(np.interp(clock, xs, [known[b][c] for c in xs]))
+        out[clock] = total
+    return out
