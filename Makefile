@@ -44,16 +44,14 @@ demo: setup
 compare: setup
 	$(BIN)/python -m scheduler compare -o $(OUT)/compare
 
-# The matrices of docs/simulator.md, five seeds each (about 50 and 30 minutes on 2 cores).
+# The matrices of docs/simulator.md, five seeds each; each writes results/compare-<name>/
+# (compare.md and .json with the commit and the machine, compare.csv, compare.png).
 compare-steady: setup
-	$(BIN)/python -m scheduler compare --matrix steady --full -o $(OUT)/compare-steady
+	$(BIN)/python -m scheduler compare --matrix steady --full -o results/compare-steady
 
 compare-varying: setup
-	$(BIN)/python -m scheduler compare --matrix varying --full -o $(OUT)/compare-varying
+	$(BIN)/python -m scheduler compare --matrix varying --full -o results/compare-varying
 
-# The sidecar's cost now against results/bench-before.json (the code before the cheaper data
-# path, measured side by side with it: python -m benchmarks.bench --before-tree DIR --name
-# bench-before); the same code's Python alone, without sockets; gRPC's own floor; then
 # batching and the core.
 bench: setup
 	$(BIN)/python -m benchmarks.bench --before results/bench-before.json

@@ -289,6 +289,8 @@ _FEEDBACK_HELP = {
     "share of their SLO",
     "hold_while_busy": "adaptive: hold requests for a fuller batch while the model runs too",
     "rest_while_holding": "adaptive: idle clock while every model waiting is held back",
+    "overshoot": "adaptive: how far (log speed) the level may run past the top clock while "
+    "even the top leaves near misses",
 }
 
 

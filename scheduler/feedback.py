@@ -24,7 +24,12 @@ estimate a p99 from a handful of samples.
   setpoint a step costs nothing.
 * **No wind-up.** The policy passes the lowest level worth running at (its energy floor): the
   level never sinks below it, so a class that sat at the floor with room to spare has no
-  credit to lose when the load comes back, and the level never rises past the top clock.
+  credit to lose when the load comes back.
+* **Saturated at the top.** Where even the top clock leaves more than ``1 − target`` near
+  misses, a level capped at the top would be walked down by every completion in between and
+  run the class below the top part of the time; the level may run ``overshoot`` past the top
+  (the speed asked stays the top clock's), so near misses there are answered by staying, and
+  it takes that many more completions with room to come back down.
 * **Judged on enough.** The first ``min_samples`` completions of a class (and of a class
   rebased after a new table) move nothing.
 * **A quiet class keeps its level**: nothing moves without completions.
@@ -63,7 +68,9 @@ class FeedbackParams:
     setpoint at the energy floor, with the table's p99 margin); ``hold_while_busy``: hold them
     while the model's earlier batch runs too (what arrives meanwhile would otherwise run nearly
     alone beside it); ``rest_while_holding``: drop to the idle clock while every model waiting
-    is held back (nothing runs until a hold ends).
+    is held back (nothing runs until a hold ends). ``overshoot``: how far past the top clock
+    (in log speed) the level may run while even the top leaves near misses (see the module
+    docstring).
     """
 
     target: float = 0.99
@@ -79,6 +86,7 @@ class FeedbackParams:
     idle_power_top_w: float | None = None
     floor_tolerance: float = 0.02
     phantoms: int = 0
+    overshoot: float = 0.1
     raise_quantile: str = "mean"
     batch_hold: float = 0.8
     hold_while_busy: bool = True
@@ -114,7 +122,7 @@ class TailController:
     @property
     def scale(self) -> float:
         """The base speed over the top clock's (1: the class asks for the top clock)."""
-        return math.exp(self.level)
+        return math.exp(min(self.level, 0.0))
 
     def observe(
         self, now_s: float, latency_ms: float, slo_ms: float, floor_level: float = -math.inf
@@ -141,7 +149,7 @@ class TailController:
             # to see one past it: the tail has room to spare, walk down faster.
             far = self._since_high >= 1.0 / (1.0 - p.target)
             self.level -= p.gain * (1.0 - p.target) * (p.fast_descent if far else 1.0)
-        self.level = min(0.0, max(self.level, min(floor_level, 0.0)))
+        self.level = min(p.overshoot, max(self.level, min(floor_level, 0.0)))
         return self.level > before
 
     def rebase(self) -> None:

@@ -153,3 +153,24 @@ def test_a_rebase_keeps_the_level_and_judges_afresh() -> None:
 def test_params_are_checked(bad: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         FeedbackParams(**bad)  # type: ignore[arg-type]
+
+
+def test_saturated_at_the_top_it_stays_there() -> None:
+    """Near misses beyond the target even at the top clock: the level runs a little past the
+    top (the speed asked stays 1), so the completions in between do not walk the class below
+    the top; with room again it comes back down, the overshoot bounded."""
+    p = FeedbackParams(min_samples=0)
+    c = TailController(p)
+    rng = np.random.default_rng(11)
+    levels = []
+    for i in range(20_000):  # 3% near misses whatever the speed: the setpoint is out of reach
+        ratio = 0.99 if rng.random() < 0.03 else 0.5
+        c.observe(i * 0.01, ratio * SLO_MS, SLO_MS)
+        levels.append(c.level)
+    late = np.array(levels[-10_000:])
+    assert late.max() <= p.overshoot + 1e-12
+    assert float(np.mean(late >= 0.0)) > 0.75  # at the top most of the time
+    assert c.scale == 1.0
+    for i in range(20_000, 21_000):  # room again: back down below the top
+        c.observe(i * 0.01, 0.5 * SLO_MS, SLO_MS)
+    assert c.level < 0.0 and c.scale < 1.0
