@@ -52,6 +52,9 @@ compare-steady: setup
 compare-varying: setup
 	$(BIN)/python -m scheduler compare --matrix varying --full -o results/compare-varying
 
+# The sidecar's cost now against results/bench-before.json (the code before the cheaper data
+# path, measured side by side with it: python -m benchmarks.bench --before-tree DIR --name
+# bench-before); the same code's Python alone, without sockets; gRPC's own floor; then
 # batching and the core.
 bench: setup
 	$(BIN)/python -m benchmarks.bench --before results/bench-before.json
