@@ -268,7 +268,9 @@ class AdaptivePolicy(SlackPolicy):
         model = next((m for m, p in self._plans.items() if p is plan), None)
         if model is None or self._view is None:
             return None
-        return self.energy_floor_mhz(self._view, model)
+        floor = self.energy_floor_mhz(self._view, model)
+        # While the energy fit probes a lower floor, the batch runs there: plan it there.
+        return None if floor is None else self._view.energy_floor_mhz(floor, self._now_s)
 
     def _hold_deadline_s(self, r: QueuedRequest) -> float:
         """Holds end in time for the controller's setpoint, not the SLO: a batch held to its
