@@ -291,6 +291,8 @@ _FEEDBACK_HELP = {
     "rest_while_holding": "adaptive: idle clock while every model waiting is held back",
     "overshoot": "adaptive: how far (log speed) the level may run past the top clock while "
     "even the top leaves near misses",
+    "quiet_s": "adaptive: seconds without a completion after which a class no longer keeps "
+    "the idle clock up",
 }
 
 

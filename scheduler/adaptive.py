@@ -184,6 +184,7 @@ class AdaptivePolicy(SlackPolicy):
         self._now_s = 0.0
         self._idle_since_s: float | None = None
         self._idle_gap_s: float | None = None  # mean idle period, decayed
+        self._done_s: dict[tuple[str, float], float] = {}  # class -> its last completion
 
     # -- levels, clocks and floors, per model -----------------------------------------------
 
@@ -342,7 +343,7 @@ class AdaptivePolicy(SlackPolicy):
         # The room a wake-up may take: a share of the SLO, none while a class asks for the
         # top clock (its tail has no room) and more as its base speed falls.
         budget_ms = self.feedback.idle_depth * min(
-            s.last_slo_ms(m) * (1.0 - (self.model_scale(m) or 1.0)) for m in models
+            s.last_slo_ms(m) * (1.0 - self._recent_scale(m)) for m in models
         )
         delay_ms = self.params.change_delay_ms
         b = self.clocks_mhz.index(busy)
@@ -384,10 +385,13 @@ class AdaptivePolicy(SlackPolicy):
         return True
 
     def wake_at_s(self) -> float | None:
-        """As ``slack``'s, and a clock change before each hold ends (the raise for the batch
-        held lands as it goes)."""
+        """As ``slack``'s, a clock change before each hold ends (the raise for the batch held
+        lands as it goes), and, idle, when a class falls quiet (the idle clock may drop)."""
         lead_s = self.params.change_delay_ms / 1000.0
         times = [t - lead_s for t in self._holds.values() if t - lead_s > self._now_s]
+        if self._idle_since_s is not None:  # idle: look again when a class falls quiet
+            quiet = [t + self.feedback.quiet_s for t in self._done_s.values()]
+            times += [t for t in quiet if t > self._now_s]
         own = super().wake_at_s()
         if own is not None:
             times.append(own)
@@ -450,7 +454,8 @@ class AdaptivePolicy(SlackPolicy):
         if controller is None:
             controller = self.controllers[key] = TailController(self.feedback)
             if len(self.controllers) > MAX_CLASSES:
-                self.controllers.popitem(last=False)
+                gone, _ = self.controllers.popitem(last=False)
+                self._done_s.pop(gone, None)
         else:
             self.controllers.move_to_end(key)
         return controller
@@ -470,6 +475,7 @@ class AdaptivePolicy(SlackPolicy):
     def on_complete(self, s: SchedulerView, request: QueuedRequest, now_s: float) -> int | None:
         self._now_s = now_s
         key = slo_class(request.model, request.slo_ms)
+        self._done_s[key] = now_s
         fresh = key not in self.controllers
         controller = self.controller(request.model, request.slo_ms)
         if fresh:
@@ -496,6 +502,20 @@ class AdaptivePolicy(SlackPolicy):
             )
             self._idle_since_s = None
         return super().on_enqueue(s, request, now_s)
+
+    def _recent_scale(self, model: str) -> float:
+        """The base speed ``model``'s classes that completed within ``quiet_s`` ask for (1
+        before any completed; 0 once all have been quiet that long: their tail says nothing
+        of a request that comes after a pause)."""
+        if model not in {m for m, _ in self.controllers}:
+            return 1.0
+        quiet_s = self.feedback.quiet_s - 1e-9  # the wake-up set for it counts as quiet
+        recent = [
+            c.scale
+            for key, c in self.controllers.items()
+            if key[0] == model and self._now_s - self._done_s.get(key, -math.inf) < quiet_s
+        ]
+        return max(recent, default=0.0)
 
     def model_scale(self, model: str) -> float | None:
         """The base speed ``model``'s classes ask for, over the top clock's (the fastest of

@@ -70,7 +70,8 @@ class FeedbackParams:
     alone beside it); ``rest_while_holding``: drop to the idle clock while every model waiting
     is held back (nothing runs until a hold ends). ``overshoot``: how far past the top clock
     (in log speed) the level may run while even the top leaves near misses (see the module
-    docstring).
+    docstring). ``quiet_s``: a class with no completion for this long no longer keeps the idle
+    clock up (its tail was measured under load that has gone).
     """
 
     target: float = 0.99
@@ -87,6 +88,7 @@ class FeedbackParams:
     floor_tolerance: float = 0.02
     phantoms: int = 0
     overshoot: float = 0.1
+    quiet_s: float = 0.25
     raise_quantile: str = "mean"
     batch_hold: float = 0.8
     hold_while_busy: bool = True

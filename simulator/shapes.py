@@ -69,18 +69,7 @@ class DayShape:
     def from_file(cls, path: Path) -> DayShape:
         """A shape from a text file: one relative rate per line (equal slices of a day, ``#``
         comments allowed); its source is the file."""
-        values: list[float] = []
-        for line_no, line in enumerate(Path(path).read_text().splitlines(), start=1):
-            text = line.split("#", 1)[0].strip()
-            if not text:
-                continue
-            try:
-                value = float(text)
-            except ValueError:
-                raise ValueError(f"{path}:{line_no}: not a relative rate: {text!r}") from None
-            if value < 0 or not math.isfinite(value):
-                raise ValueError(f"{path}:{line_no}: rates must be finite and >= 0")
-            values.append(value)
+        values = read_numbers(path, "a relative rate", "rates")
         return cls(Path(path).stem, tuple(values), str(path))
 
 
@@ -107,3 +96,21 @@ SHAPES: dict[str, DayShape] = {
         DayShape("azure-conv", _AZURE_CONV, AZURE_LLM_2024 + ", conversation"),
     )
 }
+
+
+def read_numbers(path: Path, one: str, many: str) -> list[float]:
+    """The numbers of a text file, one per line (``#`` comments and blank lines allowed); each
+    must be finite and >= 0 (``one`` and ``many`` name them in the errors)."""
+    values: list[float] = []
+    for line_no, line in enumerate(Path(path).read_text().splitlines(), start=1):
+        text = line.split("#", 1)[0].strip()
+        if not text:
+            continue
+        try:
+            value = float(text)
+        except ValueError:
+            raise ValueError(f"{path}:{line_no}: not {one}: {text!r}") from None
+        if value < 0 or not math.isfinite(value):
+            raise ValueError(f"{path}:{line_no}: {many} must be finite and >= 0")
+        values.append(value)
+    return values

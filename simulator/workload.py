@@ -10,7 +10,7 @@ import numpy as np
 import numpy.typing as npt
 
 from scheduler.clients import ClientSpec
-from simulator.shapes import SHAPES, DayShape, cosine_day
+from simulator.shapes import SHAPES, DayShape, cosine_day, read_numbers
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -146,18 +146,7 @@ def mean_rate_rps(peak_rps: float, duration_s: float, cycle: DayCycle) -> float:
 
 def trace_arrivals(path: Path) -> FloatArray:
     """Arrival times (s, one per line, ``#`` comments allowed) from a trace file, sorted."""
-    values: list[float] = []
-    for line_no, line in enumerate(Path(path).read_text().splitlines(), start=1):
-        text = line.split("#", 1)[0].strip()
-        if not text:
-            continue
-        try:
-            value = float(text)
-        except ValueError:
-            raise ValueError(f"{path}:{line_no}: not a number of seconds: {text!r}") from None
-        if value < 0 or not np.isfinite(value):
-            raise ValueError(f"{path}:{line_no}: arrival times must be finite and >= 0")
-        values.append(value)
+    values = read_numbers(path, "a number of seconds", "arrival times")
     if not values:
         raise ValueError(f"{path}: no arrival times")
     return np.sort(np.asarray(values))

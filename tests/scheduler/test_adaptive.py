@@ -349,3 +349,24 @@ def test_the_gpu_rests_while_every_model_waiting_is_held() -> None:
     until = policy._holds[MODEL]
     assert math.isclose(until - now, lead_s)  # ... a clock change before the hold ends
     assert s.next_dispatch(until) is not None
+
+
+def test_a_quiet_class_no_longer_keeps_the_idle_clock_up() -> None:
+    """A class pushed to the top clock by a burst keeps the idle clock there (a wake-up would
+    cost its tail), until it has been quiet for ``quiet_s``: then the GPU idles low."""
+    policy = AdaptivePolicy(CLOCKS, feedback=FAST)
+    s = make_scheduler(policy, make_model_table(), serving={MODEL: ModelServing(1, 1)})
+    now = 0.0
+    for _ in range(50):  # every completion a near miss: the class asks for the top clock
+        s.enqueue(make_request(arrival_s=now, slo_ms=10.0), now)
+        d = s.next_dispatch(now)
+        assert d is not None
+        s.on_complete(d.request, 0.0099, now + 0.0099)
+        now += 0.02
+    last = now - 0.02 + 0.0099
+    assert s.clock_target_mhz == CLOCKS[-1]  # idle, and held at the top
+    wake = policy.wake_at_s()
+    assert wake is not None and math.isclose(wake, last + policy.feedback.quiet_s)
+    low = s.poll(wake)
+    assert low is not None and low < CLOCKS[-1]
+    assert s.clock_target_mhz == policy.idle_clock_mhz(s) == low
