@@ -416,6 +416,8 @@ def placements_markdown(rows: Sequence[Row]) -> str:
 
 def _cmd_compare(args: argparse.Namespace, console: Console) -> int:
     matrix = _matrix(args, policies=args.policies, seeds=args.seeds)
+    # Where the figures come from, before this command writes anything into the tree.
+    prov = provenance(["python -m scheduler", *(args.argv or [])])
     configs = matrix.configs()
     if args.one_gpu_loads and matrix.node_gpus > 1:
         alone = replace(matrix, node_gpus=1, loads=args.one_gpu_loads)
@@ -435,7 +437,7 @@ def _cmd_compare(args: argparse.Namespace, console: Console) -> int:
         markdown=compare_markdown(rows, _describe(matrix)),
         data={"summary": summary, "rows": rows},
         directory=out,
-        prov=provenance(["python -m scheduler", *(args.argv or [])]),
+        prov=prov,
     )
     if len(rows) <= MAX_ROWS_SHOWN:
         print_rows(rows, matrix, console)
@@ -451,6 +453,7 @@ def _cmd_compare(args: argparse.Namespace, console: Console) -> int:
             markdown=placements_markdown(rows + one_gpu),
             data={"rows": against_one_gpu(against_spread(rows) + one_gpu)[0], "one_gpu": one_gpu},
             directory=out,
+            prov=prov,
         )
         console.print(f"wrote {placed} and {placed.with_suffix('.json')}")
     # On a node, each placement is a series of its own beside the policies.
