@@ -119,11 +119,6 @@ class GatewayConfig:
         return self.triton_url is None
 
     @property
-    def openai_url(self) -> str | None:
-        """The OpenAI-compatible engine's base URL, if one is configured."""
-        return None if self.upstream is None else self.upstream.removeprefix("openai=")
-
-    @property
     def triton_urls(self) -> list[str] | None:
         """One Triton per GPU, in the order of ``device`` (None: the embedded default)."""
         return _split(self.triton_url)
@@ -132,6 +127,11 @@ class GatewayConfig:
     def triton_grpc_urls(self) -> list[str] | None:
         """Their gRPC endpoints (None: each Triton's HTTP port + 1)."""
         return _split(self.triton_grpc_url)
+
+    @property
+    def openai_url(self) -> str | None:
+        """The OpenAI-compatible engine's base URL, if one is configured."""
+        return None if self.upstream is None else self.upstream.removeprefix("openai=")
 
     @property
     def slo_ms(self) -> float:

@@ -30,7 +30,6 @@ from dvfs.device import Device
 from dvfs.energy import EnergyCounter, EnergyReading
 from dvfs.errors import DeviceError
 from time2clock.online import OnlineTables
-from time2clock.online_energy import OnlineEnergy
 from time2clock.table import TableError, TableSet
 
 log = logging.getLogger(__name__)
@@ -255,12 +254,10 @@ class LearningCollector(Collector):
                 samples.add_metric([gpu, label], n)
                 refits.add_metric([gpu, label], r)
         yield from (error, samples, refits)
-        learning = [(gpu, learner.energy) for gpu, learner in self.learners]
-        energies = [(gpu, energy) for gpu, energy in learning if energy is not None]
-        if energies:
-            yield from self._energy(energies)
+        if any(learner.energy is not None for _, learner in self.learners):
+            yield from self._energy()
 
-    def _energy(self, energies: list[tuple[str, OnlineEnergy]]) -> Iterator[Metric]:
+    def _energy(self) -> Iterator[Metric]:
         error = GaugeMetricFamily(
             "sidecar_table_energy_error_ratio",
             "Median |measured / predicted - 1| of the energy of the clock windows the model kept "
@@ -283,7 +280,10 @@ class LearningCollector(Collector):
             "Times the energy floor was lowered for a while to measure a clock under it.",
             labels=["gpu"],
         )
-        for gpu, energy in energies:
+        for gpu, learner in self.learners:
+            energy = learner.energy
+            if energy is None:
+                continue
             errors: dict[str, float] = {}
             counts: dict[str, int] = {}
             for model in energy.models:

@@ -94,7 +94,7 @@ class Gpu:
     lock: GpuLockRecord | None = None
     learner: OnlineTables | None = None
     saver: LearnedTableSaver | None = None
-    energy_reader: EnergyReader | None = None  # the device's counter, read for the energy fit
+    energy_reader: EnergyReader | None = None
     learned_models: list[str] = field(default_factory=list)  # loaded from its learned file
     name: str = ""  # the profile (simulated) or the GPU's name, for tables
     learned_key: str = ""  # what its learned tables are filed under
@@ -132,6 +132,7 @@ class Runtime:
         self.config = config
         self.metrics = metrics
         self.gpus: list[Gpu] = []
+        self.openai: Upstream | None = None  # an OpenAI-compatible engine, when configured
         self.models = ModelIndex(self.upstream_up, on_config=self._model_config)
         metrics.model_label = self.models.label
         self.tenants = None if config.tenants is None else Tenants.load(config.tenants)
@@ -139,7 +140,6 @@ class Runtime:
         self.pending: set[asyncio.Future[Any]] = set()  # inference requests being handled
         self.ledger = VruntimeLedger()  # virtual runtimes, shared by every GPU's queue
         self.placer = Placer(config.placement, default_slo_ms=config.slo_ms)
-        self.openai: Upstream | None = None  # an OpenAI-compatible engine, when configured
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self._learning_collector: LearningCollector | None = None
 
@@ -214,13 +214,13 @@ class Runtime:
     async def start(self) -> None:
         try:
             tables = await asyncio.to_thread(self._open_blocking)
-            for gpu, gpu_tables in zip(self.gpus, tables, strict=True):
-                await self._start_gpu(gpu, gpu_tables)
             if self.config.openai_url is not None:
                 self.openai = Upstream(
                     self.config.openai_url, max_connections=self.config.scheduler.max_inflight + 16
                 )
                 await self.openai.open()
+            for gpu, gpu_tables in zip(self.gpus, tables, strict=True):
+                await self._start_gpu(gpu, gpu_tables)
             self.placer.idle_w = [g.idle_w for g in self.gpus]
             self.metrics.set_placement(self.config.placement.mode, len(self.gpus))
             self.metrics.default_slo.set(self.config.slo_ms / 1000.0)
@@ -242,7 +242,7 @@ class Runtime:
             liveness_grace_s=self.config.liveness_grace_s,
         )
         clocks = gpu.device.supported_clocks_mhz()
-        policy = self.build_policy(gpu)
+        policy = self.build_policy(gpu=gpu)
         if self.learning:
             gpu.learner = OnlineTables(clocks, gpu=tables.gpu or gpu.name)
         scheduler: Scheduler[Job] = Scheduler(
@@ -280,9 +280,10 @@ class Runtime:
                 gpu.energy_reader.start()
         gpu.watch.start()
 
-    def build_policy(self, gpu: Gpu, name: str | None = None) -> ClockPolicy:
-        """The configured policy (or ``name``, with the configured parameters) for ``gpu``;
-        ``tokens`` gets the embedded engine's profile."""
+    def build_policy(self, name: str | None = None, gpu: Gpu | None = None) -> ClockPolicy:
+        """The configured policy (or ``name``, with the configured parameters) for ``gpu``
+        (default GPU 0); ``tokens`` gets the embedded engine's profile."""
+        gpu = gpu or self._first()
         assert gpu.device is not None
         engine = engine_prior(gpu.name) if gpu.embedded is not None else None
         return self.config.policy.build(gpu.device.supported_clocks_mhz(), name, engine)
@@ -343,8 +344,6 @@ class Runtime:
             if gpu.embedded is not None:
                 gpu.embedded.start()
                 self.models.known.update((*EMULATED, NOOP))
-                if gpu.name in LLM_GPUS:
-                    self.models.known.add(SIMLLM)
         return [self._tables_of(gpu) for gpu in self.gpus]
 
     def _open_gpu(self, gpu: Gpu) -> None:
@@ -369,6 +368,8 @@ class Runtime:
             assert state_path is not None
             gpu.embedded = EmbeddedTriton(state_path)
         gpu.name = arg if kind == "sim" else device.identity.name
+        if cfg.embedded and arg in LLM_GPUS:
+            self.models.known.add(SIMLLM)
         if len(parse_device_list(cfg.device or default_device_spec())) > 1:
             gpu.learned_key = f"{gpu.name}-{device.identity.uuid}"
         gpu.idle_w = _idle_power_w(device, kind, arg)

@@ -7,6 +7,7 @@ import json
 import math
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from simulator.compare import (
     Matrix,
     Row,
     against_best_fixed,
+    against_one_gpu,
     against_spread,
     plot,
     run_all,
@@ -33,6 +35,7 @@ from simulator.compare import (
 )
 from simulator.generative import add_parser as add_generative_parser
 from simulator.node import run
+from simulator.results import markdown_table, write_results
 from simulator.simulate import SimConfig, parse_models
 
 
@@ -203,7 +206,7 @@ def _deviation(value: float) -> str:
 
 
 def print_node(out: dict[str, Any], console: Console) -> None:
-    """A node's run: what each GPU did, and the clients' shares against their weights."""
+    """A node's run: what each GPU did."""
     per = Table(title=f"per GPU ({out['placement']} placement)")
     for col in ("GPU", "placed", "completed", "mean batch", "busy", "mean MHz", "energy J"):
         per.add_column(col, justify="right")
@@ -218,73 +221,157 @@ def print_node(out: dict[str, Any], console: Console) -> None:
             f"{g['energy_j']:.0f}",
         )
     console.print(per)
-    isolation = out["isolation"]
-    if len(out["clients"]) > 1 and isolation["pairs"]:
-        shares = Table(title="GPU time against the weights, over the node (seed 000's metric)")
-        for col in ("client", "GPU share", "vs its weight's share"):
-            shares.add_column(col, justify="right")
-        for name, error in isolation["share_error"].items():
-            share = out["clients"][name]["gpu_share"]
-            shares.add_row(name, f"{share:.2%}", f"{error:+.1%}")
-        console.print(shares)
-        worst = max(isolation["pairs"].items(), key=lambda kv: abs(kv[1] - 1.0))
-        console.print(
-            f"isolation metric (completion-time ratio over the ideal CFS ratio, 1 = ideal): "
-            f"worst pair {worst[0]} {worst[1]:.3f}, {isolation['max_error']:.1%} from ideal "
-            "(meaningful when every client asks for more than its share)"
-        )
+
+
+PLACEMENT_COLUMNS = ("GPU", "load", "SLO ×", "seed", "policy", "placement", "J/inf",
+                     "vs spread", "p99/SLO", "SLO met", "req/s", "× one GPU", "GPUs used",
+                     "isolation")  # fmt: skip
+ONE_GPU_COLUMNS = ("GPU", "mix", "load", "SLO ×", "seed", "policy", "req/s", "p99/SLO",
+                   "SLO met", "refused")  # fmt: skip
+
+
+def placement_cells(rows: Sequence[Row]) -> list[list[str]]:
+    """Each node row against ``spread`` on the same arrivals, as :data:`PLACEMENT_COLUMNS`
+    (× one GPU: its throughput over the most one GPU carried, where ``rows`` hold one-GPU runs;
+    isolation: seed 000's metric, the worst pair of clients' distance from ideal CFS)."""
+    scaled, _ = against_one_gpu(rows)
+    return [
+        [
+            r["gpu"],
+            f"{r['load']:g}",
+            f"{r['slo_mult']:g}",
+            str(r["seed"]),
+            r["policy"],
+            r["placement"],
+            f"{r['energy_per_inference_j']:.3f}",
+            f"{r['vs_spread']:.3f}",
+            f"{r['p99_over_slo']:.2f}",
+            f"{r['slo_attainment']:.1%}",
+            f"{r['throughput_rps']:.0f}",
+            "-" if not math.isfinite(s["vs_one_gpu"]) else f"{s['vs_one_gpu']:.2f}",
+            str(r["gpus_used"]),
+            _deviation(r["isolation_deviation"]),
+        ]
+        for r, s in zip(against_spread(rows), scaled, strict=True)
+    ]
+
+
+def one_gpu_cells(rows: Sequence[Row]) -> list[list[str]]:
+    """The one-GPU runs beside a node's, as :data:`ONE_GPU_COLUMNS`."""
+    return [
+        [
+            r["gpu"],
+            r["mix"],
+            f"{r['load']:g}",
+            f"{r['slo_mult']:g}",
+            str(r["seed"]),
+            r["policy"],
+            f"{r['throughput_rps']:.0f}",
+            f"{r['p99_over_slo']:.2f}",
+            f"{r['slo_attainment']:.1%}",
+            str(r["rejected"]),
+        ]
+        for r in rows
+        if r.get("gpus", 1) == 1
+    ]
+
+
+def client_cells(rows: Sequence[Row]) -> list[list[str]]:
+    """Each node row's clients (where it has several): the share of its level's GPU time each
+    was served against the share ideal CFS gives it by weight (seed 000's isolation metric is
+    the worst pair of these ratios)."""
+    out = []
+    for r in against_spread(rows):
+        clients = r.get("clients") or {}
+        if len(clients) < 2:
+            continue
+        level_ms: dict[int, float] = {}
+        for c in clients.values():
+            level_ms[c["level"]] = level_ms.get(c["level"], 0.0) + c["served_work_ms"]
+        for name, c in clients.items():
+            total = level_ms[c["level"]]
+            served = c["served_work_ms"] / total if total else math.nan
+            ideal = c["ideal_work_ms"] / total if total else math.nan
+            out.append(
+                [
+                    f"{r['load']:g}",
+                    r["policy"],
+                    r["placement"],
+                    name,
+                    str(c["nice"]),
+                    f"{ideal:.2%}",
+                    f"{served:.2%}",
+                    "-" if not ideal else f"{served / ideal - 1:+.2%}",
+                ]
+            )
+    return out
+
+
+CLIENT_COLUMNS = ("load", "policy", "placement", "client", "nice", "ideal CFS share",
+                  "share served", "served vs ideal")  # fmt: skip
 
 
 def print_placements(rows: Sequence[Row], console: Console) -> None:
     """Each placement against ``spread`` on the same arrivals, per load and policy."""
     view = Table(title="placements on the node (energy per inference vs spread, same arrivals)")
-    for col in ("load", "SLO ×", "policy", "placement", "J/inf", "vs spread", "p99/SLO",
-                "SLO met", "req/s", "GPUs used"):  # fmt: skip
+    for col in PLACEMENT_COLUMNS:
         view.add_column(col, justify="right")
-    for r in against_spread(rows):
-        miss = r["p99_over_slo"] > 1
-        view.add_row(
-            f"{r['load']:g}",
-            f"{r['slo_mult']:g}",
-            r["policy"],
-            r["placement"],
-            f"{r['energy_per_inference_j']:.3f}",
-            f"{r['vs_spread']:.3f}",
-            f"[red]{r['p99_over_slo']:.2f}[/red]" if miss else f"{r['p99_over_slo']:.2f}",
-            f"{r['slo_attainment']:.1%}",
-            f"{r['throughput_rps']:.0f}",
-            str(r["gpus_used"]),
-        )
+    for cells in placement_cells(rows):
+        view.add_row(*cells)
     console.print(view)
 
 
 def _matrix(args: argparse.Namespace, **extra: object) -> Matrix:
     """The matrix the shared ``compare``/``tune`` options describe."""
-    clients = tuple(parse_clients(args.clients)) if args.clients else (ClientSpec("default"),)
     node = args.gpus if isinstance(args.gpus, int) else 1
     kinds = args.gpu or (args.gpus if isinstance(args.gpus, tuple) else Matrix.gpus)
     for mode in getattr(args, "placements", ()):
         PlacementParams(mode)  # a ValueError names the modes
+    clients = tuple(parse_clients(args.clients)) if args.clients else (ClientSpec("default"),)
     return Matrix(
         gpus=kinds,
         mixes=args.mixes,
         loads=args.loads,
         slo_multipliers=args.slo_multipliers,
         duration_s=args.duration_s,
-        clients=clients,
         node_gpus=node,
         placements=getattr(args, "placements", (DEFAULT_PLACEMENT,)),
         pack_slo_share=getattr(args, "pack_slo_share", PlacementParams.pack_slo_share),
+        clients=clients,
         **extra,  # type: ignore[arg-type]
     )
+
+
+def placements_markdown(rows: Sequence[Row]) -> str:
+    """``placements.md``'s body: the placements against ``spread``, the one-GPU runs beside
+    them, and the clients' shares against ideal CFS's, where ``rows`` have them."""
+    parts = [markdown_table(PLACEMENT_COLUMNS, placement_cells(rows))]
+    if ones := one_gpu_cells(rows):
+        parts += [
+            "One GPU of the same profile, same policies, mix and SLOs (× one GPU above: a node "
+            "row's req/s over the most one GPU carried at any of these loads):",
+            markdown_table(ONE_GPU_COLUMNS, ones),
+        ]
+    if clients := client_cells(rows):
+        parts += [
+            "Each client's share of its level's GPU time (served while arrivals ran) against "
+            "ideal CFS's by weight:",
+            markdown_table(CLIENT_COLUMNS, clients),
+        ]
+    return "\n\n".join(parts)
 
 
 def _cmd_compare(args: argparse.Namespace, console: Console) -> int:
     matrix = _matrix(args, policies=args.policies, seeds=args.seeds)
     configs = matrix.configs()
+    if args.one_gpu_loads and matrix.node_gpus > 1:
+        alone = replace(matrix, node_gpus=1, loads=args.one_gpu_loads)
+        configs += alone.configs()
     with _progress(console) as bar:
         task = bar.add_task("simulating", total=len(configs))
-        rows = tabulate(run_all(configs, jobs=args.jobs, progress=lambda n: bar.advance(task, n)))
+        every = tabulate(run_all(configs, jobs=args.jobs, progress=lambda n: bar.advance(task, n)))
+    one_gpu = [r for r in every if r["gpus"] == 1] if matrix.node_gpus > 1 else []
+    rows = [r for r in every if r["gpus"] == matrix.node_gpus]
     view = Table(
         title=f"policy comparison ({args.duration_s:g} s per run, seeds "
         f"{','.join(map(str, args.seeds))}); ratios are energy per inference"
@@ -343,10 +430,18 @@ def _cmd_compare(args: argparse.Namespace, console: Console) -> int:
                 f"{s['mean_vs_best_fixed']:.3f}",
             )
         console.print(summary)
-    if matrix.node_gpus > 1:
-        print_placements(rows, console)
     out = Path(args.out_dir)
-    write_csv(rows, out / "compare.csv")
+    if matrix.node_gpus > 1:
+        print_placements(rows + one_gpu, console)
+        md, _ = write_results(
+            "placements",
+            title=f"placements on a node of {matrix.node_gpus} simulated GPUs",
+            markdown=placements_markdown(rows + one_gpu),
+            data={"rows": against_one_gpu(against_spread(rows) + one_gpu)[0], "one_gpu": one_gpu},
+            directory=out,
+        )
+        console.print(f"wrote {md} and {md.with_suffix('.json')}")
+    write_csv(rows + one_gpu, out / "compare.csv")
     # On a node, each placement is a series of its own beside the policies.
     shown = rows if matrix.node_gpus == 1 else [
         {**r, "policy": f"{r['policy']} {r['placement']}"} for r in rows
@@ -489,6 +584,13 @@ def build_parser() -> argparse.ArgumentParser:
                 help=f"any of {', '.join(POLICIES)}, fixed:MHZ, {BEST_FIXED}",
             )
             p.add_argument("--seeds", type=_ints, default=(0,), help="e.g. 0,1,2,3,4")
+            p.add_argument(
+                "--one-gpu-loads",
+                type=_floats,
+                default=(),
+                help="with --gpus N: also run one GPU at these loads (its own capacity's), to "
+                "give each node row's throughput over the most one GPU carried",
+            )
             p.add_argument("-o", "--out-dir", default="out/compare")
             p.set_defaults(run=_cmd_compare)
         else:

@@ -186,7 +186,8 @@ def tabulate(results: Sequence[Row]) -> list[Row]:
             "oracle_energy_per_inference_j": oracle,
             "clairvoyant_energy_per_inference_j": clairvoyant,
         }
-        rows.append({**{k: r[k] for k in COLUMNS if k not in derived}, **derived})
+        kept = {k: r[k] for k in (*COLUMNS, "clients") if k in r and k not in derived}
+        rows.append({**kept, **derived})
     return rows
 
 
@@ -231,6 +232,28 @@ def against_spread(rows: Sequence[Row]) -> list[Row]:
         base = spread.get((*cell(r)[:-1], r["policy"]), math.nan)
         out.append({**r, "vs_spread": r["energy_per_inference_j"] / base})
     return out
+
+
+def against_one_gpu(rows: Sequence[Row]) -> tuple[list[Row], list[Row]]:
+    """Node rows with ``vs_one_gpu``: their throughput over the most one GPU of the same
+    profile carried, under the same policy, mix, SLO and seed, at any load it was run at (the
+    largest one-GPU throughput is the strongest baseline: a load past its capacity shows what it
+    carries at best). Returns (node rows, the one-GPU rows with the most each carried)."""
+    best: dict[tuple[Any, ...], Row] = {}
+    for r in rows:
+        if r.get("gpus", 1) != 1:
+            continue
+        key = (r["gpu"], r["mix"], r["slo_mult"], r["seed"], r["policy"])
+        if key not in best or r["throughput_rps"] > best[key]["throughput_rps"]:
+            best[key] = r
+    out = []
+    for r in rows:
+        if r.get("gpus", 1) < 2:
+            continue
+        one = best.get((r["gpu"], r["mix"], r["slo_mult"], r["seed"], r["policy"]))
+        ratio = r["throughput_rps"] / one["throughput_rps"] if one else math.nan
+        out.append({**r, "vs_one_gpu": ratio})
+    return out, list(best.values())
 
 
 def write_csv(rows: Sequence[Row], path: Path) -> None:

@@ -13,23 +13,21 @@ With one GPU the run is the same, event for event and draw for draw, as
 from __future__ import annotations
 
 import heapq
-import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from dvfs.energy import EnergyCounter
 from dvfs.profiles import get_profile
 from dvfs.simulated import SimulatedDevice
 from dvfs.timesource import VirtualTime
-from scheduler.core import Scheduler, SchedulerConfig
+from scheduler.core import Scheduler
 from scheduler.placement import Placer
 from scheduler.queue import VruntimeLedger
-from scheduler.registry import make_policy
 from scheduler.request import Request
 from scheduler.view import ModelServing
-from scheduler.weights import weight_for_nice
 from simulator.oracle import oracle_energy
 from simulator.simulate import (
     ClientStats,
@@ -37,17 +35,14 @@ from simulator.simulate import (
     SimResult,
     _arrivals,
     _Triton,
-    isolation_work_ms,
     profiled_tables,
-    simulate,
 )
 from simulator.workload import assign_clients
 from time2clock.online import OnlineTables
 from time2clock.table import TableSet
 
-# At equal times: clock changes land, then completions, timers, arrivals (as simulate's).
-_CLOCK, _COMPLETE, _TIMER, _ARRIVAL = 0, 1, 2, 3
-WARMUP_SHARE = 0.1  # fair shares are measured after this share of the run (queues filled)
+# At equal times: clock changes land, then completions, timers, arrivals, energy counter reads.
+_CLOCK, _COMPLETE, _TIMER, _ARRIVAL, _ENERGY = 0, 1, 2, 3, 4
 BUSY_SHARE = 0.05  # a GPU busy at least this share of the run counts as used
 
 
@@ -66,47 +61,10 @@ class GpuStats:
 
 @dataclass
 class NodeResult(SimResult):
-    """A node's run: the whole node's figures as :class:`SimResult` has them, and per GPU; each
-    client's GPU time (a batch's time shared by its requests) inside the measurement window."""
+    """A node's run: the whole node's figures as :class:`SimResult` has them (seed 000's
+    isolation metric over the node's clients included), and what each GPU did."""
 
     per_gpu: list[GpuStats] = field(default_factory=list)
-    gpu_ms: dict[str, float] = field(default_factory=dict)
-
-    def shares(self) -> dict[str, float]:
-        """Each client's share of the GPU time in the window."""
-        total = sum(self.gpu_ms.values())
-        return {c: (ms / total if total else math.nan) for c, ms in self.gpu_ms.items()}
-
-    def node_isolation(self) -> dict[str, Any]:
-        """Seed 000's isolation metric over the clients of one priority level that received GPU
-        time: for each pair (i, j), the ratio of their completion times for equal work (the
-        inverse of their GPU-time rates) over the ratio ideal CFS gives (the inverse of their
-        weights); 1 is ideal. ``max_error`` is the largest ``|ratio - 1|`` over the pairs, and
-        ``share_error`` each client's share over its weight's share, less 1. Meaningful when
-        every client asks for more than its share (all of them backlogged)."""
-        specs = {c.name: c for c in self.config.clients}
-        by_level: dict[int, list[str]] = {}
-        for name, ms in self.gpu_ms.items():
-            if ms > 0 and name in specs:
-                by_level.setdefault(specs[name].priority, []).append(name)
-        pairs: dict[str, float] = {}
-        share_error: dict[str, float] = {}
-        for names in by_level.values():
-            weights = {n: weight_for_nice(specs[n].nice) for n in names}
-            total_ms = sum(self.gpu_ms[n] for n in names)
-            total_w = sum(weights.values())
-            for n in names:
-                share_error[n] = (self.gpu_ms[n] / total_ms) / (weights[n] / total_w) - 1.0
-            for a, b in itertools.combinations(sorted(names), 2):
-                measured = self.gpu_ms[b] / self.gpu_ms[a]  # T_a / T_b for equal work
-                ideal = weights[b] / weights[a]
-                pairs[f"{a}/{b}"] = measured / ideal
-        errors = [abs(r - 1.0) for r in pairs.values()]
-        return {
-            "pairs": pairs,
-            "max_error": max(errors) if errors else math.nan,
-            "share_error": share_error,
-        }
 
     def to_json(self) -> dict[str, Any]:
         out = super().to_json()
@@ -126,11 +84,6 @@ class NodeResult(SimResult):
             }
             for g in self.per_gpu
         ]
-        shares = self.shares()
-        for name, client in out["clients"].items():
-            client["gpu_ms"] = self.gpu_ms.get(name, 0.0)
-            client["gpu_share"] = shares.get(name, math.nan)
-        out["isolation"] = self.node_isolation()
         return out
 
 
@@ -138,7 +91,12 @@ class _Gpu:
     """One GPU of the node: its device, scheduler and emulated Triton, and its timers."""
 
     def __init__(
-        self, index: int, device: SimulatedDevice, sched: Scheduler[None], triton: _Triton
+        self,
+        index: int,
+        device: SimulatedDevice,
+        sched: Scheduler[None],
+        triton: _Triton,
+        vt: VirtualTime,
     ) -> None:
         self.index = index
         self.device = device
@@ -146,19 +104,29 @@ class _Gpu:
         self.triton = triton
         self.timer_at: float | None = None
         self.batcher_at: float | None = None
+        # Learning: the device's energy counter, read every ``poll_s`` as the live reader does.
+        self.counter = (
+            EnergyCounter(device.energy_j, vt)
+            if sched.learner is not None and sched.learner.energy is not None
+            else None
+        )
         self.stats = GpuStats()
 
 
 def run(cfg: SimConfig) -> SimResult:
-    """``cfg`` simulated: a node when ``cfg.gpus`` > 1, else one GPU."""
-    return simulate_node(cfg) if cfg.gpus > 1 else simulate(cfg)
+    """``cfg`` simulated (on ``cfg.gpus`` GPUs)."""
+    return simulate_node(cfg)
 
 
-def simulate_node(cfg: SimConfig, tables: TableSet | None = None) -> NodeResult:
-    """Run one node of ``cfg.gpus`` identical GPUs; deterministic for a given config.
+def simulate_node(
+    cfg: SimConfig, tables: TableSet | None = None, learner: OnlineTables | None = None
+) -> NodeResult:
+    """Run one node of ``cfg.gpus`` identical GPUs; deterministic for a given config (seed
+    included). ``learner``: GPU 0's online fit when ``cfg.learn`` (default: a fresh one; the
+    other GPUs get fresh ones).
 
-    Every GPU uses the same profiled tables (they are the same model of GPU). The oracles
-    bound one GPU's energy, not a node's: they are not computed (None)."""
+    Every GPU uses the same profiled tables (they are the same model of GPU). The oracles bound
+    one GPU's energy, not a node's: with several GPUs they are not computed (None)."""
     if cfg.gpus < 1:
         raise ValueError(f"gpus must be >= 1, got {cfg.gpus}")
     profile = get_profile(cfg.gpu)
@@ -177,48 +145,53 @@ def simulate_node(cfg: SimConfig, tables: TableSet | None = None) -> NodeResult:
     )
 
     names = tuple(m.name for m in cfg.models)
+    serving = {
+        n: ModelServing(
+            profile.model(n).max_batch,
+            cfg.instances,
+            priority_levels=cfg.triton_priority_levels,
+            default_priority_level=cfg.triton_priority_levels,
+        )
+        for n in names
+    }
     tables = tables or profiled_tables(cfg.gpu, names, 0, cfg.profile_requests_per_clock)
     vt = VirtualTime()
     ledger = VruntimeLedger()
-    sched_config = SchedulerConfig(
-        max_inflight=cfg.max_inflight,
-        max_queue=cfg.max_queue,
-        priority_levels=cfg.priority_levels,
-        default_slo_ms=cfg.slo_ms,
-    )
+    sched_config = cfg.scheduler_config
     gpus: list[_Gpu] = []
     for i in range(cfg.gpus):
-        # GPU 0 draws as simulate's only GPU does; the others from streams of their own.
+        # GPU 0 draws as a lone GPU does; the others from streams of their own.
         dev_rng = device_rng if i == 0 else np.random.default_rng([cfg.seed, 7919, i])
         device = SimulatedDevice(profile, index=i, time_source=vt, rng=dev_rng)
-        policy = make_policy(cfg.policy, device.supported_clocks_mhz(), cfg.slack, cfg.feedback)
+        clocks = device.supported_clocks_mhz()
+        policy = cfg.policy_config.build(clocks)
+        fit = None
+        if cfg.learn:
+            fit = learner if learner is not None and i == 0 else OnlineTables(clocks, gpu=cfg.gpu)
         sched: Scheduler[None] = Scheduler(
-            tables,
-            policy,
-            sched_config,
-            serving={n: ModelServing(profile.model(n).max_batch, cfg.instances) for n in names},
-            learner=(
-                OnlineTables(device.supported_clocks_mhz(), gpu=cfg.gpu) if cfg.learn else None
-            ),
-            ledger=ledger,
+            tables, policy, sched_config, serving=serving, learner=fit, ledger=ledger
         )
         initial = policy.initial_clock_mhz()
         if initial is None:
             device.reset()
         else:
             device.set_clock_mhz(initial)
-        gpus.append(_Gpu(i, device, sched, _Triton(profile, device, cfg.instances)))
+        triton = _Triton(profile, device, cfg.instances, serving)
+        gpus.append(_Gpu(i, device, sched, triton, vt))
     placer = Placer(cfg.placement, idle_w=[profile.idle_w] * cfg.gpus, default_slo_ms=cfg.slo_ms)
     schedulers = [g.sched for g in gpus]
 
     stats = {c.name: ClientStats() for c in cfg.clients}
-    per_model = {n: ClientStats() for n in names}
     arrivals_end_s = float(arrivals[-1]) if len(arrivals) else 0.0
-    work_ms = isolation_work_ms(profile, names)
-    gpu_ms = {c.name: 0.0 for c in cfg.clients}
-    window = (WARMUP_SHARE * cfg.duration_s, cfg.duration_s)
+    # GPU time per request of each model, in full batches at the top clock (isolation's unit)
+    work_ms = {
+        n: profile.model(n).mean_latency_ms(profile.max_clock_mhz, profile.model(n).max_batch)
+        / profile.model(n).max_batch
+        for n in names
+    }
+    per_model = {n: ClientStats() for n in names}
     latencies: list[float] = []
-    work = np.ones(len(arrivals))
+    work = np.ones(len(arrivals))  # each request's drawn service time over its mean
     index_of: dict[tuple[int, int], int] = {}  # (gpu, request seq) -> its arrival's index
     met = rejected = events = batches = 0
     heap: list[tuple[float, int, int, int, Any]] = [
@@ -232,7 +205,12 @@ def simulate_node(cfg: SimConfig, tables: TableSet | None = None) -> NodeResult:
         heapq.heappush(heap, (t, kind, seq, gpu.index, payload))
         seq += 1
 
+    for gpu in gpus:
+        if gpu.counter is not None:
+            push(0.0, _ENERGY, gpu, None)
+
     def after_clock_request(gpu: _Gpu) -> None:
+        """Schedule the moment a requested clock change lands, so running work speeds up."""
         pending = gpu.device.pending_change()
         if pending is not None and gpu.triton.running:
             push(pending[0], _CLOCK, gpu, None)
@@ -248,6 +226,7 @@ def simulate_node(cfg: SimConfig, tables: TableSet | None = None) -> NodeResult:
             apply(gpu, d.clock_mhz)
             triton.release(d.request)
         if cfg.batcher_delay_ms > 0 and any(triton.queues.values()):
+            # Triton's batcher waits up to its delay for a fuller batch (not past it).
             oldest = min(q[0].dispatch_s for q in triton.queues.values() if q)
             due = oldest + cfg.batcher_delay_ms / 1000.0
             if now < due:
@@ -263,6 +242,14 @@ def simulate_node(cfg: SimConfig, tables: TableSet | None = None) -> NodeResult:
     while heap:
         now, kind, idx, at, payload = heapq.heappop(heap)
         vt.advance_to(now)
+        gpu = gpus[at]
+        if kind == _ENERGY:
+            energy = gpu.sched.learner.energy if gpu.sched.learner is not None else None
+            assert gpu.counter is not None and energy is not None
+            gpu.sched.on_energy(gpu.counter.read(), gpu.counter.update_interval_s)
+            if heap:  # while anything else is to come
+                push(now + energy.params.poll_s, _ENERGY, gpu, None)
+            continue
         events += 1
         if kind == _ARRIVAL:
             client = cfg.clients[who[idx]]
@@ -274,9 +261,10 @@ def simulate_node(cfg: SimConfig, tables: TableSet | None = None) -> NodeResult:
                 nice=client.nice,
                 client_id=client.name,
             )
-            req.level = sched_config.level_of(req.priority)
             stats[client.name].offered_work_ms += work_ms[req.model]
-            gpu = gpus[placer.place(schedulers, req, now)]
+            if len(gpus) > 1:
+                req.level = sched_config.level_of(req.priority)
+                gpu = gpus[placer.place(schedulers, req, now)]
             gpu.stats.placed += 1
             result = gpu.sched.enqueue(req, now)
             if result.accepted:
@@ -286,43 +274,38 @@ def simulate_node(cfg: SimConfig, tables: TableSet | None = None) -> NodeResult:
                 stats[client.name].rejected += 1
                 per_model[req.model].rejected += 1
             apply(gpu, result.clock_mhz)
+        elif kind == _COMPLETE:
+            execution = gpu.triton.finish(payload, now)
+            if execution is None:
+                continue  # rescheduled after a clock or sharing change
+            batches += 1
+            gpu.stats.batches += 1
+            for t_end, key in gpu.triton.completions():
+                push(t_end, _COMPLETE, gpu, key)
+            for req in execution.requests:
+                work[index_of.pop((gpu.index, req.seq))] = execution.work
+                service_s = now - req.dispatch_s
+                apply(gpu, gpu.sched.on_complete(req, service_s, now).clock_mhz)
+                latency_ms = (now - req.arrival_s) * 1000.0
+                latencies.append(latency_ms)
+                ok = latency_ms <= req.slo_ms
+                met += ok
+                gpu.stats.completed += 1
+                if now <= arrivals_end_s:
+                    stats[req.client_id].served_work_ms += work_ms[req.model]
+                for s in (stats[req.client_id], per_model[req.model]):
+                    s.completed += 1
+                    s.latencies_ms.append(latency_ms)
+                    s.service_ms += service_s * 1000.0
+                    s.met += ok
+        elif kind == _CLOCK:
+            for t_end, key in gpu.triton.clock_landed(now):
+                push(t_end, _COMPLETE, gpu, key)
+        elif payload == "batcher":
+            gpu.batcher_at = None
         else:
-            gpu = gpus[at]
-            if kind == _COMPLETE:
-                execution = gpu.triton.finish(payload, now)
-                if execution is None:
-                    continue  # rescheduled after a clock or sharing change
-                batches += 1
-                gpu.stats.batches += 1
-                for t_end, key in gpu.triton.completions():
-                    push(t_end, _COMPLETE, gpu, key)
-                share_ms = (now - execution.start_s) * 1000.0 / len(execution.requests)
-                for req in execution.requests:
-                    work[index_of.pop((gpu.index, req.seq))] = execution.work
-                    service_s = now - req.dispatch_s
-                    apply(gpu, gpu.sched.on_complete(req, service_s, now).clock_mhz)
-                    latency_ms = (now - req.arrival_s) * 1000.0
-                    latencies.append(latency_ms)
-                    ok = latency_ms <= req.slo_ms
-                    met += ok
-                    gpu.stats.completed += 1
-                    if window[0] <= now <= window[1]:
-                        gpu_ms[req.client_id] += share_ms
-                    if now <= arrivals_end_s:
-                        stats[req.client_id].served_work_ms += work_ms[req.model]
-                    for s in (stats[req.client_id], per_model[req.model]):
-                        s.completed += 1
-                        s.latencies_ms.append(latency_ms)
-                        s.service_ms += service_s * 1000.0
-                        s.met += ok
-            elif kind == _CLOCK:
-                for t_end, key in gpu.triton.clock_landed(now):
-                    push(t_end, _COMPLETE, gpu, key)
-            elif payload == "batcher":
-                gpu.batcher_at = None
-            else:
-                gpu.timer_at = None
-                apply(gpu, gpu.sched.poll(now))
+            gpu.timer_at = None
+            apply(gpu, gpu.sched.poll(now))
         dispatch(gpu, now)
         wake = gpu.sched.wake_at_s()
         if wake is not None and wake != gpu.timer_at:
@@ -365,5 +348,4 @@ def simulate_node(cfg: SimConfig, tables: TableSet | None = None) -> NodeResult:
         batches=batches,
         events=events,
         per_gpu=[g.stats for g in gpus],
-        gpu_ms=gpu_ms,
     )

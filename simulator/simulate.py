@@ -2,12 +2,13 @@
 
 The same :class:`scheduler.core.Scheduler` the gateway runs makes every decision; the simulator
 only plays the GPU (service times drawn from the device at the clock in force, energy from its
-counter) and the clients (arrivals). Everything random comes from one seed.
+counter) and the clients (arrivals). Everything random comes from one seed. Here: the run's
+configuration, its results, the emulated Triton; the event loop, for one GPU or a node of
+several, is :mod:`simulator.node`'s.
 """
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections import deque
 from collections.abc import Sequence
@@ -18,23 +19,19 @@ from typing import Any
 
 import numpy as np
 
-from dvfs.energy import EnergyCounter
 from dvfs.profiles import CNN, GpuProfile, ModelProfile, get_profile
 from dvfs.simulated import SimulatedDevice, shared_time_ms
-from dvfs.timesource import VirtualTime
 from scheduler.clients import ClientSpec
 from scheduler.config import PolicyConfig
-from scheduler.core import Scheduler, SchedulerConfig
+from scheduler.core import SchedulerConfig
 from scheduler.feedback import FeedbackParams
 from scheduler.isolation import ClientUsage, IsolationReport, isolation
 from scheduler.placement import PlacementParams
 from scheduler.policies import SlackParams
 from scheduler.request import Request
 from scheduler.view import ModelServing
-from simulator.oracle import oracle_energy
 from simulator.workload import (
     FloatArray,
-    assign_clients,
     bursty_arrivals,
     poisson_arrivals,
     trace_arrivals,
@@ -43,9 +40,6 @@ from time2clock.fit import fit_model_table
 from time2clock.online import OnlineTables
 from time2clock.profile import SimulatedMeasurer, sweep
 from time2clock.table import TableSet
-
-# At equal times: clock changes land, then completions, timers, arrivals, energy counter reads.
-_CLOCK, _COMPLETE, _TIMER, _ARRIVAL, _ENERGY = 0, 1, 2, 3, 4
 
 
 @dataclass(frozen=True)
@@ -144,16 +138,6 @@ class SimConfig:
 
     def model_slo_ms(self, mix: ModelMix) -> float:
         return mix.slo_ms if mix.slo_ms is not None else self.slo_ms
-
-
-def isolation_work_ms(profile: GpuProfile, names: Sequence[str]) -> dict[str, float]:
-    """GPU time per request of each model, in full batches at the top clock: the unit of work
-    seed 000's isolation metric counts."""
-    return {
-        n: profile.model(n).mean_latency_ms(profile.max_clock_mhz, profile.model(n).max_batch)
-        / profile.model(n).max_batch
-        for n in names
-    }
 
 
 def mix_capacity_rps(profile: GpuProfile, models: Sequence[ModelMix]) -> float:
@@ -266,6 +250,7 @@ class SimResult:
     def to_json(self) -> dict[str, Any]:
         c = self.config
         iso = self.isolation()
+        shares = {share.name: share for share in iso.clients}
         return {
             "policy": c.policy,
             "gpu": c.gpu,
@@ -313,6 +298,11 @@ class SimResult:
                     "slo_attainment": s.met / s.completed if s.completed else math.nan,
                     "service_ms": s.service_ms,
                     "dct_over_ideal": iso.ratio_of(name),
+                    # GPU time served while arrivals ran, and ideal CFS's share of it
+                    "level": shares[name].level,
+                    "nice": shares[name].nice,
+                    "served_work_ms": shares[name].served,
+                    "ideal_work_ms": shares[name].ideal,
                 }
                 for name, s in self.clients.items()
             },
@@ -462,200 +452,8 @@ def simulate(
     cfg: SimConfig, tables: TableSet | None = None, learner: OnlineTables | None = None
 ) -> SimResult:
     """Run one simulation; deterministic for a given config (seed included). ``learner``: the
-    online fit to use when ``cfg.learn`` (default: a fresh one)."""
-    profile = get_profile(cfg.gpu)
-    rng = np.random.default_rng(cfg.seed)
-    arrival_rng, client_rng, device_rng = (
-        np.random.default_rng(s) for s in rng.integers(0, 2**63, 3)
-    )
-    model_rng = np.random.default_rng(int(rng.integers(0, 2**63)))
-    arrivals = _arrivals(cfg, profile, arrival_rng)
-    who = assign_clients(len(arrivals), list(cfg.clients), client_rng)
-    which = model_rng.choice(len(cfg.models), size=len(arrivals), p=[m.share for m in cfg.models])
-    client_slos = [c.slo_ms for c in cfg.clients]
-    model_slos = [cfg.model_slo_ms(m) for m in cfg.models]
-    slos_ms = np.array(
-        [client_slos[c] or model_slos[m] for c, m in zip(who, which, strict=True)], dtype=float
-    )
+    online fit to use when ``cfg.learn`` (default: a fresh one). One event loop serves one GPU
+    and a node of several: :func:`simulator.node.simulate_node`."""
+    from simulator.node import simulate_node  # it imports this module's parts
 
-    names = tuple(m.name for m in cfg.models)
-    serving = {
-        n: ModelServing(
-            profile.model(n).max_batch,
-            cfg.instances,
-            priority_levels=cfg.triton_priority_levels,
-            default_priority_level=cfg.triton_priority_levels,
-        )
-        for n in names
-    }
-    tables = tables or profiled_tables(cfg.gpu, names, 0, cfg.profile_requests_per_clock)
-    vt = VirtualTime()
-    device = SimulatedDevice(profile, time_source=vt, rng=device_rng)
-    policy = cfg.policy_config.build(device.supported_clocks_mhz())
-    sched: Scheduler[None] = Scheduler(
-        tables,
-        policy,
-        cfg.scheduler_config,
-        serving=serving,
-        learner=(
-            (learner or OnlineTables(device.supported_clocks_mhz(), gpu=cfg.gpu))
-            if cfg.learn
-            else None
-        ),
-    )
-
-    initial = policy.initial_clock_mhz()
-    if initial is None:
-        device.reset()
-    else:
-        device.set_clock_mhz(initial)
-
-    stats = {c.name: ClientStats() for c in cfg.clients}
-    arrivals_end_s = float(arrivals[-1]) if len(arrivals) else 0.0
-    work_ms = isolation_work_ms(profile, names)
-    per_model = {n: ClientStats() for n in names}
-    latencies: list[float] = []
-    work = np.ones(len(arrivals))  # each request's drawn service time over its mean
-    index_of: dict[int, int] = {}  # request seq -> its arrival's index
-    met = rejected = events = batches = 0
-    heap: list[tuple[float, int, int, Any]] = [
-        (float(t), _ARRIVAL, i, None) for i, t in enumerate(arrivals)
-    ]
-    heapq.heapify(heap)
-    seq = len(arrivals)
-    timer_at: float | None = None
-    batcher_at: float | None = None
-    triton = _Triton(profile, device, cfg.instances, serving)
-
-    def push(t: float, kind: int, payload: Any) -> None:
-        nonlocal seq
-        heapq.heappush(heap, (t, kind, seq, payload))
-        seq += 1
-
-    # Learning: the device's energy counter is read every ``poll_s``, as the live reader does.
-    energy = sched.learner.energy if sched.learner is not None else None
-    counter = EnergyCounter(device.energy_j, vt) if energy is not None else None
-    if energy is not None:
-        push(0.0, _ENERGY, None)
-
-    def after_clock_request(now: float) -> None:
-        """Schedule the moment a requested clock change lands, so running work speeds up."""
-        pending = device.pending_change()
-        if pending is not None and triton.running:
-            push(pending[0], _CLOCK, None)
-
-    def apply(clock: int | None, now: float) -> None:
-        if clock is not None:
-            device.set_clock_mhz(clock)
-            after_clock_request(now)
-
-    def dispatch(now: float) -> None:
-        nonlocal batcher_at
-        while (d := sched.next_dispatch(now)) is not None:
-            apply(d.clock_mhz, now)
-            triton.release(d.request)
-        if cfg.batcher_delay_ms > 0 and any(triton.queues.values()):
-            # Triton's batcher waits up to its delay for a fuller batch (not past it).
-            oldest = min(q[0].dispatch_s for q in triton.queues.values() if q)
-            due = oldest + cfg.batcher_delay_ms / 1000.0
-            if now < due:
-                if batcher_at != due:
-                    batcher_at = due
-                    push(due, _TIMER, "batcher")
-                return
-        if triton.start_batches(now):
-            after_clock_request(now)
-            for t_end, key in triton.completions():
-                push(t_end, _COMPLETE, key)
-
-    while heap:
-        now, kind, idx, payload = heapq.heappop(heap)
-        vt.advance_to(now)
-        if kind == _ENERGY:
-            assert counter is not None and energy is not None
-            sched.on_energy(counter.read(), counter.update_interval_s)
-            if heap:  # while anything else is to come
-                push(now + energy.params.poll_s, _ENERGY, None)
-            continue
-        events += 1
-        if kind == _ARRIVAL:
-            client = cfg.clients[who[idx]]
-            req: Request[None] = Request(
-                model=names[which[idx]],
-                arrival_s=now,
-                slo_ms=float(slos_ms[idx]),
-                priority=client.priority,
-                nice=client.nice,
-                client_id=client.name,
-            )
-            stats[client.name].offered_work_ms += work_ms[req.model]
-            result = sched.enqueue(req, now)
-            if result.accepted:
-                index_of[req.seq] = idx
-            else:
-                rejected += 1
-                stats[client.name].rejected += 1
-                per_model[req.model].rejected += 1
-            apply(result.clock_mhz, now)
-        elif kind == _COMPLETE:
-            run = triton.finish(payload, now)
-            if run is None:
-                continue  # rescheduled after a clock or sharing change
-            batches += 1
-            for t_end, key in triton.completions():
-                push(t_end, _COMPLETE, key)
-            for req in run.requests:
-                work[index_of.pop(req.seq)] = run.work
-                service_s = now - req.dispatch_s
-                apply(sched.on_complete(req, service_s, now).clock_mhz, now)
-                latency_ms = (now - req.arrival_s) * 1000.0
-                latencies.append(latency_ms)
-                ok = latency_ms <= req.slo_ms
-                met += ok
-                if now <= arrivals_end_s:
-                    stats[req.client_id].served_work_ms += work_ms[req.model]
-                for s in (stats[req.client_id], per_model[req.model]):
-                    s.completed += 1
-                    s.latencies_ms.append(latency_ms)
-                    s.service_ms += service_s * 1000.0
-                    s.met += ok
-        elif kind == _CLOCK:
-            for t_end, key in triton.clock_landed(now):
-                push(t_end, _COMPLETE, key)
-        elif payload == "batcher":
-            batcher_at = None
-        else:
-            timer_at = None
-            apply(sched.poll(now), now)
-        dispatch(now)
-        wake = sched.wake_at_s()
-        if wake is not None and wake != timer_at:
-            timer_at = max(wake, now)
-            push(timer_at, _TIMER, None)
-
-    span_s = max(cfg.duration_s, vt())
-    vt.advance_to(span_s)
-    dev_stats = device.stats()
-    oracle = clairvoyant = None
-    if cfg.with_oracle and len(arrivals):
-        deadlines, models = arrivals + slos_ms / 1000.0, [names[w] for w in which]
-        oracle = oracle_energy(profile, arrivals, deadlines, span_s, models).energy_j
-        clairvoyant = oracle_energy(profile, arrivals, deadlines, span_s, models, work).energy_j
-    return SimResult(
-        config=cfg,
-        requests=len(arrivals),
-        completed=len(latencies),
-        rejected=rejected,
-        span_s=span_s,
-        energy_j=dev_stats.energy_j,
-        oracle_energy_j=oracle,
-        clairvoyant_energy_j=clairvoyant,
-        latencies_ms=np.asarray(latencies),
-        met=met,
-        clock_changes=dev_stats.clock_changes,
-        mean_clock_mhz=dev_stats.clock_mhz_s / span_s,
-        clients=stats,
-        models=per_model,
-        batches=batches,
-        events=events,
-    )
+    return simulate_node(cfg, tables, learner)

@@ -192,7 +192,9 @@ class GrpcFrontend:
             raise
 
         def unary(message: bytes) -> Send:
-            return lambda up: self._upstream_infer(message, metadata, deadline_s, self._to(up))
+            return lambda upstream: self._upstream_infer(
+                message, metadata, deadline_s, self._to(upstream)
+            )
 
         admission = await self._admit(request, metadata, arrival_s, unary, raw)
         answer: GrpcAnswer | None = admission.answer
@@ -279,7 +281,9 @@ class GrpcFrontend:
             )
 
             def streamed(message: bytes) -> Send:
-                return lambda up: self._upstream_stream(message, metadata, out, meter, self._to(up))
+                return lambda upstream: self._upstream_stream(
+                    message, metadata, out, meter, self._to(upstream)
+                )
 
             admission = await self._admit(request, metadata, arrival_s, streamed, raw, tokens=meter)
             if admission.answer is None:

@@ -102,9 +102,6 @@ async def state(rt: Admin) -> dict[str, Any]:
                 "triton_url": gpu.url,
                 "triton_grpc_url": gpu.grpc_url,
                 "triton_up": gpu.up,
-                "placed": rt.placer.placed[int(gpu.index)]
-                if len(rt.placer.placed) > int(gpu.index)
-                else 0,
             }
         )
     return {
@@ -119,17 +116,20 @@ async def state(rt: Admin) -> dict[str, Any]:
 
 
 def _swap(rt: Runtime, build: Callable[[Gpu], ClockPolicy]) -> dict[str, Any]:
-    """Every GPU runs the policy ``build`` makes for it (all built before any is swapped: a
-    policy one GPU cannot run changes none, 400); GPU 0's answer (with one GPU, the only one),
-    and each GPU's under ``gpus``."""
-    try:
-        policies = [build(gpu) for gpu in rt.gpus]
-    except ValueError as err:  # tokens without an engine profile, a clock off the ladder
-        raise HTTPException(400, str(err)) from None
+    """Every GPU runs the policy ``build`` makes for it; GPU 0's answer (with one GPU, the only
+    one), and with several each GPU's under ``gpus``. A policy a GPU cannot run (tokens
+    without an engine profile) is a 400."""
+    policies = []
+    for gpu in rt.gpus:
+        assert gpu.dispatcher is not None and gpu.device is not None
+        try:
+            policies.append(build(gpu))
+        except ValueError as err:
+            raise HTTPException(400, str(err)) from None
     out = []
     for gpu, policy in zip(rt.gpus, policies, strict=True):
-        assert gpu.dispatcher is not None
         dispatcher = gpu.dispatcher
+        assert dispatcher is not None
         dispatcher.set_policy(policy)
         out.append(
             {
@@ -166,7 +166,7 @@ async def change_policy(request: Request, rt: Admin) -> dict[str, Any]:
         raise HTTPException(
             400, f"policy must be one of {', '.join((*POLICIES, TOKENS))}, got {change.policy!r}"
         )
-    return _swap(rt, lambda gpu: rt.build_policy(gpu, change.policy))
+    return _swap(rt, lambda gpu: rt.build_policy(change.policy, gpu))
 
 
 @router.put("/clock", openapi_extra=_body_schema(ClockForce))
@@ -175,9 +175,12 @@ async def force_clock(request: Request, rt: Admin) -> dict[str, Any]:
     ``--policy``."""
     force = await _json(request, ClockForce)
     if force.clock_mhz is None:
-        return _swap(rt, rt.build_policy)
+        return _swap(rt, lambda gpu: rt.build_policy(gpu=gpu))
     clock = force.clock_mhz
-    return _swap(rt, lambda gpu: FixedPolicy(_clocks(gpu), clock))
+    try:
+        return _swap(rt, lambda gpu: FixedPolicy(_clocks(gpu), clock))
+    except ValueError as err:
+        raise HTTPException(400, str(err)) from None
 
 
 @router.post("/table", openapi_extra=_body_schema(TableReload))
@@ -198,7 +201,7 @@ async def reload_table(request: Request, rt: Admin) -> dict[str, Any]:
     if name == "fixed":
         name = rt.config.policy.name
     try:
-        swapped = _swap(rt, lambda gpu: rt.build_policy(gpu, name))
+        swapped = _swap(rt, lambda gpu: rt.build_policy(name, gpu))
     except DeviceError as err:
         raise HTTPException(503, str(err)) from None
     return {**swapped, "table": reload.path, "models": loaded.models}

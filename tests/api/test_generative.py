@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import queue
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -176,3 +177,75 @@ def test_the_token_policy_runs_the_engine_live(sidecar: LiveSidecar) -> None:
         assert tokens["admission_limit"] >= 1
     finally:
         httpx.put(base, headers=ADMIN, json={"policy": "max"}, timeout=30)
+
+
+TENANTS = """
+[defaults]
+highest_priority = 0
+
+[[tenant]]
+token = "tok-search"
+client_id = "search"
+highest_priority = 1
+"""
+
+
+def test_priority_and_tenants_order_the_streams_that_wait(tmp_path: Path) -> None:
+    """One stream at a time at the engine (``--max-inflight 1``): while one runs, three
+    default-level streams queue, then a stream that claims priority 1 without a token (held to
+    the default level by the tenants file), then the ``search`` tenant's, whose token grants
+    priority 1. The tenant's stream starts first; the claim without a token gets no place
+    ahead of those that came before it."""
+    tenants = tmp_path / "tenants.toml"
+    tenants.write_text(TENANTS)
+    config = embedded_config(
+        tmp_path, device="sim:h100", profile_models=(), max_inflight=1, tenants=tenants
+    )
+    url_of = "http://{}/v2/models/" + SIMLLM + "/generate_stream"
+    first_token_s: dict[str, float] = {}
+
+    def stream(name: str, priority: int, token: str | None) -> None:
+        body = {"text_input": "a b", "max_tokens": 3, "parameters": {"priority": priority}}
+        headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+        with (
+            httpx.Client(timeout=120) as client,
+            client.stream("POST", url, json=body, headers=headers) as reply,
+        ):  # the reply's head comes when the stream is sent to the engine
+            assert reply.status_code == 200, reply.read()
+            for _chunk in reply.iter_bytes():
+                first_token_s.setdefault(name, time.monotonic())
+
+    with LiveSidecar(config) as sc:
+        url = url_of.format(sc.url)
+        body = {"text_input": "long", "max_tokens": 4000, "parameters": {"client_id": "first"}}
+        with httpx.Client(timeout=60) as client, client.stream("POST", url, json=body) as reply:
+            chunks = reply.iter_bytes()
+            next(chunks)  # the engine's one place is taken
+            threads = []
+            for name, priority, token in [
+                ("early-1", 0, None),
+                ("early-2", 0, None),
+                ("early-3", 0, None),
+                ("claims-1", 1, None),
+                ("search", 1, "tok-search"),
+            ]:
+                t = threading.Thread(target=stream, args=(name, priority, token))
+                t.start()
+                threads.append(t)
+                deadline = time.monotonic() + 10
+                while (
+                    sc.get("/admin/state", headers=ADMIN).json()["models"][SIMLLM]["queued"]
+                    < len(threads)
+                    and time.monotonic() < deadline
+                ):
+                    time.sleep(0.02)  # queued, in this order
+            state = sc.get("/admin/state", headers=ADMIN).json()["models"][SIMLLM]
+            assert (state["queued"], state["inflight"]) == (5, 1), state
+        # the first client leaves: its place goes to the queue
+        for t in threads:
+            t.join(60)
+            assert not t.is_alive()
+    assert len(first_token_s) == 5, first_token_s
+    order = sorted(first_token_s, key=first_token_s.__getitem__)
+    assert order[0] == "search", order
+    assert order.index("claims-1") > order.index("early-1"), order

@@ -16,7 +16,7 @@ import pytest
 from yamllint import linter
 from yamllint.config import YamlLintConfig
 
-from api.config import ENV_PREFIX, add_arguments, from_args
+from api.config import ENV_PREFIX, GatewayConfig, add_arguments, from_args
 from tests.deploy.kustomize import Resource, build
 from time2clock.table import Time2ClockTable
 
@@ -210,11 +210,10 @@ def test_probes_requests_secret_and_table(overlay: str) -> None:
     assert table.clocks_mhz
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
-def test_sidecar_environment_is_a_valid_configuration(
-    overlay: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    variables = env(containers(rendered(overlay))["sidecar"])
+def sidecar_config(sidecar: Resource, monkeypatch: pytest.MonkeyPatch) -> GatewayConfig:
+    """The configuration the sidecar container's ``SIDECAR_*`` variables give (a Secret's value
+    stands in as a token); every variable must be one the sidecar knows."""
+    variables = env(sidecar)
     for name, value in variables.items():
         if name.startswith(ENV_PREFIX):
             monkeypatch.setenv(name, value if isinstance(value, str) else "token-from-secret")
@@ -223,7 +222,14 @@ def test_sidecar_environment_is_a_valid_configuration(
     known = {a.dest for a in parser._actions}
     ours = {n.removeprefix(ENV_PREFIX).lower() for n in variables if n.startswith(ENV_PREFIX)}
     assert ours <= known, f"unknown SIDECAR_ variables: {ours - known}"
-    config = from_args(parser.parse_args([]))
+    return from_args(parser.parse_args([]))
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_sidecar_environment_is_a_valid_configuration(
+    overlay: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = sidecar_config(containers(rendered(overlay))["sidecar"], monkeypatch)
     assert config.shadow is (overlay == "shadow")
     assert config.triton_url == "127.0.0.1:8010" and config.device == "nvml:0"
     assert config.admin_token == "token-from-secret"

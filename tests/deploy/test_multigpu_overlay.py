@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import argparse
-
 import pytest
 
-from api.config import ENV_PREFIX, add_arguments, from_args
 from dvfs.factory import parse_device_list
 from tests.deploy.kustomize import build
-from tests.deploy.test_manifests import DEPLOY, containers, env, one, validate
+from tests.deploy.test_manifests import DEPLOY, containers, env, one, sidecar_config, validate
 
 OVERLAY = DEPLOY / "overlays" / "multi-gpu"
 
@@ -33,13 +30,7 @@ def test_one_triton_per_gpu_in_the_order_the_sidecar_names_them(
     sidecar = pods.pop("sidecar")
     tritons = [pods["triton"], pods["triton-1"], pods["triton-2"], pods["triton-3"]]
     assert len(pods) == 4
-    variables = env(sidecar)
-    for name, value in variables.items():
-        if name.startswith(ENV_PREFIX):
-            monkeypatch.setenv(name, value if isinstance(value, str) else "token-from-secret")
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    config = from_args(parser.parse_args([]))
+    config = sidecar_config(sidecar, monkeypatch)
     assert config.device is not None and len(parse_device_list(config.device)) == 4
     assert config.shadow is True and config.placement.mode == "spread"
     urls, grpc_urls = config.triton_urls, config.triton_grpc_urls
