@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import re
 import shutil
@@ -96,10 +97,11 @@ def panel_queries() -> list[tuple[str, str, str, bool]]:
 
 @pytest.fixture(scope="module")
 def monitored(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The stack under load from two clients, scraped every second by a real Prometheus; beside
-    it a second sidecar in shadow mode in front of the same Triton (the shadow panels' data)."""
+    """The stack under load from two clients, scraped every second by a real Prometheus: one
+    sidecar driving two simulated GPUs (the per-GPU panels' data); beside it a second sidecar
+    in shadow mode in front of GPU 0's Triton (the shadow panels' data)."""
     tmp = tmp_path_factory.mktemp("monitoring")
-    config = embedded_config(tmp, max_queue=1000, port=0, grpc_port=0)
+    config = embedded_config(tmp, max_queue=1000, port=0, grpc_port=0, device="sim:v100x2")
     with contextlib.ExitStack() as stack:
         sc = stack.enter_context(SidecarServer(config))
         assert sc.runtime.embedded is not None
@@ -210,6 +212,39 @@ def test_every_panel_query_returns_data(
             break
         assert time.monotonic() < deadline, f"{board} / {title}: no data for {expr}"
         time.sleep(1)
+
+
+def test_the_per_gpu_row_shows_each_gpu_of_the_node(monitored: str) -> None:
+    """Every panel of the overview's per-GPU row draws a series for each GPU the two-GPU
+    sidecar drives, told apart by the ``gpu`` label."""
+    deadline = time.monotonic() + 30
+    while not (nodes := query(monitored, 'sidecar_placement_info{gpus="2"} == 1')):
+        assert time.monotonic() < deadline, "no sidecar of two GPUs is scraped"
+        time.sleep(1)
+    (node,) = nodes
+    instance = node["metric"]["instance"]  # type: ignore[index]
+    board = json.loads((GRAFANA / "dashboards" / "overview.json").read_text())
+    start = next(i for i, p in enumerate(board["panels"]) if p["title"].startswith("Per GPU"))
+    panels = list(itertools.takewhile(lambda p: p["type"] != "row", board["panels"][start + 1 :]))
+    exprs = [
+        re.sub(r"\$\w+", ".*", t["expr"].replace("$__rate_interval", "15s"))
+        for p in panels
+        for t in p["targets"]
+        if any("gpu" in re.split(r",\s*", by) for by in re.findall(r"by \(([^)]*)\)", t["expr"]))
+    ]
+    assert len(exprs) >= 5, exprs  # served, clock set and read, queue, in flight, power
+    for expr in exprs:
+        deadline = time.monotonic() + 30
+        while True:
+            gpus = {
+                s["metric"]["gpu"]  # type: ignore[index]
+                for s in query(monitored, expr)
+                if s["metric"]["instance"] == instance  # type: ignore[index]
+            }
+            if gpus == {"0", "1"}:
+                break
+            assert time.monotonic() < deadline, f"{expr}: GPUs {gpus}"
+            time.sleep(1)
 
 
 def test_every_recording_rule_returns_data(monitored: str) -> None:
