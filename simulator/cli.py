@@ -223,7 +223,7 @@ def print_node(out: dict[str, Any], console: Console) -> None:
     console.print(per)
 
 
-PLACEMENT_COLUMNS = ("GPU", "load", "SLO ×", "seed", "policy", "placement", "J/inf",
+PLACEMENT_COLUMNS = ("GPU", "mix", "load", "SLO ×", "seed", "policy", "placement", "J/inf",
                      "vs spread", "p99/SLO", "SLO met", "req/s", "× one GPU", "GPUs used",
                      "isolation")  # fmt: skip
 ONE_GPU_COLUMNS = ("GPU", "mix", "load", "SLO ×", "seed", "policy", "req/s", "p99/SLO",
@@ -238,6 +238,7 @@ def placement_cells(rows: Sequence[Row]) -> list[list[str]]:
     return [
         [
             r["gpu"],
+            r["mix"],
             f"{r['load']:g}",
             f"{r['slo_mult']:g}",
             str(r["seed"]),
@@ -294,6 +295,7 @@ def client_cells(rows: Sequence[Row]) -> list[list[str]]:
             ideal = c["ideal_work_ms"] / total if total else math.nan
             out.append(
                 [
+                    r["mix"],
                     f"{r['load']:g}",
                     r["policy"],
                     r["placement"],
@@ -307,7 +309,7 @@ def client_cells(rows: Sequence[Row]) -> list[list[str]]:
     return out
 
 
-CLIENT_COLUMNS = ("load", "policy", "placement", "client", "nice", "ideal CFS share",
+CLIENT_COLUMNS = ("mix", "load", "policy", "placement", "client", "nice", "ideal CFS share",
                   "share served", "served vs ideal")  # fmt: skip
 
 
