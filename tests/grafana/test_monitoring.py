@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import yaml
 
+from api.config import GatewayConfig
 from api.embedded import INPUT_WIDTH, SIMNET, free_port
 from api.server import SidecarServer
 from loadgen.classes import RequestClass
@@ -95,6 +96,20 @@ def panel_queries() -> list[tuple[str, str, str, bool]]:
     return out
 
 
+def started(stack: contextlib.ExitStack, config: GatewayConfig, starts: int = 3) -> SidecarServer:
+    """A sidecar in ``stack``; one that fails during start-up (its embedded Tritons' handshake
+    can time out on a loaded 2-core machine) is started again, up to ``starts`` times in all."""
+    for attempt in range(1, starts + 1):
+        sc = SidecarServer(config)
+        try:
+            return stack.enter_context(sc)
+        except RuntimeError:
+            sc.close()  # its listening socket; the runtime stopped what it had started
+            if attempt == starts:
+                raise
+    raise AssertionError("unreachable")
+
+
 @pytest.fixture(scope="module")
 def monitored(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The stack under load from two clients, scraped every second by a real Prometheus: one
@@ -103,7 +118,7 @@ def monitored(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     tmp = tmp_path_factory.mktemp("monitoring")
     config = embedded_config(tmp, max_queue=1000, port=0, grpc_port=0, device="sim:v100x2")
     with contextlib.ExitStack() as stack:
-        sc = stack.enter_context(SidecarServer(config))
+        sc = started(stack, config)
         assert sc.runtime.embedded is not None
         shadow = replace(
             config,
@@ -112,12 +127,12 @@ def monitored(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             shadow=True,
             table=tuple((tmp / "tables").glob("*.json")),
         )
-        shadow_sc = stack.enter_context(SidecarServer(shadow))
+        shadow_sc = started(stack, shadow)
         # A third, on a simulated H100, serving the embedded LLM (the generative panels' data).
         llm_config = embedded_config(
             tmp / "llm", device="sim:h100", profile_models=(), port=0, grpc_port=0
         )
-        llm_sc = stack.enter_context(SidecarServer(llm_config))
+        llm_sc = started(stack, llm_config)
         triton_metrics = f"127.0.0.1:{sc.runtime.embedded.ports.metrics}"
         prom_config = yaml.safe_load((GRAFANA / "prometheus" / "prometheus.yml").read_text())
         prom_config["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
