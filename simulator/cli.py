@@ -230,6 +230,12 @@ ONE_GPU_COLUMNS = ("GPU", "mix", "load", "SLO ×", "seed", "policy", "req/s", "p
                    "SLO met", "refused")  # fmt: skip
 
 
+def _cell_head(r: Row) -> list[str]:
+    """What names a row's cell, as the tables below open with it: GPU, mix, load, SLO ×, seed
+    and policy."""
+    return [r["gpu"], r["mix"], f"{r['load']:g}", f"{r['slo_mult']:g}", str(r["seed"]), r["policy"]]
+
+
 def placement_cells(rows: Sequence[Row]) -> list[list[str]]:
     """Each node row against ``spread`` on the same arrivals, as :data:`PLACEMENT_COLUMNS`
     (× one GPU: its throughput over the most one GPU carried, where ``rows`` hold one-GPU runs;
@@ -237,12 +243,7 @@ def placement_cells(rows: Sequence[Row]) -> list[list[str]]:
     scaled, _ = against_one_gpu(rows)
     return [
         [
-            r["gpu"],
-            r["mix"],
-            f"{r['load']:g}",
-            f"{r['slo_mult']:g}",
-            str(r["seed"]),
-            r["policy"],
+            *_cell_head(r),
             r["placement"],
             f"{r['energy_per_inference_j']:.3f}",
             f"{r['vs_spread']:.3f}",
@@ -261,12 +262,7 @@ def one_gpu_cells(rows: Sequence[Row]) -> list[list[str]]:
     """The one-GPU runs beside a node's, as :data:`ONE_GPU_COLUMNS`."""
     return [
         [
-            r["gpu"],
-            r["mix"],
-            f"{r['load']:g}",
-            f"{r['slo_mult']:g}",
-            str(r["seed"]),
-            r["policy"],
+            *_cell_head(r),
             f"{r['throughput_rps']:.0f}",
             f"{r['p99_over_slo']:.2f}",
             f"{r['slo_attainment']:.1%}",
