@@ -518,12 +518,14 @@ class TokenPolicy:
         cums = np.cumsum([s.prompt_tokens for s in waiting], dtype=float)
         waited_ms = np.asarray([(now_s - s.arrival_s) * 1000.0 for s in waiting])
         iterations = cums / per_iteration + 1.0
+        # The clock asked for last may not have landed yet: only the rest of its latency counts.
+        landing_ms = max(0.0, (self._clock_since_s - now_s) * 1000.0 + latency_ms)
         start = bisect.bisect_left(self.clocks, self.base_mhz)
         for f in self.clocks[start:]:
             done_ms = cums * self._prefill_ms_per_token(f) + iterations * self.steps.predict_ms(
                 f, n
             )
-            extra = latency_ms if f != self.clock_mhz else 0.0
+            extra = landing_ms if f == self.clock_mhz else latency_ms
             if np.all(waited_ms + extra + done_ms <= target_ms):
                 return f
         return self.clocks[-1]
