@@ -492,12 +492,19 @@ def simulate_generative(cfg: GenConfig) -> GenResult:
             if choice is not None:
                 clock.request(choice, t)
         limit = policy.admission_limit if policy is not None else limits.max_seqs
+        released = False
         while queue and in_engine < limit:
             i = queue.popleft()
             engine.submit(i, int(prompts[i]), int(outputs[i]))
             in_engine += 1
+            released = True
             if policy is not None:
                 policy.on_release(i, t, float(arrivals[i]), int(prompts[i]))
+        if policy is not None and released:
+            # As the sidecar's core does: a release is a decision point (on_dispatch).
+            choice = policy.decide(t)
+            if choice is not None:
+                clock.request(choice, t)
         it = engine.next_iteration()
         if it is None:
             clock.idle(t)
