@@ -43,7 +43,8 @@ whose mean clocks were nearest ``f``. Before ``min_samples`` streams finished, `
   would miss the TTFT target at the base clock (seed 003's check at dequeue, applied to prompts:
   each one is done after the prompt tokens queued before it, ``batched_tokens − n`` per
   iteration, each iteration also a decode step), the clock goes to the lowest one that meets
-  them, counting the change latency, and stays there at least ``boost_hold_s``. The TTFT target
+  them, counting the change latency (what is left of it for a change asked for and not yet
+  landed), and stays there at least ``boost_hold_s``. The TTFT target
   is ``SLO × ttft_share × feedback scale``.
 * The feedback closes the loop on the measured token tails: a
   :class:`scheduler.feedback.TailController` per SLO, fed every measured TTFT and TPOT. The TTFT

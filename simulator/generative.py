@@ -17,7 +17,8 @@ Policies: ``max`` (top clock locked), ``default`` (the GPU's own boost: top cloc
 bottom after ``idle_downclock_s`` idle), ``fixed:MHZ``, ``tokens`` (:mod:`scheduler.tokens`);
 ``best-fixed`` searches the single locked clock with the least energy per output token whose p99
 TTFT and p99 TPOT meet the SLOs, on the same arrivals. All release every request to the engine
-at once except ``tokens``, which holds requests above its admission limit.
+at once except ``tokens``, which holds requests above its admission limit; it decides after
+every iteration and after every release, as the sidecar's core asks it.
 
 The lower bound (:func:`energy_lower_bound`) is what any schedule of the same requests must
 spend under the same laws, whatever its clocks, batching and SLOs (see its docstring).
