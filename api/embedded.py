@@ -285,6 +285,15 @@ def bind_emulated(triton: Any, state_path: str, instances: int) -> None:
     triton.bind(NOOP, [noop] * instances, config=ModelConfig(max_batch_size=8), **tensors)
 
 
+def _tail(path: Path, lines: int = 12) -> str:
+    """The last ``lines`` lines of a log (what says why a start failed), or why there are none."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as err:
+        return f"(unreadable: {err})"
+    return "\n".join(text.splitlines()[-lines:])
+
+
 class EmbeddedTriton:
     """Starts and stops the embedded Triton (a child process); use as a context manager."""
 
@@ -331,7 +340,8 @@ class EmbeddedTriton:
 
         PyTriton's handshake with a model instance occasionally races during model load (the
         instance's connect is refused, the model fails to load, Triton exits); a fresh start
-        on fresh ports succeeds. Seen about once in twenty starts on a 2-core machine.
+        on fresh ports succeeds. Seen about once in twenty starts on a 2-core machine, more
+        often when it is loaded: each retry waits a little longer first.
         """
         require_embedded()
         for attempt in range(1, attempts + 1):
@@ -344,6 +354,7 @@ class EmbeddedTriton:
                 if attempt == attempts:
                     raise
                 log.warning("embedded Triton failed to start (%s); retrying", err)
+                time.sleep(2.0 * attempt)  # a machine loaded for a moment may be less so then
                 self.ports = EmbeddedPorts(free_port(), free_port(), free_port())
 
     def _start_once(self) -> None:
@@ -372,9 +383,10 @@ class EmbeddedTriton:
         while time.monotonic() < deadline:
             assert self._proc is not None
             if not self._proc.is_alive():
+                log_path = Path(self.state_path).with_suffix(".triton.log")
                 raise RuntimeError(
                     f"embedded Triton exited during start-up (code {self._proc.exitcode}); "
-                    f"its log: {Path(self.state_path).with_suffix('.triton.log')}"
+                    f"the end of its log ({log_path}):\n{_tail(log_path)}"
                 )
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(url, timeout=2.0).status_code == 200:

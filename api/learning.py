@@ -135,7 +135,7 @@ class EnergyReader:
     it became current, and the energy fit attributes it by that time, so a value that reaches
     the loop a little later is attributed exactly as one that came at once. Polling in one
     long-lived thread and waking the loop a few times a second, rather than a worker-thread
-    hop per read, is what keeps an idle sidecar's CPU near zero.
+    hop per read, is what keeps an idle sidecar's CPU low.
     """
 
     def __init__(

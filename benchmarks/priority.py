@@ -20,9 +20,10 @@ With ``--checks sim``, the same questions in the simulator (no sidecar started):
 cells (:data:`SIM_CELLS`) against the flood alone on the same arrivals, and a nice mix's
 isolation.
 
-Every figure is written to ``results/priority.md`` and ``.json`` (:mod:`simulator.results`: the
-command, the commit, the machine and its load), as measured: nothing is asserted here (the
-machine is shared and noisy; tests hold the rules).
+Every figure is written to ``results/priority-live.md`` and ``.json`` (``priority-sim`` for the
+simulator's cells alone; :mod:`simulator.results`: the command, the commit, the machine and its
+load, and the load after each run), as measured: nothing is asserted here (the machine is
+shared and noisy; tests hold the rules).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import asyncio
 import json
 import math
 import multiprocessing
+import os
 import secrets
 import sys
 import tempfile
@@ -200,20 +202,38 @@ async def priority_check(
     }
 
 
-async def nice_check(url: str, *, concurrency: int, duration_s: float) -> dict[str, Any]:
+async def _queue_lengths(url: str, token: str, start_s: float, stop_s: float) -> list[int]:
+    """The sidecar's queue length every 0.25 s from ``start_s`` to ``stop_s`` (monotonic):
+    weights decide only among requests that wait there."""
+    headers = {"Authorization": f"Bearer {token}"}
+    lengths: list[int] = []
+    async with new_session() as session:
+        await asyncio.sleep(max(0.0, start_s - time.monotonic()))
+        while time.monotonic() < stop_s:
+            async with session.get(f"http://{url}/admin/state", headers=headers) as resp:
+                lengths.append(int((await resp.json())["queue_length"]))
+            await asyncio.sleep(0.25)
+    return lengths
+
+
+async def nice_check(
+    url: str, token: str, *, concurrency: int, duration_s: float
+) -> dict[str, Any]:
     """Three closed loops of equal concurrency, nice −5, 0 and 5, each from a process of its
-    own (see the module doc)."""
+    own (see the module doc); how long the sidecar's queue was meanwhile."""
     classes = [RequestClass(f"nice{n:+d}", nice=n, slo_ms=10_000.0) for n in NICES]
     warm = time.monotonic() + 5.0  # the processes start, the loops reach their pace
     stop = warm + duration_s
     loop = asyncio.get_running_loop()
     with _processes(len(classes)) as pool:
+        lengths = asyncio.create_task(_queue_lengths(url, token, warm, stop))
         ends = await asyncio.gather(
             *(
                 loop.run_in_executor(pool, closed_loop_process, url, k, concurrency, stop)
                 for k in classes
             )
         )
+        queue = await lengths
     counts = [sum(warm <= t < stop for t in e) for e in ends]
     report = isolation(
         [
@@ -233,6 +253,8 @@ async def nice_check(url: str, *, concurrency: int, duration_s: float) -> dict[s
             c / total / (w / sum(weights)) - 1.0 for c, w in zip(counts, weights, strict=True)
         ],
         "throughput_rps": sum(counts) / duration_s,
+        "queue_mean": float(np.mean(queue)) if queue else math.nan,
+        "queue_empty_share": sum(q == 0 for q in queue) / len(queue) if queue else math.nan,
         "isolation": report.to_json(),
     }
 
@@ -295,20 +317,22 @@ async def abandon_check(
     }
 
 
-# (name, GPU, model mix, clients): the priority-1 client's SLO 1.12 full batches at the top
-# clock (the issue's 43.4 ms on the V100), or 3 of them; the flood alone is the same load of
-# priority-0 requests only.
+# (name, GPU, model mix, clients, instances of each model): the priority-1 client's SLO 1.12
+# full batches at the top clock (the issue's 43.4 ms on the V100), or 3 of them; the flood alone
+# is the same load of priority-0 requests only, with the same instances.
 SIM_FLOOD = "lo:priority=0,share=0.9,slo_ms=100000"
 SIM_CELLS = (
-    ("v100 SLO 1.12x", "v100", "resnet50", f"hi:priority=1,share=0.1,slo_ms=43.4;{SIM_FLOOD}"),
-    ("a100 SLO 1.12x", "a100", "resnet50", f"hi:priority=1,share=0.1,slo_ms=29.5;{SIM_FLOOD}"),
+    ("v100 SLO 1.12x", "v100", "resnet50", f"hi:priority=1,share=0.1,slo_ms=43.4;{SIM_FLOOD}", 2),
+    ("a100 SLO 1.12x", "a100", "resnet50", f"hi:priority=1,share=0.1,slo_ms=29.5;{SIM_FLOOD}", 2),
     (
         "v100 two models SLO 3x",
         "v100",
         "resnet50:0.7:115.9,bert-large:0.3:523.1",
         f"hi:priority=1,share=0.1;{SIM_FLOOD}",
+        2,
     ),
-    ("v100 SLO 3x", "v100", "resnet50", f"hi:priority=1,share=0.1,slo_ms=115.9;{SIM_FLOOD}"),
+    ("v100 SLO 3x", "v100", "resnet50", f"hi:priority=1,share=0.1,slo_ms=115.9;{SIM_FLOOD}", 2),
+    ("v100 SLO 1.12x", "v100", "resnet50", f"hi:priority=1,share=0.1,slo_ms=43.4;{SIM_FLOOD}", 6),
 )
 SIM_NICE = "a:nice=-5,share=0.34;b:nice=0,share=0.33;c:nice=5,share=0.33"
 
@@ -320,7 +344,7 @@ def simulated_cells(duration_s: float, seed: int) -> list[dict[str, Any]]:
     from scheduler.clients import parse_clients
     from simulator.simulate import SimConfig, parse_models, simulate
 
-    def run(gpu: str, models: str, clients: str, load: float) -> dict[str, Any]:
+    def run(gpu: str, models: str, clients: str, load: float, instances: int) -> dict[str, Any]:
         cfg = SimConfig(
             gpu=gpu,
             policy="max",
@@ -330,15 +354,16 @@ def simulated_cells(duration_s: float, seed: int) -> list[dict[str, Any]]:
             seed=seed,
             clients=tuple(parse_clients(clients)),
             models=parse_models(models),
+            instances=instances,
             with_oracle=False,
         )
         out: dict[str, Any] = simulate(cfg).to_json()
         return out
 
     rows = []
-    for name, gpu, models, clients in SIM_CELLS:
-        both = run(gpu, models, clients, 2.0)
-        alone = run(gpu, models, "lo:share=1,slo_ms=100000", 2.0)
+    for name, gpu, models, clients, instances in SIM_CELLS:
+        both = run(gpu, models, clients, 2.0, instances)
+        alone = run(gpu, models, "lo:share=1,slo_ms=100000", 2.0, instances)
         hi = both["clients"]["hi"]
         rows.append(
             {
@@ -346,6 +371,7 @@ def simulated_cells(duration_s: float, seed: int) -> list[dict[str, Any]]:
                 "gpu": gpu,
                 "models": models,
                 "clients": clients,
+                "instances": instances,
                 "hi_p99_ms": hi["p99_ms"],
                 "hi_slo_attainment": hi["slo_attainment"],
                 "throughput_rps": both["throughput_rps"],
@@ -354,7 +380,7 @@ def simulated_cells(duration_s: float, seed: int) -> list[dict[str, Any]]:
                 "mean_batch": both["mean_batch"],
             }
         )
-    nice = run("v100", "resnet50", SIM_NICE, 3.0)
+    nice = run("v100", "resnet50", SIM_NICE, 3.0, 2)
     rows.append(
         {
             "cell": "v100 nice -5/0/5 at 3x capacity",
@@ -385,12 +411,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--abandon-n", type=int, default=100)
     parser.add_argument("--patience-s", type=float, default=0.3)
     parser.add_argument("--out-dir", type=Path, default=DEFAULT_DIR)
-    parser.add_argument("--name", default="priority", help="results file name")
+    parser.add_argument(
+        "--name",
+        default=None,
+        help="results file name (default: priority-sim for --checks sim, else priority-live)",
+    )
     parser.add_argument(
         "--state-dir", type=Path, default=default_state_dir(), help="tables cached here"
     )
     args = parser.parse_args(argv)
     checks = [c.strip() for c in args.checks.split(",") if c.strip()]
+    if args.name is None:
+        args.name = "priority-sim" if checks == ["sim"] else "priority-live"
     unknown = set(checks) - {"priority", "nice", "abandon", "sim"}
     if unknown:
         parser.error(f"unknown checks {sorted(unknown)}; known: priority, nice, abandon, sim")
@@ -429,7 +461,9 @@ def main(argv: list[str] | None = None) -> int:
                     )
                 elif check == "nice":
                     run = asyncio.run(
-                        nice_check(url, concurrency=args.nice_concurrency, duration_s=args.nice_s)
+                        nice_check(
+                            url, token, concurrency=args.nice_concurrency, duration_s=args.nice_s
+                        )
                     )
                 else:
                     run = asyncio.run(
@@ -437,6 +471,7 @@ def main(argv: list[str] | None = None) -> int:
                             url, triton, token, n=args.abandon_n, patience_s=args.patience_s
                         )
                     )
+                run["load_avg_1m"] = os.getloadavg()[0]  # the machine's load as it ended
                 print(f"{check} run {i + 1}: {json.dumps(run)}", flush=True)
                 runs.append(run)
 
@@ -470,17 +505,9 @@ def _ms(x: float) -> str:
     return "-" if x is None or not math.isfinite(x) else f"{x:.1f}"
 
 
-LIVE_PRIORITY_HEAD = (
-    "run",
-    "p1 alone p99 ms",
-    "p1 beside p50 ms",
-    "p1 beside p99 ms",
-    "p1 SLO met",
-    "in sidecar <= 100 ms",
-    "<= 150 ms",
-    "flood alone req/s",
-    "flood beside req/s",
-)
+def _load(run: dict[str, Any]) -> str:
+    load = run.get("load_avg_1m")
+    return "-" if load is None else f"{load:.1f}"
 
 
 LIVE_PRIORITY_HEAD = (
@@ -493,6 +520,7 @@ LIVE_PRIORITY_HEAD = (
     "<= 150 ms",
     "flood alone req/s",
     "flood beside req/s",
+    "load (1 min)",
 )
 
 
@@ -504,10 +532,19 @@ def summary(results: dict[str, Any]) -> str:
         parts.append("## Simulator: a priority-1 client (10%) beside a priority-0 flood")
         parts.append(
             markdown_table(
-                ("cell", "p1 SLO met", "p1 p99 ms", "req/s", "flood alone req/s", "ratio"),
+                (
+                    "cell",
+                    "instances",
+                    "p1 SLO met",
+                    "p1 p99 ms",
+                    "req/s",
+                    "flood alone req/s",
+                    "ratio",
+                ),
                 [
                     (
                         r["cell"],
+                        r.get("instances", 2),
                         _pct(r["hi_slo_attainment"]),
                         _ms(r["hi_p99_ms"]),
                         f"{r['throughput_rps']:.0f}",
@@ -541,6 +578,7 @@ def summary(results: dict[str, Any]) -> str:
                         _pct(r["hi_beside_in_sidecar_within_150ms"]),
                         f"{r['flood_alone_rps']:.0f}",
                         f"{r['flood_beside_rps']:.0f}",
+                        _load(r),
                     )
                     for i, r in enumerate(results["priority"])
                 ],
@@ -550,7 +588,15 @@ def summary(results: dict[str, Any]) -> str:
         parts.append("## Live: three closed loops, nice -5, 0, 5 (ideal 69.7% / 22.9% / 7.5%)")
         parts.append(
             markdown_table(
-                ("run", "completed", "shares", "worst pair from ideal", "req/s"),
+                (
+                    "run",
+                    "completed",
+                    "shares",
+                    "worst pair from ideal",
+                    "req/s",
+                    "queue (mean)",
+                    "load (1 min)",
+                ),
                 [
                     (
                         i + 1,
@@ -558,6 +604,8 @@ def summary(results: dict[str, Any]) -> str:
                         " / ".join(_pct(x) for x in r["share"]),
                         _pct(r["isolation"]["deviation"] or math.nan),
                         f"{r['throughput_rps']:.0f}",
+                        _ms(r.get("queue_mean", math.nan)),
+                        _load(r),
                     )
                     for i, r in enumerate(results["nice"])
                 ],
@@ -567,7 +615,14 @@ def summary(results: dict[str, Any]) -> str:
         parts.append("## Live: clients that give up, the clock at its lowest")
         parts.append(
             markdown_table(
-                ("run", "requests", "served in time", "executed by Triton", "for nobody"),
+                (
+                    "run",
+                    "requests",
+                    "served in time",
+                    "executed by Triton",
+                    "for nobody",
+                    "load (1 min)",
+                ),
                 [
                     (
                         i + 1,
@@ -575,6 +630,7 @@ def summary(results: dict[str, Any]) -> str:
                         r["served_in_time"],
                         r["executed_by_triton"],
                         r["executed_for_nobody"],
+                        _load(r),
                     )
                     for i, r in enumerate(results["abandon"])
                 ],

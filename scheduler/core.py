@@ -23,7 +23,6 @@ from time2clock.table import ModelTable, TableSet
 FAIR_FROM = 0.5
 RESERVE = 0.1
 RATE_WINDOW_S = 1.0
-SCAN_LIMIT = 256  # how far down the queue a dispatch looks past models held back
 
 
 @dataclass(frozen=True)
@@ -111,7 +110,6 @@ class Scheduler(Generic[P]):
         self._inflight_by_model: dict[str, list[QueuedRequest]] = {}
         self._inflight_levels: dict[str, dict[int, int]] = {}  # model -> level -> at Triton
         self._queued_of: dict[str, list[QueuedRequest]] = {}
-        self._queued_kinds: dict[tuple[str, int], int] = {}  # (model, level) -> waiting
         self.bound = WaitBound()
         self._serving = dict(serving or {})
         # Derived from the tables, kept until they change: how a model not registered is
@@ -292,8 +290,6 @@ class Scheduler(Generic[P]):
         self._last_slo_ms[request.model] = request.slo_ms
         self.queue.push(request)
         self._queued_of.setdefault(request.model, []).append(request)
-        kind = (request.model, request.level)
-        self._queued_kinds[kind] = self._queued_kinds.get(kind, 0) + 1
         self.bound.arrived(request.model, request.level, request.slo_ms, now_s)
         return EnqueueResult(
             accepted=True,
@@ -330,10 +326,11 @@ class Scheduler(Generic[P]):
         """The next request to send, if one is waiting and Triton should have it now.
 
         While fewer than ``max_inflight`` requests are at Triton: the first waiting request,
-        in queue order, whose model has fewer at Triton than the policy's release limit for it
-        (a model held back for a fuller batch does not block the others), and whose release
-        keeps the wait of every higher level within its SLO (:mod:`scheduler.waitbound`; a
-        lower level held back does not block the higher ones behind it in the scan).
+        in queue order, whose model has fewer at Triton than the policy's release limit for it,
+        and whose release keeps the wait of every higher level within its SLO
+        (:mod:`scheduler.waitbound`). A (model, level) held back blocks nothing behind it,
+        however many of its requests wait ahead (:meth:`PriorityCfsQueue.first_sendable`):
+        a held-back model at the head would otherwise starve the others.
         """
         if len(self.inflight) >= self.config.max_inflight or not self.queue_len:
             return None
@@ -347,6 +344,7 @@ class Scheduler(Generic[P]):
         self._inflight_by_model.setdefault(request.model, []).append(request)
         levels = self._inflight_levels.setdefault(request.model, {})
         levels[request.level] = levels.get(request.level, 0) + 1
+        self.bound.released(request.model, request.level, now_s)
         self._observer.on_dispatch(
             request.model,
             request.seq,
@@ -361,35 +359,31 @@ class Scheduler(Generic[P]):
     def _next_sendable(self, now_s: float) -> Request[P] | None:
         limits: dict[str, int] = {}  # model -> the policy's release limit
         room: dict[tuple[str, int], bool] = {}  # (model, level) -> may go now
-        for request in self.iter_queue(SCAN_LIMIT):
-            kind = (request.model, request.level)
-            ok = room.get(kind)
-            if ok is None:
-                limit = limits.get(request.model)
-                if limit is None:
-                    limit = limits[request.model] = self.policy.release_limit(
-                        self, request.model, now_s
-                    )
-                ok = room[kind] = self._ahead_at_triton(request) < limit and self.bound.allows(
-                    self, request.model, request.level, now_s
-                )
-            if ok:
-                return request
-            if len(room) == len(self._queued_kinds):
-                return None  # every (model, level) waiting is held back
-        return None
 
-    def _ahead_at_triton(self, request: Request[P]) -> int:
-        """What counts against ``request``'s model's release limit: its requests at Triton of
-        ``request``'s level and higher. Lower levels there do not hold a higher one back: it
+        def sendable(model: str, level: int) -> bool:
+            ok = room.get((model, level))
+            if ok is None:
+                limit = limits.get(model)
+                if limit is None:
+                    limit = limits[model] = self.policy.release_limit(self, model, now_s)
+                ok = room[(model, level)] = self._ahead_at_triton(
+                    model, level
+                ) < limit and self.bound.allows(self, model, level, now_s)
+            return ok
+
+        return self.queue.first_sendable(sendable)
+
+    def _ahead_at_triton(self, model: str, level: int) -> int:
+        """What counts against a request's release limit: its model's requests at Triton of
+        its level and higher. Lower levels there do not hold a higher one back: it
         goes ahead of them in Triton's priority queue (and with none configured, it would
         wait for them in the sidecar all the same). A decoupled model's streams all count."""
-        if self.serving(request.model).streams:
-            return self.inflight_count(request.model)
-        levels = self._inflight_levels.get(request.model)
+        if self.serving(model).streams:
+            return self.inflight_count(model)
+        levels = self._inflight_levels.get(model)
         if not levels:
             return 0
-        return sum(n for level, n in levels.items() if level <= request.level)
+        return sum(n for at, n in levels.items() if at <= level)
 
     def on_complete(
         self, request: Request[P], service_s: float, now_s: float, *, measured: bool = True
@@ -459,7 +453,6 @@ class Scheduler(Generic[P]):
             self.queue.settle(request, 0.0)
             drained.append(request)
         self._queued_of.clear()
-        self._queued_kinds.clear()
         return drained
 
     def _unqueue(self, request: Request[P]) -> None:
@@ -467,12 +460,6 @@ class Scheduler(Generic[P]):
         same_model.remove(request)
         if not same_model:
             del self._queued_of[request.model]
-        kind = (request.model, request.level)
-        left = self._queued_kinds[kind] - 1
-        if left:
-            self._queued_kinds[kind] = left
-        else:
-            del self._queued_kinds[kind]
 
     def poll(self, now_s: float) -> int | None:
         """Run the policy's timer (hysteresis); a clock to set, if any."""

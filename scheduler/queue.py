@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Generic
 
 from scheduler.request import P, Request
@@ -82,7 +82,16 @@ class VruntimeLedger:
 
 
 class _Flow(Generic[P]):
-    __slots__ = ("account", "by_model", "client_id", "inflight", "requests", "version", "weight")
+    __slots__ = (
+        "account",
+        "by_model",
+        "client_id",
+        "inflight",
+        "of_model",
+        "requests",
+        "version",
+        "weight",
+    )
 
     def __init__(self, client_id: str, account: FlowAccount) -> None:
         self.client_id = client_id
@@ -92,6 +101,7 @@ class _Flow(Generic[P]):
         self.inflight = 0
         self.weight = NICE_0_WEIGHT
         self.by_model: dict[str, int] = {}  # requests waiting, per model
+        self.of_model: dict[str, deque[Request[P]]] = {}  # the same, first in first out
 
     @property
     def vruntime(self) -> float:
@@ -193,6 +203,10 @@ class PriorityCfsQueue(Generic[P]):
             self._backlogged_weight += weight - flow.weight
         flow.weight = weight
         flow.requests.append(request)
+        same = flow.of_model.get(request.model)
+        if same is None:
+            same = flow.of_model[request.model] = deque()
+        same.append(request)
         _count(flow.by_model, request.model, 1)
         _count(level.by_model, request.model, 1)
         if was_idle:
@@ -246,6 +260,13 @@ class PriorityCfsQueue(Generic[P]):
         flow = level.flows[request.client_id]
         was_head = flow.requests[0] is request
         flow.requests.remove(request)
+        same = flow.of_model[request.model]
+        if same[0] is request:
+            same.popleft()
+        else:
+            same.remove(request)
+        if not same:
+            del flow.of_model[request.model]
         _count(flow.by_model, request.model, -1)
         _count(level.by_model, request.model, -1)
         self._queued.discard(request.seq)
@@ -294,6 +315,40 @@ class PriorityCfsQueue(Generic[P]):
         while heap and heap[0][1] not in self._queued:
             heapq.heappop(heap)
         return heap[0][0] if heap else None
+
+    def first_sendable(self, sendable: Callable[[str, int], bool]) -> Request[P] | None:
+        """The next request in order among those whose (model, level) ``sendable`` allows:
+        the highest level with one; in it, the flow with the smallest virtual runtime (ties:
+        its oldest waiting request first) that has one; its oldest such request. A model held
+        back does not block the others behind it, however many of its requests are ahead."""
+        head = self.peek()
+        if head is None or sendable(head.model, head.level):
+            return head
+        for n in self._order:
+            level = self._levels[n]
+            if not level.size:
+                continue
+            models = [m for m in level.by_model if sendable(m, n)]
+            if not models:
+                continue
+            best: Request[P] | None = None
+            best_key = (0.0, 0)
+            for flow in level.flows.values():
+                if not flow.requests:
+                    continue
+                key = (flow.vruntime, flow.requests[0].seq)
+                if best is not None and key >= best_key:
+                    continue
+                first = None
+                for m in models:
+                    same = flow.of_model.get(m)
+                    if same and (first is None or same[0].seq < first.seq):
+                        first = same[0]
+                if first is not None:
+                    best, best_key = first, key
+            if best is not None:
+                return best
+        return None
 
     def iter_order(self, limit: int, expected_ms: float) -> Iterator[Request[P]]:
         """The first ``limit`` requests in the order :meth:`pop` would give them, read-only."""

@@ -3,61 +3,61 @@
 A pure core like :mod:`scheduler.core`: no I/O and no clock of its own. The caller reports what
 it sees of each stream (a request released to the engine, every token, the end of a stream, a
 reading of the GPU's energy counter), passing the time in; the core answers with an admission
-limit (sequences allowed in the engine at once) and, every control period, the clock to set.
+limit (sequences allowed in the engine at once) and the clock to set.
 
 What it measures, per request: the time to first token (TTFT, from arrival at the sidecar) and
 the time per output token (TPOT, ``(last token − first token) / (tokens − 1)``, the inter-token
 latency of genai-perf and aiperf).
 
-The model it predicts with, at clock ``f`` with ``n`` sequences running:
+**The engine model.** At clock ``f`` with ``n`` sequences running and prompt tokens arriving at
+``λ`` per second:
 
-* **Decode step** ``s(f, n)``: learned online. The gap between two tokens of a stream is one
-  engine iteration; per bucket of ``n`` (1, 2, 4, … 512) the core fits seed 003's
-  ``t = 1/(m·f + b)`` over clocks to the mean gaps it measured at each clock and, at clocks not
-  measured, to the prior (an offline profile of the engine) moved by the median live/prior
-  ratio. Decode steps are memory-bound: the curves come out nearly flat (large ``b``).
-* **Prefill**: ``c(f)``, the time per prompt token, from the prior's prefill curve (compute-
-  bound, about ``1/f``); prompts take the share ``ρ(f) = λ_p · c(f)`` of the engine's time,
-  ``λ_p`` the prompt tokens released per second over the last ``rate_window_s``.
-* **Gap** ``g = s(f, n) / (1 − ρ(f))``: decode steps stretched by the prompts sharing the
-  iterations. Sequences live in proportion to the gap, so ``n`` scales with it (a fixed point).
-* **TTFT of a prompt of p tokens** ``(p · c(f) + s(f, n)) / (1 − ρ(f))``.
+* the decode step ``s(f, n)`` is learned online (:class:`StepTimeModel`): a gap between two
+  tokens of a stream while no prompt waits for its first token is one decode-only iteration;
+  per bucket of ``n`` the core fits seed 003's ``t = 1/(m·f + b)`` over clocks to those gaps and,
+  at clocks not measured, to the prior (an offline profile of the engine) moved by the live/prior
+  ratio. Decode steps are memory-bound: the curves come out nearly flat (large ``b``);
+* a prompt token costs ``c(f)``, the prior's prefill time per token (compute-bound, about
+  ``1/f``), so prompts take the share ``ρ(f) = λ·c(f)`` of the engine's time;
+* the mean gap between tokens is ``g(f, n, λ) = s(f, n) / (1 − ρ(f))``: every iteration is a
+  decode step, and prompts stretch them.
 
-Each finished request's measured TTFT and TPOT are divided by the model's value under the
-conditions it ran in (clock, load); the predicted p99 at a candidate clock is the p99, over the
-recent requests, of ratio × the model re-evaluated at that clock, each with its own prompt. So
-the prompt-length tail and the model's error both carry over to the prediction, and misses
-measured at one clock are not blamed on another.
+**The tail factor.** A stream's TPOT is the mean gap over its life, and streams differ: a short
+one that lives through a long prompt's chunks has long gaps. Each finished stream's TPOT is
+divided by the model's mean gap over its life (the gap under the clock and load in force,
+integrated over time); the ``tail_quantile`` of these ratios is the tail factor ``K``: the p99
+TPOT is ``K · g``. The ratios depend on the clock the streams ran at (at a low clock a prompt's
+chunk is long against a decode step), so ``K(f)`` is taken over the ``tail_neighbours`` streams
+whose mean clocks were nearest ``f``. Before ``min_samples`` streams finished, ``prior_tail``.
 
-Energy per output token: the prior's decode energy per step at ``n`` over ``n``, plus the
-prompts' energy each output token carries, per clock. What the GPU's energy counter measured
-per clock is kept for the admin state, not used to decide: between clocks measured at
-different loads it compares the loads as much as the clocks.
+**What it decides.**
 
-What it decides, every ``period_s`` (never per iteration: a clock change takes from a
-millisecond to hundreds of them to land, published for NVIDIA GPUs):
-
-* The clock with the least predicted energy per output token whose predicted p99 TTFT and TPOT
-  fit the budgets: each SLO × ``headroom`` × the scale of a
-  :class:`scheduler.feedback.ScaleController` fed every measured TTFT and TPOT (misses cut the
-  budget fast, tails well under the SLO let it creep back), so the loop closes on the measured
-  token tails, not on the model's promise. The scale lets the budget rise up to the SLO
-  itself while the measured tails stay under the feedback's setpoint.
-* Calibration on the measured tails: the history's p99 mixes the loads of the last
-  ``history_s`` (a burst's queueing, a peak's prompts) and errs on the slow side; where the p99
-  the feedback measured over its recent window sits under the history's prediction at the clock
-  in force, every candidate's prediction is scaled down by that ratio (to
-  ``calibration_floor`` at most, never up). A tail far under the SLO then means the clock is
-  too high, and the clock comes down in a trough as soon as the recent tails show it.
-* Hysteresis: while the present clock's predictions fit, a change waits ``dwell_s`` after the
-  last one, needs ``min_gain`` of energy and must look best ``confirm_periods`` periods in a row
-  (then the highest of the clocks that did is taken); when they do not fit, the change to the
-  cheapest clock that fits is made at once.
+* Every ``period_s``, the clock the TPOT tail needs: the lowest clock whose predicted p99 TPOT,
+  ``K(f) · g(f, n, λ)`` at the running sequences and the prompt rate now (the higher of its
+  rates over ``window_s`` and ``short_window_s``: a rising load is seen within seconds), fits
+  the budget ``SLO × tpot_share × feedback scale``. The *base clock* is the highest of these
+  needs over the last ``hold_s``: it rises at once and comes down only after the need has stayed
+  lower that long, so it does not chase single iterations or a few seconds of noise (a clock
+  change takes from a millisecond to hundreds of them to land on an NVIDIA GPU).
+* Between periods, a *boost* for waiting prompts: when the prompts waiting for their first token
+  would miss the TTFT target at the base clock (seed 003's check at dequeue, applied to prompts:
+  each one is done after the prompt tokens queued before it, ``batched_tokens − n`` per
+  iteration, each iteration also a decode step), the clock goes to the lowest one that meets
+  them, counting the change latency (what is left of it for a change asked for and not yet
+  landed), and stays there at least ``boost_hold_s``. The TTFT target
+  is ``SLO × ttft_share × feedback scale``.
+* The feedback closes the loop on the measured token tails: a
+  :class:`scheduler.feedback.ScaleController` per SLO, fed every measured TTFT and TPOT. The TTFT
+  one moves the boost target both ways (misses cut it, a tail well under the SLO lets it rise
+  past ``ttft_share``); the TPOT one only tightens the budget after misses and lets it recover
+  (the tail factor already plans to the SLO).
 * The admission limit: the most running sequences whose mean gap at the chosen clock stays
   within the TPOT SLO × ``headroom``. Past it every stream would miss on average, so new
   requests wait at the sidecar (their TTFT grows, running streams keep their pace). It guards
-  against overload; the tails are the clock's job (a limit fed by the tails would starve the
-  engine when one stalled iteration, not the batch, made the tail).
+  against overload; the tails are the clock's job.
+
+What the GPU's energy counter measured per clock is kept for the admin state, not used to
+decide: between clocks measured at different loads it compares the loads as much as the clocks.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ import itertools
 import math
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -158,45 +158,57 @@ class EnginePrior:
 class TokenPolicyParams:
     """Knobs of :class:`TokenPolicy` (see the module docstring for each)."""
 
-    period_s: float = 1.0
-    window_s: float = 20.0  # running count, prompt rate, mean prompt and output
-    rate_window_s: float = 20.0  # the prompt rate's window
-    history_s: float = 120.0  # the requests whose ratios predict the tails
-    history_cap: int = 4000
-    dwell_s: float = 5.0
-    min_gain: float = 0.03
-    headroom: float = 0.9
-    min_samples: int = 40
-    confirm_periods: int = 2  # a lower clock must look best this many periods in a row
-    down_band: float = 0.95  # a lower clock's predictions must be within this share of budget
-    boost_hold_s: float = 1.0  # a boost for waiting prompts lasts at least this long
+    period_s: float = 0.25
+    hold_s: float = 5.0  # the base clock is the highest need over this long
+    window_s: float = 20.0  # the prompt rate's window
+    short_window_s: float = 5.0  # and its short one: a rising load is seen within it
+    tail_quantile: float = 0.99  # the SLOs hold at the p99 of requests
+    tail_samples: int = 2000  # streams whose TPOT ratio to the model is kept
+    tail_neighbours: int = 200  # K(f) is over the streams whose clocks were nearest f
+    min_samples: int = 50  # before this many ratios, the tail factor is prior_tail
+    prior_tail: float = 1.8  # p99 TPOT over the model's mean gap, assumed until measured
+    tpot_share: float = 0.97  # the TPOT budget: SLO × this × feedback scale
+    ttft_share: float = 0.95  # the waiting prompts' TTFT target: SLO × this × feedback scale
+    boost_hold_s: float = 0.0  # a boost for waiting prompts lasts at least this long
+    max_share: float = 0.97  # prompts cannot take more of the engine's time than this
+    headroom: float = 0.9  # the admission limit keeps the mean gap within SLO × this
     batched_tokens: int = 2048  # the engine's tokens per iteration (its own setting)
     change_latency_s: float = 0.05  # how long a clock change takes to land (the GPU's)
-    settle_s: float = 0.3  # gaps this soon after a clock request are not attributed to a clock
+    settle_s: float = 0.3  # gaps this soon after a clock request are not learned from
     gap_cap: int = 400  # gaps kept per (bucket, clock)
     min_gap_samples: int = 20
-    clock_stride: int = 2  # candidate clocks: every this many ladder steps
     max_seqs: int = 256
-    calibration_floor: float = 0.6  # the measured tails scale the predictions down to this
-    feedback: ScaleParams = field(
-        default_factory=lambda: ScaleParams(setpoint=0.85, min_samples=30, max_scale=1 / 0.9)
-    )
+    ttft_feedback: ScaleParams = field(
+        default_factory=lambda: ScaleParams(
+            setpoint=0.9, window_s=60.0, max_samples=1000, min_samples=100, max_step=0.05,
+            backoff=0.9, backoff_gap_s=2.0, settle_s=5.0, min_scale=0.8, max_scale=1 / 0.95,
+        )
+    )  # fmt: skip
+    tpot_feedback: ScaleParams = field(
+        default_factory=lambda: ScaleParams(
+            setpoint=0.97, window_s=60.0, max_samples=1000, min_samples=100, max_step=0.05,
+            backoff=0.95, backoff_gap_s=2.0, settle_s=5.0, min_scale=0.7, max_scale=1.0,
+        )
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
-        if min(self.period_s, self.window_s, self.rate_window_s, self.history_s) <= 0:
-            raise ValueError("period_s and the windows must be > 0")
-        if self.dwell_s < 0:
-            raise ValueError(f"dwell_s must be >= 0, got {self.dwell_s}")
-        if not 0 < self.headroom <= 1:
+        windows = (self.period_s, self.window_s, self.short_window_s)
+        if min(windows) <= 0 or self.hold_s < 0:
+            raise ValueError("period_s and the windows must be > 0, hold_s >= 0")
+        if not 0.5 <= self.tail_quantile < 1:
+            raise ValueError(f"tail_quantile must be in [0.5, 1), got {self.tail_quantile}")
+        if min(self.tail_samples, self.tail_neighbours, self.min_samples, self.max_seqs) < 1:
+            raise ValueError("tail_samples, tail_neighbours, min_samples and max_seqs must be >= 1")
+        if self.prior_tail < 1:
+            raise ValueError(f"prior_tail must be >= 1 (a p99 over a mean), got {self.prior_tail}")
+        for name in ("tpot_share", "ttft_share", "headroom"):
+            value = getattr(self, name)
+            if not 0 < value <= 1.5:
+                raise ValueError(f"{name} must be in (0, 1.5], got {value}")
+        if self.headroom > 1:
             raise ValueError(f"headroom must be in (0, 1], got {self.headroom}")
-        if min(self.clock_stride, self.max_seqs, self.min_samples, self.history_cap) < 1:
-            raise ValueError("clock_stride, max_seqs, min_samples and history_cap must be >= 1")
-        if self.confirm_periods < 1:
-            raise ValueError(f"confirm_periods must be >= 1, got {self.confirm_periods}")
-        if not 0 < self.calibration_floor <= 1:
-            raise ValueError(f"calibration_floor must be in (0, 1], got {self.calibration_floor}")
-        if not 0 < self.down_band <= 1:
-            raise ValueError(f"down_band must be in (0, 1], got {self.down_band}")
+        if not 0 < self.max_share < 1:
+            raise ValueError(f"max_share must be in (0, 1), got {self.max_share}")
         if self.batched_tokens < 2 or self.boost_hold_s < 0 or self.change_latency_s < 0:
             raise ValueError("batched_tokens must be >= 2, boost_hold_s and change_latency_s >= 0")
 
@@ -288,28 +300,18 @@ class _Stream:
     first_s: float | None = None
     last_s: float | None = None
     tokens: int = 0
-    ttft_ratio: float = math.nan
-    prompts_at_first: int = 0  # prompt tokens released before its first token (a counter)
-
-
-@dataclass(frozen=True)
-class _Done:
-    at_s: float
-    prompt_tokens: int
-    ttft_ratio: float
-    tpot_ratio: float  # nan: a single output token
-    shared_tokens: float  # prompt tokens the engine ran per gap of this stream
+    gap_at_first: float = 0.0  # the model's gap integral (ms·s) at its first token
+    clock_at_first: float = 0.0  # the clock integral (MHz·s) at its first token
 
 
 @dataclass(frozen=True)
 class ClockPlan:
-    """One candidate clock's predictions (for the admin state and the tests)."""
+    """One candidate clock's prediction (for the admin state and the tests)."""
 
     clock_mhz: int
-    ttft_p99_ms: float
+    tail_factor: float
+    gap_ms: float
     tpot_p99_ms: float
-    running: float
-    joules_per_token: float
     feasible: bool
 
 
@@ -330,36 +332,40 @@ class TokenPolicy:
         self.params = params or TokenPolicyParams()
         self.prior = prior
         self.steps = StepTimeModel(prior, self.params)
-        self.ttft_loop = ScaleController(self.params.feedback)
-        self.tpot_loop = ScaleController(self.params.feedback)
-        points = dict(prior.prefill_ms)
-        prefill = _fit_or_flat(points, self.clocks)
+        self.ttft_loop = ScaleController(self.params.ttft_feedback)
+        self.tpot_loop = ScaleController(self.params.tpot_feedback)
+        prefill = _fit_or_flat(dict(prior.prefill_ms), self.clocks)
         if prefill is None:
             raise ValueError("the prior has no prefill measurements")
         self._prefill_fit = prefill
+        self._prefill_at: dict[int, float] = {}  # clock -> ms per prompt token
         self.clock_mhz = self.clocks[-1]  # the clock asked for last (the top until told)
         self._clock_since_s = -math.inf
-        self.base_mhz = self.clocks[-1]  # the control period's clock
-        self._base_since_s = -math.inf
+        self.base_mhz = self.clocks[-1]  # the clock the TPOT tail needs, held
+        self.need_mhz = self.clocks[-1]  # this period's need
+        self._needs: deque[tuple[float, int]] = deque()
         self._boost: tuple[int, float] = (0, -math.inf)  # (clock, held until)
         self.boosts = 0
+        self.changes = 0
         self._last_period_s: float | None = None
         self._started_s: float | None = None
-        self._rate: tuple[float, float] | None = None  # (as of, prompt tokens/s)
         self._streams: dict[int, _Stream] = {}
-        self._done: deque[_Done] = deque(maxlen=self.params.history_cap)
+        self._waiting = 0  # released streams without their first token
+        self._prefill_free_since_s = -math.inf  # since when none has been waiting
         self._prompts: deque[tuple[float, int]] = deque()
-        self._outputs: deque[tuple[float, int]] = deque()
-        self._running_samples: deque[tuple[float, int]] = deque()
+        self._rate = 0.0  # prompt tokens/s as of the last period
+        # Integrals over time of the model's gap at the clock in force (ms·s) and of the clock
+        # (MHz·s): a stream's mean of each over its life is a difference of two readings.
+        self._integral_s = 0.0
+        self._gap_integral = 0.0
+        self._clock_integral = 0.0
+        self._gap_now_ms = 0.0
+        self._ratios: deque[tuple[float, float]] = deque(maxlen=self.params.tail_samples)
+        self._tail_cache: dict[int, float] = {}
         self._energy: tuple[float, float, int, int] | None = None  # (at_s, J, tokens, clock)
         self._tokens_total = 0
-        self._prompt_tokens_total = 0
         self._measured: dict[int, tuple[float, int]] = {}  # clock -> (J, output tokens)
         self.admission_limit = self.params.max_seqs
-        self._wanted: deque[int | None] = deque(maxlen=self.params.confirm_periods)
-        self.plans: list[ClockPlan] = []
-        self.calibration = (1.0, 1.0)  # the TTFT and TPOT factors of the last plans
-        self.changes = 0
 
     # -- what the caller reports ------------------------------------------------------------
 
@@ -374,10 +380,11 @@ class TokenPolicy:
         """The sidecar let a request into the engine."""
         if self._started_s is None:
             self._started_s = now_s
+        self._advance(now_s)
         self._streams[request_id] = _Stream(now_s, arrival_s, prompt_tokens)
         self._prompts.append((now_s, prompt_tokens))
-        self._prompt_tokens_total += prompt_tokens
-        self._running_samples.append((now_s, len(self._streams)))
+        self._waiting += 1
+        self._prefill_free_since_s = math.inf
 
     def on_token(self, request_id: int, now_s: float) -> None:
         """A token of the request's stream went by."""
@@ -387,19 +394,19 @@ class TokenPolicy:
         s.tokens += 1
         self._tokens_total += 1
         if s.first_s is None:
+            self._advance(now_s)
             s.first_s = now_s
-            s.prompts_at_first = self._prompt_tokens_total
-            ttft_ms = (now_s - s.arrival_s) * 1000.0
-            self.ttft_loop.observe(now_s, ttft_ms, self.slo.ttft_ms)
-            share = self._share(self.clock_mhz)
-            model = float(
-                self._ttft_model(s.prompt_tokens, self.clock_mhz, self._mean_running(), share)
-            )
-            s.ttft_ratio = ttft_ms / model if model > 0 else math.nan
-        elif s.last_s is not None and now_s >= self._clock_since_s + self.params.settle_s:
-            gap_ms = (now_s - s.last_s) * 1000.0
-            share = min(self._share(self.clock_mhz), 0.95)
-            self.steps.observe(self.clock_mhz, len(self._streams), gap_ms * (1.0 - share))
+            s.gap_at_first = self._gap_integral
+            s.clock_at_first = self._clock_integral
+            self.ttft_loop.observe(now_s, (now_s - s.arrival_s) * 1000.0, self.slo.ttft_ms)
+            self._prefill_done(now_s)
+        elif (
+            s.last_s is not None
+            and self._prefill_free_since_s <= s.last_s
+            and s.last_s >= self._clock_since_s + self.params.settle_s
+        ):
+            # No prompt was in the engine over this gap: one decode-only iteration.
+            self.steps.observe(self.clock_mhz, len(self._streams), (now_s - s.last_s) * 1000.0)
         s.last_s = now_s
 
     def on_finish(self, request_id: int, now_s: float) -> None:
@@ -407,19 +414,21 @@ class TokenPolicy:
         s = self._streams.pop(request_id, None)
         if s is None:
             return
-        self._running_samples.append((now_s, len(self._streams)))
-        if s.first_s is None or s.last_s is None:
-            return  # went away before its first token
-        tpot_ratio = math.nan
-        shared = 0.0
-        if s.tokens >= 2:
-            tpot_ms = (s.last_s - s.first_s) * 1000.0 / (s.tokens - 1)
-            self.tpot_loop.observe(now_s, tpot_ms, self.slo.tpot_ms)
-            shared = (self._prompt_tokens_total - s.prompts_at_first) / (s.tokens - 1)
-            model = float(self._tpot_model(shared, self.clock_mhz, self._mean_running(), 1.0))
-            tpot_ratio = tpot_ms / model if model > 0 else math.nan
-        self._outputs.append((now_s, s.tokens))
-        self._done.append(_Done(now_s, s.prompt_tokens, s.ttft_ratio, tpot_ratio, shared))
+        self._advance(now_s)
+        if s.first_s is None:
+            self._prefill_done(now_s)  # went away before its first token
+            return
+        if s.last_s is None or s.tokens < 2 or s.last_s <= s.first_s:
+            return
+        life_s = s.last_s - s.first_s
+        tpot_ms = life_s * 1000.0 / (s.tokens - 1)
+        self.tpot_loop.observe(now_s, tpot_ms, self.slo.tpot_ms)
+        # The integrals run to now; the stream's life ended at its last token (now, for the
+        # streams the engine ends; earlier only for one whose end is reported late).
+        mean_gap_ms = (self._gap_integral - s.gap_at_first) / max(now_s - s.first_s, 1e-9)
+        mean_clock = (self._clock_integral - s.clock_at_first) / max(now_s - s.first_s, 1e-9)
+        if mean_gap_ms > 0 and math.isfinite(mean_gap_ms):
+            self._ratios.append((mean_clock, tpot_ms / mean_gap_ms))
 
     def on_energy(self, now_s: float, energy_j: float) -> None:
         """A reading of the GPU's energy counter (joules since any origin): joules per output
@@ -459,8 +468,10 @@ class TokenPolicy:
             return None
         if target > self.clock_mhz and target > self.base_mhz:
             self.boosts += 1
+        self._advance(now_s)
         self.clock_mhz = target
         self._clock_since_s = now_s
+        self._gap_now_ms = self._gap_model(target, len(self._streams), self._rate, learned=False)
         self.changes += 1
         return target
 
@@ -468,157 +479,96 @@ class TokenPolicy:
         """The control period: the base clock and the admission limit (module docstring)."""
         p = self.params
         self._last_period_s = now_s
-        self._prune(now_s)
-        ttft_n = sum(math.isfinite(d.ttft_ratio) for d in self._done)
-        tpot_n = sum(math.isfinite(d.tpot_ratio) for d in self._done)
-        if min(ttft_n, tpot_n) < p.min_samples:
-            return  # nothing measured yet: stay where we are (the top at start)
-        plans = self.predict(now_s)
-        self.plans = plans
-        budget_ttft, budget_tpot = self.budgets()
-        here = next((pl for pl in plans if pl.clock_mhz == self.base_mhz), None)
-        if here is None or not here.feasible:
-            feasible = [pl for pl in plans if pl.feasible]
-            self._wanted.clear()
-            if feasible:
-                choice = min(feasible, key=lambda pl: pl.joules_per_token).clock_mhz
-            else:
-                choice = self.clocks[-1]
-        else:
-            # Not needed for the SLOs: only a clear, lasting gain, to a clock predicted well
-            # inside the budgets (``down_band``), moves it.
-            band = p.down_band
-            inside = [
-                pl
-                for pl in plans
-                if pl.ttft_p99_ms <= band * budget_ttft and pl.tpot_p99_ms <= band * budget_tpot
-            ]
-            best = min(inside, key=lambda pl: pl.joules_per_token, default=here)
-            dwelt = now_s >= self._base_since_s + p.dwell_s
-            gain = 1.0 - best.joules_per_token / here.joules_per_token
-            self._wanted.append(best.clock_mhz if dwelt and gain >= p.min_gain else None)
-            recent = list(self._wanted)[-p.confirm_periods :]
-            confirmed = len(recent) == p.confirm_periods and None not in recent
-            # Of the clocks that looked best in a row, the highest: the safest of them.
-            choice = max(c for c in recent if c is not None) if confirmed else self.base_mhz
-        self.admission_limit = self._limit(choice, now_s)
-        if choice != self.base_mhz:
-            self.base_mhz = choice
-            self._base_since_s = now_s
-            self._wanted.clear()
+        self._advance(now_s)
+        self._rate = self._prompt_rate(now_s)
+        running = len(self._streams)
+        self._gap_now_ms = self._gap_model(self.clock_mhz, running, self._rate, learned=False)
+        self._tail_cache.clear()
+        self.need_mhz = self._tpot_clock(running, self._rate)
+        self._needs.append((now_s, self.need_mhz))
+        while self._needs[0][0] < now_s - p.hold_s:
+            self._needs.popleft()
+        self.base_mhz = max(need for _, need in self._needs)
+        self.admission_limit = self._limit(self.base_mhz)
+
+    def _tpot_clock(self, running: int, rate: float) -> int:
+        """The lowest clock whose predicted p99 TPOT fits the budget (the top if none does)."""
+        budget = self.budgets()[1]
+        for f in self.clocks:
+            if self.tail_factor(f) * self._gap_model(f, running, rate, learned=False) <= budget:
+                return f
+        return self.clocks[-1]
 
     def _urgent_clock(self, now_s: float) -> int | None:
-        """The lowest clock at which every prompt waiting for its first token still gets it
-        within the TTFT budget, in arrival order (seed 003's check at dequeue, for prompts):
-        prompt ``j`` is done after the prompt tokens up to it, ``batched_tokens − n`` of them
-        per iteration, each iteration also a decode step; a change lands ``change_latency_s``
-        later. None when nothing waits."""
-        waiting = [s for s in self._streams.values() if s.first_s is None]
+        """The lowest clock, from the base up, at which every prompt waiting for its first token
+        still gets it within the TTFT target, in arrival order (seed 003's check at dequeue, for
+        prompts): prompt ``j`` is done after the prompt tokens up to it, ``batched_tokens − n``
+        of them per iteration, each iteration also a decode step; a change lands
+        ``change_latency_s`` later. None when nothing waits; the top when no clock makes it."""
+        if self._waiting <= 0:
+            return None
+        waiting = sorted(
+            (s for s in self._streams.values() if s.first_s is None), key=lambda s: s.arrival_s
+        )
         if not waiting:
             return None
-        waiting.sort(key=lambda s: s.arrival_s)
-        budget_ms = self.budgets()[0]
+        target_ms = self.budgets()[0]
         n = max(1, len(self._streams))
         per_iteration = max(1, self.params.batched_tokens - n)
         latency_ms = self.params.change_latency_s * 1000.0
         cums = np.cumsum([s.prompt_tokens for s in waiting], dtype=float)
         waited_ms = np.asarray([(now_s - s.arrival_s) * 1000.0 for s in waiting])
-        for f in self._candidates():
-            if f < self.base_mhz:
-                continue
-            step_ms = self.steps.predict_ms(f, n)
-            token_ms = self._prefill_s_per_token(f) * 1000.0
-            done_ms = cums * token_ms + (cums / per_iteration + 1.0) * step_ms
-            extra = latency_ms if f != self.clock_mhz else 0.0
-            if np.all(waited_ms + extra + done_ms <= budget_ms):
+        iterations = cums / per_iteration + 1.0
+        # The clock asked for last may not have landed yet: only the rest of its latency counts.
+        landing_ms = max(0.0, (self._clock_since_s - now_s) * 1000.0 + latency_ms)
+        start = bisect.bisect_left(self.clocks, self.base_mhz)
+        for f in self.clocks[start:]:
+            done_ms = cums * self._prefill_ms_per_token(f) + iterations * self.steps.predict_ms(
+                f, n
+            )
+            extra = landing_ms if f == self.clock_mhz else latency_ms
+            if np.all(waited_ms + extra + done_ms <= target_ms):
                 return f
         return self.clocks[-1]
 
     def budgets(self) -> tuple[float, float]:
-        """The TTFT and TPOT budgets (ms) the plan must fit: SLO × headroom × feedback scale."""
-        h = self.params.headroom
+        """The TTFT target for waiting prompts and the TPOT budget of the p99 (ms)."""
+        p = self.params
         return (
-            self.slo.ttft_ms * h * self.ttft_loop.scale,
-            self.slo.tpot_ms * h * self.tpot_loop.scale,
+            self.slo.ttft_ms * p.ttft_share * self.ttft_loop.scale,
+            self.slo.tpot_ms * p.tpot_share * self.tpot_loop.scale,
         )
 
-    def predict(self, now_s: float) -> list[ClockPlan]:
-        """Every candidate clock's predicted p99 tails and energy per token (module
-        docstring)."""
-        f0, n0 = self.clock_mhz, self._mean_running()
-        gap0 = self._gap_model(f0, n0, self._share(f0, now_s))
-        done = list(self._done)
-        prompts = np.asarray([d.prompt_tokens for d in done if math.isfinite(d.ttft_ratio)])
-        ttft_ratios = np.asarray([d.ttft_ratio for d in done if math.isfinite(d.ttft_ratio)])
-        tpot_done = [d for d in done if math.isfinite(d.tpot_ratio)]
-        tpot_ratios = np.asarray([d.tpot_ratio for d in tpot_done])
-        shared = np.asarray([d.shared_tokens for d in tpot_done])
-        budget_ttft, budget_tpot = self.budgets()
-        top = self.clocks[-1]
-        span_s = max(1.0, min(self.params.history_s, now_s - done[0].at_s)) if done else 1.0
-        plans = []
-        for f in self._candidates():
-            share = self._share(f, now_s)
-            if share >= 1.0:  # prompts alone would take all of the engine's time
-                plans.append(ClockPlan(f, math.inf, math.inf, math.inf, math.inf, False))
-                continue
-            n = n0
-            for _ in range(4):  # sequences live ∝ the gap
-                n = min(self.params.max_seqs, n0 * self._gap_model(f, n, share) / gap0)
-            # A prompt the clock would make late is boosted (decide): it runs at the top.
-            ttft_each = ttft_ratios * self._ttft_model(prompts, f, n, share)
-            late = ttft_each > budget_ttft
-            if self.params.boost_hold_s > 0 and late.any():
-                boosted = ttft_ratios * self._ttft_model(prompts, top, n, self._share(top, now_s))
-                latency_ms = self.params.change_latency_s * 1000.0
-                ttft_each = np.where(late, boosted + latency_ms, ttft_each)
-            ttft = float(np.percentile(ttft_each, 99))
-            at_top = min(1.0, float(late.sum()) / span_s * self.params.boost_hold_s)
-            joules = (1.0 - at_top) * self._joules_per_token(f, n)
-            if at_top > 0:
-                joules += at_top * self._joules_per_token(top, n)
-            stretch = 1.0
-            tpot = float(np.percentile(tpot_ratios * self._tpot_model(shared, f, n, stretch), 99))
-            plans.append(
-                ClockPlan(
-                    clock_mhz=f,
-                    ttft_p99_ms=ttft,
-                    tpot_p99_ms=tpot,
-                    running=n,
-                    joules_per_token=joules,
-                    feasible=ttft <= budget_ttft and tpot <= budget_tpot,
-                )
-            )
-        return self._calibrated(plans, budget_ttft, budget_tpot)
+    def tail_factor(self, clock_mhz: float) -> float:
+        """``K(f)``: the ``tail_quantile`` of the finished streams' TPOT over the model's mean
+        gap, over the ``tail_neighbours`` whose mean clocks were nearest ``clock_mhz``
+        (``prior_tail`` before ``min_samples``). Cached per control period on a 60-MHz grid."""
+        p = self.params
+        if len(self._ratios) < p.min_samples:
+            return p.prior_tail
+        cell = int(clock_mhz // 60)
+        cached = self._tail_cache.get(cell)
+        if cached is not None:
+            return cached
+        data = np.asarray(self._ratios, dtype=float)
+        ratios = data[:, 1]
+        if len(data) > p.tail_neighbours:
+            distance = np.abs(data[:, 0] - (cell * 60 + 30))
+            ratios = ratios[np.argpartition(distance, p.tail_neighbours)[: p.tail_neighbours]]
+        value = max(1.0, float(np.quantile(ratios, p.tail_quantile)))
+        self._tail_cache[cell] = value
+        return value
 
-    def _calibrated(
-        self, plans: list[ClockPlan], budget_ttft: float, budget_tpot: float
-    ) -> list[ClockPlan]:
-        """The plans scaled down to the measured tails: where the p99 the feedback measured
-        over its recent window sits under what the history predicts at the clock in force, every
-        candidate's prediction is multiplied by their ratio (at least ``calibration_floor``;
-        never above 1, so the measured tails only ever take out the model's pessimism)."""
-        here = next((pl for pl in plans if pl.clock_mhz == self.clock_mhz), None)
-        if here is None or self.params.calibration_floor >= 1.0:
-            return plans
-        factors = []
-        for loop, slo_ms, predicted in (
-            (self.ttft_loop, self.slo.ttft_ms, here.ttft_p99_ms),
-            (self.tpot_loop, self.slo.tpot_ms, here.tpot_p99_ms),
-        ):
-            measured = loop.tail_ratio() * slo_ms
-            ok = math.isfinite(measured) and math.isfinite(predicted) and predicted > 0
-            ratio = measured / predicted if ok else 1.0
-            factors.append(min(1.0, max(self.params.calibration_floor, ratio)))
-        self.calibration = (factors[0], factors[1])
-        if factors == [1.0, 1.0]:
-            return plans
-        out = []
-        for pl in plans:
-            ttft, tpot = pl.ttft_p99_ms * factors[0], pl.tpot_p99_ms * factors[1]
-            feasible = ttft <= budget_ttft and tpot <= budget_tpot
-            out.append(replace(pl, ttft_p99_ms=ttft, tpot_p99_ms=tpot, feasible=feasible))
-        return out
+    def predict(self, now_s: float) -> list[ClockPlan]:
+        """Every clock's predicted p99 TPOT at the running sequences and prompt rate now."""
+        rate = self._prompt_rate(now_s)
+        running = len(self._streams)
+        budget = self.budgets()[1]
+        plans = []
+        for f in self.clocks:
+            k, gap = self.tail_factor(f), self._gap_model(f, running, rate, learned=False)
+            plans.append(ClockPlan(f, k, gap, k * gap, k * gap <= budget))
+        return plans
 
     def state(self) -> dict[str, object]:
         """What the policy believes now, for the admin state."""
@@ -626,13 +576,18 @@ class TokenPolicy:
         return {
             "policy": self.name,
             "clock_mhz": self.clock_mhz,
+            "base_clock_mhz": self.base_mhz,
+            "need_clock_mhz": self.need_mhz,
             "admission_limit": self.admission_limit,
             "running": self.running,
-            "ttft_budget_ms": round(ttft_b, 3),
+            "waiting_prompts": self._waiting,
+            "prompt_tokens_per_s": round(self._rate, 1),
+            "tail_factor": round(self.tail_factor(self.clock_mhz), 4),
+            "tail_samples": len(self._ratios),
+            "ttft_target_ms": round(ttft_b, 3),
             "tpot_budget_ms": round(tpot_b, 3),
             "ttft_scale": round(self.ttft_loop.scale, 4),
             "tpot_scale": round(self.tpot_loop.scale, 4),
-            "base_clock_mhz": self.base_mhz,
             "clock_changes": self.changes,
             "boosts": self.boosts,
             "gap_samples": self.steps.samples,
@@ -643,86 +598,65 @@ class TokenPolicy:
 
     # -- the model ---------------------------------------------------------------------------
 
-    def _prefill_s_per_token(self, clock_mhz: float) -> float:
-        return self._prefill_fit.predict_ms(clock_mhz) / 1000.0 / self.prior.prefill_tokens
+    def _advance(self, now_s: float) -> None:
+        """Run the gap and clock integrals up to ``now_s``."""
+        dt = now_s - self._integral_s
+        if dt > 0:
+            self._gap_integral += self._gap_now_ms * dt
+            self._clock_integral += self.clock_mhz * dt
+            self._integral_s = now_s
+
+    def _prefill_done(self, now_s: float) -> None:
+        self._waiting -= 1
+        if self._waiting <= 0:
+            self._waiting = 0
+            self._prefill_free_since_s = now_s
+
+    def _prefill_ms_per_token(self, clock_mhz: int) -> float:
+        value = self._prefill_at.get(clock_mhz)
+        if value is None:
+            value = self._prefill_fit.predict_ms(clock_mhz) / self.prior.prefill_tokens
+            self._prefill_at[clock_mhz] = value
+        return value
 
     def _prompt_rate(self, now_s: float) -> float:
-        """Prompt tokens released per second over ``rate_window_s`` (once per period)."""
-        if self._rate is not None and self._rate[0] == now_s:
-            return self._rate[1]
-        started = now_s if self._started_s is None else self._started_s
-        window = self.params.rate_window_s
-        span = min(window, max(now_s - started, 1e-9))
-        rate = sum(p for at, p in self._prompts if at >= now_s - window) / span
-        self._rate = (now_s, rate)
-        return rate
+        """Prompt tokens released per second: the higher of the rates over ``window_s`` and
+        over ``short_window_s`` (each over the time since the first release, if shorter)."""
+        p = self.params
+        while self._prompts and self._prompts[0][0] < now_s - p.window_s:
+            self._prompts.popleft()
+        if self._started_s is None:
+            return 0.0
+        elapsed = max(now_s - self._started_s, p.period_s)
+        long_tokens = sum(tokens for _, tokens in self._prompts)
+        short_from = now_s - p.short_window_s
+        short_tokens = sum(tokens for at, tokens in self._prompts if at >= short_from)
+        return max(
+            long_tokens / min(p.window_s, elapsed), short_tokens / min(p.short_window_s, elapsed)
+        )
 
-    def _share(self, clock_mhz: float, now_s: float | None = None) -> float:
-        """``ρ(f)``: the prompt rate (as of ``now_s``, default: the last control period) times
-        the prefill time per token at ``clock_mhz``."""
-        rate = self._rate[1] if now_s is None and self._rate else 0.0
-        if now_s is not None:
-            rate = self._prompt_rate(now_s)
-        return rate * self._prefill_s_per_token(clock_mhz)
+    def _gap_model(
+        self, clock_mhz: int, running: float, rate: float, *, learned: bool = True
+    ) -> float:
+        """``g(f, n, λ)``: the mean gap between tokens (ms), with the learned decode step or,
+        ``learned=False``, the prior's (the fixed reference the tail factor is measured
+        against); inf where prompts would take more than ``max_share`` of the engine's time."""
+        share = rate * self._prefill_ms_per_token(clock_mhz) / 1000.0
+        if share >= self.params.max_share:
+            return math.inf
+        n = max(1.0, running)
+        step_ms = (
+            self.steps.predict_ms(clock_mhz, n) if learned else self.steps.prior_ms(clock_mhz, n)
+        )
+        return step_ms / (1.0 - share)
 
-    def _gap_model(self, clock_mhz: float, running: float, share: float) -> float:
-        return self.steps.predict_ms(clock_mhz, running) / max(1.0 - share, 0.01)
-
-    def _tpot_model(
-        self, shared: float | FloatArray, clock_mhz: float, running: float, stretch: float
-    ) -> FloatArray:
-        """A stream's TPOT: a decode step plus the prompt tokens run per gap (``shared``, as
-        measured, times ``stretch``: the gap's growth, so as many more prompts arrive)."""
-        step_ms = self.steps.predict_ms(clock_mhz, running)
-        per_token_ms = self._prefill_s_per_token(clock_mhz) * 1000.0
-        return step_ms + np.asarray(shared, dtype=float) * stretch * per_token_ms
-
-    def _ttft_model(
-        self, prompt_tokens: float | FloatArray, clock_mhz: float, running: float, share: float
-    ) -> FloatArray:
-        prefill_ms = np.asarray(prompt_tokens, dtype=float) * self._prefill_s_per_token(clock_mhz)
-        step_ms = self.steps.predict_ms(clock_mhz, running)
-        return (prefill_ms * 1000.0 + step_ms) / max(1.0 - share, 0.01)
-
-    def _candidates(self) -> list[int]:
-        stride = self.params.clock_stride
-        return sorted(set(self.clocks[::-1][::stride]) | {self.clock_mhz, self.clocks[-1]})
-
-    def _prune(self, now_s: float) -> None:
-        horizon = now_s - self.params.window_s
-        for q in (self._prompts, self._outputs, self._running_samples):
-            while q and q[0][0] < horizon:
-                q.popleft()
-        while self._done and self._done[0].at_s < now_s - self.params.history_s:
-            self._done.popleft()
-
-    def _mean_running(self) -> float:
-        """Sequences running, averaged over the window's samples (at least one)."""
-        values = [n for _, n in self._running_samples] or [len(self._streams)]
-        return max(1.0, float(np.mean(values)))
-
-    def _joules_per_token(self, clock: int, running: float) -> float:
-        """Decode energy per token at ``running`` sequences plus the prefill energy each output
-        token carries (the window's mean prompt over the prior's prompt, over its mean
-        output), from the prior."""
-        prior = self.prior
-        near = min(prior.prefill_j, key=lambda c: abs(c - clock))
-        steps = {b: v[near] for b, v in prior.step_j.items() if near in v}
-        step_j = _interp_buckets(steps, running) / max(1.0, running)
-        prompts = [p for _, p in self._prompts]
-        outputs = [o for _, o in self._outputs]
-        mean_prompt = float(np.mean(prompts)) if prompts else prior.prefill_tokens
-        mean_output = float(np.mean(outputs)) if outputs else 1.0
-        return step_j + prior.prefill_j[near] * mean_prompt / prior.prefill_tokens / mean_output
-
-    def _limit(self, clock: int, now_s: float) -> int:
+    def _limit(self, clock: int) -> int:
         """The most sequences whose mean gap at ``clock`` stays within the TPOT SLO × headroom
         (module docstring)."""
         budget = self.slo.tpot_ms * self.params.headroom
-        share = self._share(clock, now_s)
 
         def fits(n: int) -> bool:
-            return self._gap_model(clock, n, share) <= budget
+            return self._gap_model(clock, n, self._rate) <= budget
 
         lo, hi = 1, self.params.max_seqs
         if fits(hi):

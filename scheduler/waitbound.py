@@ -3,37 +3,51 @@ lower levels' requests there.
 
 The sidecar decides who goes next only for what it still holds; what it has released runs as
 Triton's batcher makes it, and a batch that runs is never preempted. So a request of a higher
-level that arrives now waits, at worst, for an execution of everything of its model already at
-Triton to finish, and then runs in a batch with whatever else Triton holds (``2·t(n + h)``, ``n``
-the model's lower-level requests at Triton, ``h`` the higher level's own batch, ``t`` the
-model's table at the clock targeted); and while other
-models run at the same time, the GPU is shared by all of them (``× G``, the models with work
-at Triton or waiting for it).
+level that arrives now waits for one of the model's instances to come free, and then runs in
+a batch, beside whatever else runs then. Batches that run side by side share the GPU, so each
+lasts about ``T = G·t(R)``: ``t`` the model's table at the clock targeted, ``R`` every request
+of the model at Triton (``n`` of the lower levels, ``h`` of the higher one's own batch), ``G``
+the models with work at Triton or waiting for it (other models time-share the GPU).
+
+With ``I`` instances whose batches start at evenly spaced moments, one comes free every
+``T/I``: the higher request waits at most that long, then runs for ``T``, so its latency is at
+most ``(1 + 1/I)·T`` (``2·T`` with one instance: a whole batch to wait for, then its own).
+The spacing does not happen by itself: lower-level requests released all at once form one
+batch, and two batches released together end together. So while a higher level is protected,
+a model with several instances gets its lower-level requests in *chunks*: at most ``⌈n/I⌉``
+within any ``T/I``, so that each instance's batch starts a gap after the other's.
 
 A level is *protected* for ``GUARD_S`` after its last arrival, with the tightest SLO its recent
 requests named and its arrival rate. Its batch ``h`` is what it has at Triton plus the request
-arriving, or the requests arriving within half its SLO if those are more. A lower-level request
-is released only while that bound, with it at Triton, stays within ``SAFETY`` of the protected
-SLO; otherwise it waits in the sidecar's queue. The bound is a worst case already (a whole
-execution to wait for, then one of its own, at their mean times), so no tail margin is added:
-on a noisy host the margin measures the host, which holding the lower levels back does not
-quiet. So a flood of lower priority gets smaller batches while a higher level is active, and
-full ones when it is not. A lower level is never held with nothing of its own at Triton: one
-of its requests may always run, so no level starves outright.
+arriving, or the requests arriving within one gap if those are more. A lower-level request is
+released only while the bound, with it at Triton, stays within ``SAFETY`` of the protected SLO
+and its chunk has room; otherwise it waits in the sidecar's queue. The bound counts mean times
+(a whole gap to wait, a whole batch to run), so no tail margin is added: on a noisy host the
+margin measures the host, which holding the lower levels back does not quiet. So a flood of
+lower priority gets smaller batches while a higher level is active, and full ones when it is
+not. A lower level is never held with nothing of its own at Triton: one of its requests may
+always run, so no level starves outright.
+
+What this cannot beat: a higher level whose SLO is near one full batch's time leaves the lower
+levels batches of a fraction of the largest, and smaller batches serve fewer requests per
+second (docs/priority.md says how much).
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from scheduler.view import ModelServing
 from time2clock.table import ModelTable
 
 GUARD_S = 2.0  # a level stays protected this long after its last arrival
 RATE_WINDOW_S = 1.0  # the arrival rate's decay
 SAFETY = 0.95  # share of the protected SLO the bound may use
+_PLAN_CACHE = 4096  # (model, clock, budget) plans kept
 
 
 class BoundView(Protocol):
@@ -44,11 +58,11 @@ class BoundView(Protocol):
 
     def table_for(self, model: str) -> ModelTable | None: ...
 
+    def serving(self, model: str) -> ModelServing: ...
+
     def inflight_levels(self, model: str) -> Mapping[int, int]: ...
 
     def busy_models(self) -> int: ...
-
-    def inflight_count(self, model: str) -> int: ...
 
 
 @dataclass(slots=True)
@@ -60,6 +74,18 @@ class _Class:
     slo_ms: float
     slo_at_s: float
     last_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Cap:
+    """What the lower levels of a model may keep at Triton under one protected level: at most
+    ``lower`` requests; beyond ``unstaggered`` (what holds the bound without the spacing),
+    released in chunks of at most ``chunk`` within any ``gap_s``."""
+
+    lower: int
+    unstaggered: int
+    chunk: int
+    gap_s: float
 
 
 def execution_ms(table: ModelTable, clock_mhz: float, requests: int) -> float:
@@ -74,6 +100,13 @@ def execution_ms(table: ModelTable, clock_mhz: float, requests: int) -> float:
     return table.predict_ms(clock_mhz, largest) * requests / largest
 
 
+def bound_ms(execution: float, instances: int, models: int) -> float:
+    """The longest a higher-level request waits and runs when every batch of its model lasts
+    ``execution`` ms alone on the GPU: a gap between two instances coming free, then its own
+    batch, each stretched by the ``models`` sharing the GPU."""
+    return max(1, models) * execution * (1.0 + 1.0 / max(1, instances))
+
+
 class WaitBound:
     """The protected (higher) levels of one GPU's traffic, and whether a release keeps their
     wait bounded (see the module docstring)."""
@@ -82,6 +115,8 @@ class WaitBound:
         self._classes: dict[tuple[str, int], _Class] = {}
         self._protected: list[tuple[str, int, _Class]] = []
         self._highest = 0  # the highest level protected; 0: fewer than two levels seen
+        self._released: dict[str, deque[tuple[float, int]]] = {}  # model -> (time, level)
+        self._largest: dict[tuple[str, float, float], tuple[ModelTable, int]] = {}
 
     def arrived(self, model: str, level: int, slo_ms: float, now_s: float) -> None:
         """A request of ``level`` for ``model`` arrived with ``slo_ms``."""
@@ -105,10 +140,23 @@ class WaitBound:
         levels = {lvl for _, lvl, _ in self._protected}
         # Only a level above another one seen has anything to be protected from.
         self._highest = min(levels) if len(levels) > 1 else 0
+        if not self._highest:
+            self._released.clear()
 
     def protected(self) -> list[tuple[str, int, float]]:
         """(model, level, tightest SLO ms) of every level seen within ``GUARD_S``."""
         return [(m, lvl, c.slo_ms) for m, lvl, c in self._protected]
+
+    def released(self, model: str, level: int, now_s: float) -> None:
+        """A request of ``model`` at ``level`` went to Triton (the chunks count these)."""
+        if not self._highest or level <= self._highest:
+            return
+        recent = self._released.get(model)
+        if recent is None:
+            recent = self._released[model] = deque()
+        recent.append((now_s, level))
+        while recent and now_s - recent[0][0] > GUARD_S:
+            recent.popleft()
 
     def allows(self, s: BoundView, model: str, level: int, now_s: float) -> bool:
         """Whether one more request of ``model`` at ``level`` may go to Triton now."""
@@ -117,38 +165,87 @@ class WaitBound:
         for a, protected_level, c in self._protected:
             if a != model or protected_level >= level or now_s - c.last_s > GUARD_S:
                 continue  # other models only share the GPU: counted in the bound as such
-            table = s.table_for(a)
-            if table is None:
-                continue  # nothing known of how long its batches run: no bound to keep
-            lower = higher = 0
-            for lvl, n in s.inflight_levels(a).items():
-                if lvl > protected_level:
-                    lower += n
-                else:
-                    higher += n
+            lower, higher = _split(s.inflight_levels(a), protected_level)
             if not lower:
                 continue  # a level is never held with nothing of its own at Triton
-            if self._need_ms(s, table, a, lower + 1, higher, c, now_s) > SAFETY * c.slo_ms:
+            cap = self._cap(s, a, higher, c, now_s)
+            if cap is None:
+                continue  # nothing known of how long its batches run: no bound to keep
+            if lower + 1 > cap.lower:
+                return False
+            if lower + 1 > cap.unstaggered and (
+                self._since(a, protected_level, now_s - cap.gap_s) >= cap.chunk
+            ):
                 return False
         return True
 
-    def _need_ms(
-        self,
-        s: BoundView,
-        table: ModelTable,
-        model: str,
-        lower: int,
-        higher: int,
-        c: _Class,
-        now_s: float,
-    ) -> float:
-        """The bound on the latency of a protected request of ``model`` with ``lower``
-        lower-level and ``higher`` protected-level requests of it at Triton, beside every
-        model running now. The protected level's part is what it has at Triton and the one
-        arriving, or its expected batch if that is more."""
-        rate = c.rate_rps * math.exp(-(now_s - c.rate_at_s) / RATE_WINDOW_S)
-        expected = min(table.max_batch, math.ceil(rate * c.slo_ms / 2000.0))
-        batch = max(higher + 1, expected)
-        models = s.busy_models()
+    def cap(self, s: BoundView, model: str, protected_level: int, now_s: float) -> Cap | None:
+        """The cap that ``protected_level`` of ``model`` puts on its lower levels now (None:
+        that level is not protected, or the model has no table)."""
+        c = self._classes.get((model, protected_level))
+        if c is None or now_s - c.last_s > GUARD_S:
+            return None
+        return self._cap(s, model, _split(s.inflight_levels(model), protected_level)[1], c, now_s)
+
+    def _cap(self, s: BoundView, model: str, higher: int, c: _Class, now_s: float) -> Cap | None:
+        table = s.table_for(model)
+        if table is None:
+            return None
+        instances = max(1, s.serving(model).instances)
+        models = max(1, s.busy_models())
         clock = s.clock_target_mhz or table.clocks_mhz[-1]
-        return 2.0 * max(1, models) * execution_ms(table, clock, lower + batch)
+        budget_ms = SAFETY * c.slo_ms
+        # Its own batch: at Triton already and arriving, or what arrives within one gap.
+        gap_bound_s = budget_ms / 1000.0 / (instances + 1)
+        rate = c.rate_rps * math.exp(-(now_s - c.rate_at_s) / RATE_WINDOW_S)
+        own = max(higher + 1, min(table.max_batch, math.ceil(rate * gap_bound_s)))
+        per_execution_ms = budget_ms / bound_ms(1.0, instances, models)
+        largest = self._largest_within(model, table, clock, per_execution_ms)
+        lower = largest - own
+        unstaggered = lower
+        if instances > 1:
+            alone_ms = budget_ms / bound_ms(1.0, 1, models)
+            unstaggered = self._largest_within(model, table, clock, alone_ms) - own
+        gap_s = models * execution_ms(table, clock, max(1, largest)) / instances / 1000.0
+        return Cap(lower, unstaggered, max(1, math.ceil(lower / instances)), gap_s)
+
+    def _largest_within(
+        self, model: str, table: ModelTable, clock: float, execution_budget_ms: float
+    ) -> int:
+        """The most requests of ``model`` that run at once within ``execution_budget_ms``
+        (0: not even one), up to four full batches; remembered per table, clock and budget."""
+        key = (model, clock, round(execution_budget_ms, 3))
+        known = self._largest.get(key)
+        if known is not None and known[0] is table:
+            return known[1]
+        lo, hi = 0, 4 * table.max_batch  # execution_ms grows with the requests: bisect
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if execution_ms(table, clock, mid) <= execution_budget_ms:
+                lo = mid
+            else:
+                hi = mid - 1
+        if len(self._largest) >= _PLAN_CACHE:
+            self._largest.clear()
+        self._largest[key] = (table, lo)
+        return lo
+
+    def _since(self, model: str, protected_level: int, since_s: float) -> int:
+        """Requests of ``model`` below ``protected_level`` released after ``since_s``."""
+        count = 0
+        for at_s, level in reversed(self._released.get(model, ())):
+            if at_s <= since_s:
+                break
+            count += level > protected_level
+        return count
+
+
+def _split(levels: Mapping[int, int], protected_level: int) -> tuple[int, int]:
+    """(below ``protected_level``, at it or above) of a model's requests at Triton."""
+    lower = higher = 0
+    for level, n in levels.items():
+        if level > protected_level:
+            lower += n
+        else:
+            higher += n
+    return lower, higher

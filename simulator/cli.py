@@ -229,11 +229,17 @@ def print_node(out: dict[str, Any], console: Console) -> None:
     console.print(per)
 
 
-PLACEMENT_COLUMNS = ("GPU", "load", "SLO ×", "seed", "policy", "placement", "J/inf",
+PLACEMENT_COLUMNS = ("GPU", "mix", "load", "SLO ×", "seed", "policy", "placement", "J/inf",
                      "vs spread", "p99/SLO", "SLO met", "req/s", "× one GPU", "GPUs used",
                      "isolation")  # fmt: skip
 ONE_GPU_COLUMNS = ("GPU", "mix", "load", "SLO ×", "seed", "policy", "req/s", "p99/SLO",
                    "SLO met", "refused")  # fmt: skip
+
+
+def _cell_head(r: Row) -> list[str]:
+    """What names a row's cell, as the tables below open with it: GPU, mix, load, SLO ×, seed
+    and policy."""
+    return [r["gpu"], r["mix"], f"{r['load']:g}", f"{r['slo_mult']:g}", str(r["seed"]), r["policy"]]
 
 
 def placement_cells(rows: Sequence[Row]) -> list[list[str]]:
@@ -243,11 +249,7 @@ def placement_cells(rows: Sequence[Row]) -> list[list[str]]:
     scaled, _ = against_one_gpu(rows)
     return [
         [
-            r["gpu"],
-            f"{r['load']:g}",
-            f"{r['slo_mult']:g}",
-            str(r["seed"]),
-            r["policy"],
+            *_cell_head(r),
             r["placement"],
             f"{r['energy_per_inference_j']:.3f}",
             f"{r['vs_spread']:.3f}",
@@ -266,12 +268,7 @@ def one_gpu_cells(rows: Sequence[Row]) -> list[list[str]]:
     """The one-GPU runs beside a node's, as :data:`ONE_GPU_COLUMNS`."""
     return [
         [
-            r["gpu"],
-            r["mix"],
-            f"{r['load']:g}",
-            f"{r['slo_mult']:g}",
-            str(r["seed"]),
-            r["policy"],
+            *_cell_head(r),
             f"{r['throughput_rps']:.0f}",
             f"{r['p99_over_slo']:.2f}",
             f"{r['slo_attainment']:.1%}",
@@ -300,6 +297,7 @@ def client_cells(rows: Sequence[Row]) -> list[list[str]]:
             ideal = c["ideal_work_ms"] / total if total else math.nan
             out.append(
                 [
+                    r["mix"],
                     f"{r['load']:g}",
                     r["policy"],
                     r["placement"],
@@ -313,7 +311,7 @@ def client_cells(rows: Sequence[Row]) -> list[list[str]]:
     return out
 
 
-CLIENT_COLUMNS = ("load", "policy", "placement", "client", "nice", "ideal CFS share",
+CLIENT_COLUMNS = ("mix", "load", "policy", "placement", "client", "nice", "ideal CFS share",
                   "share served", "served vs ideal")  # fmt: skip
 
 

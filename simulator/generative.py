@@ -17,7 +17,8 @@ Policies: ``max`` (top clock locked), ``default`` (the GPU's own boost: top cloc
 bottom after ``idle_downclock_s`` idle), ``fixed:MHZ``, ``tokens`` (:mod:`scheduler.tokens`);
 ``best-fixed`` searches the single locked clock with the least energy per output token whose p99
 TTFT and p99 TPOT meet the SLOs, on the same arrivals. All release every request to the engine
-at once except ``tokens``, which holds requests above its admission limit.
+at once except ``tokens``, which holds requests above its admission limit; it decides after
+every iteration and after every release, as the sidecar's core asks it.
 
 The lower bound (:func:`energy_lower_bound`) is what any schedule of the same requests must
 spend under the same laws, whatever its clocks, batching and SLOs (see its docstring).
@@ -492,12 +493,19 @@ def simulate_generative(cfg: GenConfig) -> GenResult:
             if choice is not None:
                 clock.request(choice, t)
         limit = policy.admission_limit if policy is not None else limits.max_seqs
+        released = False
         while queue and in_engine < limit:
             i = queue.popleft()
             engine.submit(i, int(prompts[i]), int(outputs[i]))
             in_engine += 1
+            released = True
             if policy is not None:
                 policy.on_release(i, t, float(arrivals[i]), int(prompts[i]))
+        if policy is not None and released:
+            # As the sidecar's core does: a release is a decision point (on_dispatch).
+            choice = policy.decide(t)
+            if choice is not None:
+                clock.request(choice, t)
         it = engine.next_iteration()
         if it is None:
             clock.idle(t)

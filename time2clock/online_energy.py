@@ -94,7 +94,7 @@ class EnergyParams:
     probe_s: float = 2.0
     probe_min_s: float = 1.0
     probe_clocks: int = 8
-    poll_s: float = 0.01  # how often a reader reads the counter (it is refreshed on its own)
+    poll_s: float = 0.02  # how often a reader reads the counter (it is refreshed on its own)
 
     def __post_init__(self) -> None:
         positive = (

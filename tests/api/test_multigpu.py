@@ -26,6 +26,9 @@ from api.runtime import Gpu, Runtime
 from api.upstream import Upstream, UpstreamResponse
 from dvfs.factory import parse_device_list
 from dvfs.simulated import SimulatedDevice
+from loadgen.classes import RequestClass
+from loadgen.engine import InputTensor
+from loadgen.grpc_client import GrpcClient, grpc_payloads
 from scheduler.core import Scheduler
 from tests.api.live import LiveSidecar, simnet_tables
 
@@ -189,3 +192,42 @@ def test_both_gpus_serve_tritonclient_over_http_and_grpc(node: LiveSidecar) -> N
         "# HELP sidecar_gpu_clock_hertz " in text
         and text.count("# HELP sidecar_gpu_clock_hertz ") == 1
     )
+
+
+def test_grpc_traffic_alone_is_placed_on_both_gpus(node: LiveSidecar) -> None:
+    """tritonclient's gRPC client, unchanged, sends the requests; each GPU's Triton answers
+    some (the counters under ``gpu``), and the raw reply names its GPU in trailing metadata."""
+
+    def served() -> dict[str, float]:
+        text = httpx.get(f"http://{node.url}/metrics", timeout=30).text
+        family = next(
+            f for f in text_string_to_metric_families(text) if f.name == "sidecar_gpu_requests"
+        )
+        return {s.labels["gpu"]: s.value for s in family.samples if s.name.endswith("_total")}
+
+    before = served()
+    x = np.arange(16, dtype=np.float32).reshape(1, 16)
+
+    def one(_: int) -> None:
+        client = grpcclient.InferenceServerClient(node.grpc_url)
+        tensor = grpcclient.InferInput("INPUT0", [1, 16], "FP32")
+        tensor.set_data_from_numpy(x)
+        assert (client.infer("simnet", [tensor]).as_numpy("OUTPUT0") == 2 * x).all()
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(one, range(40)))
+    after = served()
+    by_gpu = {g: after[g] - before.get(g, 0.0) for g in after}
+    assert by_gpu["0"] > 0 and by_gpu["1"] > 0, by_gpu
+    assert sum(by_gpu.values()) == 40  # nothing else reached a Triton meanwhile
+
+    async def gpus_named() -> set[str | None]:
+        request = grpc_payloads(
+            [RequestClass("default")], [InputTensor("INPUT0", "FP32", x)], "simnet", None
+        )[0].body
+        async with GrpcClient(node.grpc_url) as client:
+            replies = [await client.infer(request) for _ in range(4)]
+        assert all(status == 200 for status, _, _ in replies)
+        return {gpu for _, _, gpu in replies}
+
+    assert asyncio.run(gpus_named()) == {"0", "1"}  # an idle node spreads

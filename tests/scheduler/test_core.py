@@ -98,3 +98,17 @@ def test_drain_empties_the_queue_and_leaves_in_flight_alone() -> None:
     assert s.drain() == reqs[1:]
     assert s.queue_len == 0 and list(s.inflight.values()) == [d.request]
     assert s.next_dispatch(0.0) is None
+
+
+def test_a_model_at_its_release_depth_does_not_block_another_queued_behind_it() -> None:
+    """Hundreds of requests of a model whose batch is at Triton wait ahead of another
+    model's: that one goes to Triton all the same."""
+    s = make_scheduler()
+    for _ in range(600):
+        assert s.enqueue(make_request(model="busy", slo_ms=1e5), 0.0).accepted
+    assert s.enqueue(make_request(model="other", slo_ms=1e5), 0.0).accepted
+    sent = []
+    while (d := s.next_dispatch(0.0)) is not None:
+        sent.append(d.request.model)
+    assert sent.count("busy") == s.release_depth("busy")
+    assert sent[-1] == "other" and sent.count("other") == 1

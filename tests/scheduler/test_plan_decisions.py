@@ -6,7 +6,9 @@ per-plan caches). The figures below are what each run gave with the plain evalua
 constraint at every clock, a matrix product per plan; ``slack`` as of commit 2133b8b,
 ``adaptive`` as reworked since: a base clock from the tail, an energy floor above idle for the
 batches formed, holds planned at that floor and kept while the model runs, an idle clock, also
-while every model waiting is held):
+while every model waiting is held; the queue and the wait bound as the priority class meets them
+now: a held-back model blocks nothing behind it, and lower levels go to Triton in staggered
+chunks):
 every clock change, batch and completion time feeds into them, so a single decision that
 differs shows. A change that means to alter decisions updates them
 (``python -m tests.scheduler.test_plan_decisions`` prints the current ones).
@@ -25,16 +27,16 @@ from simulator.simulate import ModelMix, SimConfig, mix_capacity_rps, simulate
 # sum of latencies ms, median latency ms, largest latency ms)
 BEFORE = {
     ("adaptive", "poisson", 3): (
-        1175, 951, 12, 1019, 1198.678021, 1517.012499, 509660.158832, 24.395799, 7125.631723
+        1175, 972, 12, 981, 1192.51499, 1516.90699, 487274.916067, 23.688248, 7029.005931
     ),
     ("adaptive", "bursty", 5): (
-        961, 473, 13, 739, 965.424551, 1514.433217, 273045.280984, 104.115335, 2090.761739
+        961, 568, 15, 648, 962.60095, 1510.965426, 230323.867554, 56.453209, 2021.090741
     ),
     ("slack", "poisson", 3): (
-        1175, 989, 5, 885, 1141.881494, 1521.12835, 389187.818765, 30.289985, 5590.77316
+        1175, 1007, 5, 843, 1132.786041, 1519.596065, 362298.830626, 29.155234, 5158.232512
     ),
     ("slack", "bursty", 5): (
-        961, 485, 22, 726, 932.596067, 1475.953408, 261363.034151, 103.157213, 2044.44784
+        961, 546, 19, 627, 921.464722, 1462.009267, 221657.38029, 62.583203, 1965.674876
     ),
 }  # fmt: skip
 

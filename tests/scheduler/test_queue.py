@@ -129,3 +129,40 @@ def test_remove_takes_a_waiting_request_out_of_the_order() -> None:
     assert q.pop(5.0) is a2 and q.pop(5.0) is None
     assert q.backlogged_weight() == 0 and q.earliest_deadline_s() is None
     assert not q.remove(a2)  # dispatched: not recalled
+
+
+def test_first_sendable_skips_a_held_model_however_many_wait_ahead() -> None:
+    """A model held back (its batch at Triton) blocks nothing behind it: the first request of
+    another model goes, in the flow's order, even behind thousands of the held one."""
+    q: PriorityCfsQueue[None] = PriorityCfsQueue()
+    for _ in range(2000):
+        push(q, model="held")
+    other = push(q, model="free")
+    later = push(q, model="free")
+    assert q.first_sendable(lambda model, level: model != "held") is other
+    assert q.first_sendable(lambda model, level: True) is q.peek()
+    assert q.first_sendable(lambda model, level: False) is None
+    q.remove(other)
+    assert q.first_sendable(lambda model, level: model != "held") is later
+
+
+def test_first_sendable_takes_the_flow_cfs_puts_first_among_those_that_can_go() -> None:
+    """Inside a level, the flow with the smallest virtual runtime among those with a request
+    that may go, not the flow that merely has the oldest request; a higher level held back
+    leaves the lower level its turn."""
+    q: PriorityCfsQueue[None] = PriorityCfsQueue()
+    for _ in range(3):
+        push(q, client_id="served", model="free")
+    for _ in range(3):
+        r = q.pop(10.0)
+        assert r is not None
+        q.settle(r, 10.0)  # "served" now has run 30 ms
+    push(q, client_id="fresh", model="held")
+    older_served = push(q, client_id="served", model="free")
+    fresh_free = push(q, client_id="fresh", model="free")
+    assert q.flow_vruntimes(2)["fresh"] < q.flow_vruntimes(2)["served"]
+    assert older_served.seq < fresh_free.seq
+    assert q.first_sendable(lambda model, level: model != "held") is fresh_free
+    high = push(q, priority=1, model="held")
+    assert q.first_sendable(lambda model, level: True) is high
+    assert q.first_sendable(lambda model, level: model != "held") is fresh_free

@@ -3,11 +3,14 @@ level is active, and that the higher level never waits in the sidecar for them."
 
 from __future__ import annotations
 
+import pytest
+
 from scheduler.core import Scheduler
 from scheduler.registry import make_policy
 from scheduler.view import ModelServing
-from scheduler.waitbound import GUARD_S, SAFETY, execution_ms
+from scheduler.waitbound import GUARD_S, SAFETY, bound_ms, execution_ms
 from tests.scheduler.helpers import CLOCKS, MODEL, make_model_table, make_request, make_scheduler
+from time2clock.table import ModelTable
 
 TOP = CLOCKS[-1]
 BATCHES = {1: 1.0, 8: 2.0, 32: 5.0}  # 7.4, 14.8 and 36.9 ms at the top clock
@@ -128,3 +131,63 @@ def test_a_full_batch_of_lower_levels_at_triton_does_not_hold_a_higher_one() -> 
     sent = s.next_dispatch(0.001)
     assert sent is not None and sent.request.level == 1
     assert s.next_dispatch(0.001) is None  # the lower level stays at its depth
+
+
+def one_instance_scheduler() -> Scheduler[None]:
+    serving = ModelServing(32, 1, priority_levels=2, default_priority_level=2)
+    return make_scheduler(
+        make_policy("max", CLOCKS), make_model_table(batches=BATCHES), serving={MODEL: serving}
+    )
+
+
+def test_the_bound_counts_a_gap_between_instances_then_a_batch() -> None:
+    """One instance: a whole batch to wait for, then its own (2·T); two: half a batch (1.5·T);
+    a second model on the GPU stretches both."""
+    assert bound_ms(10.0, 1, 1) == pytest.approx(20.0)
+    assert bound_ms(10.0, 2, 1) == pytest.approx(15.0)
+    assert bound_ms(10.0, 4, 2) == pytest.approx(25.0)
+
+
+def flooded_beside_priority_one(s: Scheduler[None], slo_ms: float) -> tuple[ModelTable, int]:
+    """A priority-1 request with ``slo_ms`` and 100 of the flood at time 0, released as the
+    bound lets them; the model's table and the priority-1 batch the bound counts on."""
+    assert s.enqueue(make_request(priority=1, slo_ms=slo_ms), 0.0).accepted
+    flood(s, 100, 0.0)
+    release_all(s, 0.0)
+    table = s.table_for(MODEL)
+    assert table is not None
+    return table, at_triton(s, 1) + 1
+
+
+def assert_largest(table: ModelTable, lower: int, own: int, instances: int, slo_ms: float) -> None:
+    """``lower`` is the most that keeps the bound with ``instances`` within the SLO."""
+    assert bound_ms(execution_ms(table, TOP, lower + own), instances, 1) <= SAFETY * slo_ms
+    assert bound_ms(execution_ms(table, TOP, lower + 1 + own), instances, 1) > SAFETY * slo_ms
+
+
+def test_with_one_instance_the_lower_level_gets_what_two_batches_allow_and_no_more() -> None:
+    s = one_instance_scheduler()
+    table, own = flooded_beside_priority_one(s, 60.0)
+    lo = at_triton(s, 2)
+    assert_largest(table, lo, own, 1, 60.0)
+    release_all(s, 0.5)  # no chunks to wait for: nothing more goes later
+    assert at_triton(s, 2) == lo
+
+
+def test_with_two_instances_the_rest_goes_in_a_chunk_one_gap_later() -> None:
+    """At once, what holds the bound even if it all runs as one batch (2·T); beyond it, up to
+    what holds it with the instances' batches a gap apart (1.5·T), a chunk per gap: the second
+    instance's batch starts half a batch after the first's."""
+    s = scheduler()
+    table, own = flooded_beside_priority_one(s, 60.0)
+    first = at_triton(s, 2)
+    assert_largest(table, first, own, 1, 60.0)
+    cap = s.bound.cap(s, MODEL, 1, 0.0)
+    assert cap is not None and first < cap.lower
+    assert_largest(table, cap.lower, own, 2, 60.0)
+    assert cap.gap_s == pytest.approx(execution_ms(table, TOP, cap.lower + own) / 2 / 1000)
+    release_all(s, 0.9 * cap.gap_s)
+    assert at_triton(s, 2) == first  # not within a gap of the first chunk
+    release_all(s, 1.01 * cap.gap_s)
+    assert at_triton(s, 2) == min(cap.lower, first + cap.chunk)
+    assert cap.chunk == -(-cap.lower // 2)

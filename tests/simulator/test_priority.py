@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -34,31 +35,55 @@ def cell(hi_slo_ms: float, *, clients: str | None = None, **kw: object) -> SimCo
     return replace(base, **kw)  # type: ignore[arg-type]
 
 
+ALONE = "lo:share=1,slo_ms=100000"
+
+
+def ratio(out: dict[str, Any], alone: dict[str, Any]) -> float:
+    """The node's throughput beside the flood over the flood's alone, on the same arrivals."""
+    return float(out["throughput_rps"] / alone["throughput_rps"])
+
+
 def test_priority_one_meets_a_tight_slo_beside_a_flood() -> None:
-    """The issue's cell (SLO 43.4 ms, 1.12 full batches at the top clock): before, its p99
-    was 141 ms and 0.03% met the SLO; the flood keeps running, in smaller batches."""
+    """SLO 43.4 ms, 1.12 full batches at the top clock: with every request at Triton served
+    first come first served, its p99 was 141 ms and 0.03% met the SLO. The flood keeps
+    running, in smaller batches: the price of a deadline this tight (docs/priority.md), about
+    a fifth of the throughput on the V100, where the two instances' batches a gap apart cap
+    what the flood may run at once (a third of the throughput when they were not spaced)."""
     out = simulate(cell(43.4)).to_json()
     hi, lo = out["clients"]["hi"], out["clients"]["lo"]
     assert hi["slo_attainment"] >= 0.99 and hi["rejected"] == 0
-    alone = simulate(cell(43.4, clients="lo:share=1,slo_ms=100000")).to_json()
-    # The price of a deadline this tight (docs/priority.md): the flood runs in smaller batches.
-    assert lo["completed"] > 0 and out["completed"] > 0.6 * alone["completed"]
+    alone = simulate(cell(43.4, clients=ALONE)).to_json()
+    assert lo["completed"] > 0 and ratio(out, alone) >= 0.78
+
+
+def test_another_gpu_with_a_tight_slo_keeps_nine_tenths_of_the_throughput() -> None:
+    """The A100, SLO 1.12 full batches (29.5 ms): its small batches cost less than the V100's,
+    so the flood keeps within 10% of its throughput alone."""
+    spec = f"hi:priority=1,share=0.1,slo_ms=29.5;{FLOOD}"
+    out = simulate(cell(0.0, clients=spec, gpu="a100")).to_json()
+    assert out["clients"]["hi"]["slo_attainment"] >= 0.99
+    alone = simulate(cell(0.0, clients=ALONE, gpu="a100")).to_json()
+    assert ratio(out, alone) >= 0.9
 
 
 def test_with_room_in_the_slo_the_flood_keeps_its_throughput() -> None:
     """SLO 3× a full batch: the cap on the flood is loose; within 10% of the flood alone."""
     out = simulate(cell(115.9)).to_json()
     assert out["clients"]["hi"]["slo_attainment"] >= 0.99
-    alone = simulate(cell(115.9, clients="lo:share=1,slo_ms=100000")).to_json()
-    assert out["completed"] >= 0.9 * alone["completed"]
+    alone = simulate(cell(115.9, clients=ALONE)).to_json()
+    assert ratio(out, alone) >= 0.9
 
 
 def test_two_models_the_priority_client_keeps_both_slos() -> None:
-    """Each model's SLO 3× its full batch at the top clock; the priority client names none."""
+    """Each model's SLO 3× its full batch at the top clock; the priority client names none.
+    The node keeps within 10% of the flood's throughput alone: the model whose lower level is
+    held back (bert-large, whose batches are long) does not block the other behind it."""
     models = parse_models("resnet50:0.7:115.9,bert-large:0.3:523.1")
     out = simulate(cell(0.0, clients=f"hi:priority=1,share=0.1;{FLOOD}", models=models)).to_json()
     assert out["clients"]["hi"]["slo_attainment"] >= 0.99
     assert out["clients"]["lo"]["completed"] > 0
+    alone = simulate(cell(0.0, clients=ALONE, models=models)).to_json()
+    assert ratio(out, alone) >= 0.9
 
 
 def test_saturated_nice_clients_are_within_5_percent_of_ideal_cfs() -> None:
