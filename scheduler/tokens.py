@@ -80,6 +80,7 @@ from time2clock.online import curve_is_sound
 from time2clock.table import InverseLinearFit, TableError
 
 FloatArray = npt.NDArray[np.float64]
+GAP_CAP_MS = 1e6
 SEQ_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
 
@@ -160,6 +161,9 @@ class TokenPolicyParams:
 
     period_s: float = 0.25
     hold_s: float = 5.0  # the base clock is the highest need over this long
+    rise_s: float = 1.0  # above the static clock, only a need held this long raises the base
+    static_window_s: float = 60.0  # the static clock is judged on the streams that ended here
+    static_min_samples: int = 100  # and on at least this many (before, no static clock)
     window_s: float = 20.0  # the prompt rate's window
     short_window_s: float = 5.0  # and its short one: a rising load is seen within it
     tail_quantile: float = 0.99  # the SLOs hold at the p99 of requests
@@ -302,6 +306,7 @@ class _Stream:
     tokens: int = 0
     gap_at_first: float = 0.0  # the model's gap integral (ms·s) at its first token
     clock_at_first: float = 0.0  # the clock integral (MHz·s) at its first token
+    fixed_at_first: FloatArray | None = None  # the per-clock gap integrals at its first token
 
 
 @dataclass(frozen=True)
@@ -344,6 +349,10 @@ class TokenPolicy:
         self.base_mhz = self.clocks[-1]  # the clock the TPOT tail needs, held
         self.need_mhz = self.clocks[-1]  # this period's need
         self._needs: deque[tuple[float, int]] = deque()
+        self.static_mhz: int | None = None  # the static clock the recent tails allow
+        self._fixed_tpots: deque[tuple[float, FloatArray]] = deque()
+        self._gap_vec = np.zeros(len(self.clocks))  # the model's gap at every clock (ms)
+        self._fixed_integral = np.zeros(len(self.clocks))
         self._boost: tuple[int, float] = (0, -math.inf)  # (clock, held until)
         self.boosts = 0
         self.changes = 0
@@ -398,6 +407,7 @@ class TokenPolicy:
             s.first_s = now_s
             s.gap_at_first = self._gap_integral
             s.clock_at_first = self._clock_integral
+            s.fixed_at_first = self._fixed_integral.copy()
             self.ttft_loop.observe(now_s, (now_s - s.arrival_s) * 1000.0, self.slo.ttft_ms)
             self._prefill_done(now_s)
         elif (
@@ -429,6 +439,11 @@ class TokenPolicy:
         mean_clock = (self._clock_integral - s.clock_at_first) / max(now_s - s.first_s, 1e-9)
         if mean_gap_ms > 0 and math.isfinite(mean_gap_ms):
             self._ratios.append((mean_clock, tpot_ms / mean_gap_ms))
+            if s.fixed_at_first is not None:
+                life = max(now_s - s.first_s, 1e-9)
+                fixed = (self._fixed_integral - s.fixed_at_first) / life
+                if np.all(np.isfinite(fixed)):
+                    self._fixed_tpots.append((now_s, fixed * (tpot_ms / mean_gap_ms)))
 
     def on_energy(self, now_s: float, energy_j: float) -> None:
         """A reading of the GPU's energy counter (joules since any origin): joules per output
@@ -483,13 +498,53 @@ class TokenPolicy:
         self._rate = self._prompt_rate(now_s)
         running = len(self._streams)
         self._gap_now_ms = self._gap_model(self.clock_mhz, running, self._rate, learned=False)
+        self._gap_vec = self._gap_vector(running, self._rate)
         self._tail_cache.clear()
         self.need_mhz = self._tpot_clock(running, self._rate)
+        self.static_mhz = self._static_clock(now_s)
         self._needs.append((now_s, self.need_mhz))
-        while self._needs[0][0] < now_s - p.hold_s:
+        while self._needs[0][0] < now_s - max(p.hold_s, p.rise_s):
             self._needs.popleft()
-        self.base_mhz = max(need for _, need in self._needs)
+        held = max(need for at, need in self._needs if at >= now_s - p.hold_s)
+        if self.static_mhz is None or held <= self.static_mhz:
+            self.base_mhz = held
+        else:
+            # Above the static clock the need is held only rise_s: a static clock would have
+            # absorbed a spike's streams too, so the base falls back to it soon.
+            recent = max(need for at, need in self._needs if at >= now_s - p.rise_s)
+            self.base_mhz = max(self.static_mhz, recent)
         self.admission_limit = self._limit(self.base_mhz)
+
+    def _static_clock(self, now_s: float) -> int | None:
+        """The lowest clock that, held through the lives of the streams that ended in the last
+        ``static_window_s``, would have kept their ``tail_quantile`` TPOT within the budget
+        (module docstring); None before ``static_min_samples`` of them."""
+        p = self.params
+        while self._fixed_tpots and self._fixed_tpots[0][0] < now_s - p.static_window_s:
+            self._fixed_tpots.popleft()
+        if len(self._fixed_tpots) < p.static_min_samples:
+            return None
+        tails = np.quantile(np.stack([v for _, v in self._fixed_tpots]), p.tail_quantile, axis=0)
+        fits = np.flatnonzero(tails <= self.budgets()[1])
+        return self.clocks[int(fits[0])] if fits.size else self.clocks[-1]
+
+    def _gap_vector(self, running: int, rate: float) -> FloatArray:
+        """The model's mean gap (ms, the prior's step) at every clock of the ladder, each with
+        the sequences that clock would hold: by Little's law the running count grows as the
+        gap does, from ``running`` at the clock in force."""
+        here = self._gap_model(self.clock_mhz, running, rate, learned=False)
+        out = np.empty(len(self.clocks))
+        for i, f in enumerate(self.clocks):
+            n = float(max(1, running))
+            gap = self._gap_model(f, n, rate, learned=False)
+            if running > 0 and math.isfinite(here) and here > 0:
+                for _ in range(3):
+                    if not math.isfinite(gap):
+                        break
+                    n = max(1.0, running * gap / here)
+                    gap = self._gap_model(f, n, rate, learned=False)
+            out[i] = min(gap, GAP_CAP_MS)  # a clock that cannot keep up: finite, far past any SLO
+        return out
 
     def _tpot_clock(self, running: int, rate: float) -> int:
         """The lowest clock whose predicted p99 TPOT fits the budget (the top if none does)."""
@@ -578,6 +633,7 @@ class TokenPolicy:
             "clock_mhz": self.clock_mhz,
             "base_clock_mhz": self.base_mhz,
             "need_clock_mhz": self.need_mhz,
+            "static_clock_mhz": self.static_mhz,
             "admission_limit": self.admission_limit,
             "running": self.running,
             "waiting_prompts": self._waiting,
@@ -604,6 +660,7 @@ class TokenPolicy:
         if dt > 0:
             self._gap_integral += self._gap_now_ms * dt
             self._clock_integral += self.clock_mhz * dt
+            self._fixed_integral += self._gap_vec * dt
             self._integral_s = now_s
 
     def _prefill_done(self, now_s: float) -> None:
