@@ -352,6 +352,12 @@ class TokenPolicy:
         self.static_mhz: int | None = None  # the static clock the recent tails allow
         self._fixed_tpots: deque[tuple[float, FloatArray]] = deque()
         self._gap_vec = np.zeros(len(self.clocks))  # the model's gap at every clock (ms)
+        self._clock_index = {f: i for i, f in enumerate(self.clocks)}
+        self._energy_clocks = sorted(
+            set(prior.prefill_j).intersection(*(js.keys() for js in prior.step_j.values()))
+            & set(self.clocks)
+        )
+        self.floor_mhz = self.clocks[0]  # below it, lower clocks cost more energy (and time)
         self._fixed_integral = np.zeros(len(self.clocks))
         self._boost: tuple[int, float] = (0, -math.inf)  # (clock, held until)
         self.boosts = 0
@@ -498,7 +504,8 @@ class TokenPolicy:
         self._rate = self._prompt_rate(now_s)
         running = len(self._streams)
         self._gap_now_ms = self._gap_model(self.clock_mhz, running, self._rate, learned=False)
-        self._gap_vec = self._gap_vector(running, self._rate)
+        self._gap_vec, counts = self._gap_vector(running, self._rate)
+        self.floor_mhz = self._energy_floor(counts, self._rate) if running else self.clocks[0]
         self._tail_cache.clear()
         self.need_mhz = self._tpot_clock(running, self._rate)
         self.static_mhz = self._static_clock(now_s)
@@ -513,6 +520,7 @@ class TokenPolicy:
             # absorbed a spike's streams too, so the base falls back to it soon.
             recent = max(need for at, need in self._needs if at >= now_s - p.rise_s)
             self.base_mhz = max(self.static_mhz, recent)
+        self.base_mhz = max(self.base_mhz, self.floor_mhz)
         self.admission_limit = self._limit(self.base_mhz)
 
     def _static_clock(self, now_s: float) -> int | None:
@@ -528,12 +536,13 @@ class TokenPolicy:
         fits = np.flatnonzero(tails <= self.budgets()[1])
         return self.clocks[int(fits[0])] if fits.size else self.clocks[-1]
 
-    def _gap_vector(self, running: int, rate: float) -> FloatArray:
+    def _gap_vector(self, running: int, rate: float) -> tuple[FloatArray, FloatArray]:
         """The model's mean gap (ms, the prior's step) at every clock of the ladder, each with
         the sequences that clock would hold: by Little's law the running count grows as the
-        gap does, from ``running`` at the clock in force."""
+        gap does, from ``running`` at the clock in force. Returns the gaps and the counts."""
         here = self._gap_model(self.clock_mhz, running, rate, learned=False)
         out = np.empty(len(self.clocks))
+        counts = np.empty(len(self.clocks))
         for i, f in enumerate(self.clocks):
             n = float(max(1, running))
             gap = self._gap_model(f, n, rate, learned=False)
@@ -544,7 +553,26 @@ class TokenPolicy:
                     n = max(1.0, running * gap / here)
                     gap = self._gap_model(f, n, rate, learned=False)
             out[i] = min(gap, GAP_CAP_MS)  # a clock that cannot keep up: finite, far past any SLO
-        return out
+            counts[i] = n
+        return out, counts
+
+    def _energy_floor(self, counts: FloatArray, rate: float) -> int:
+        """The clock below which every clock costs more energy per output token and is slower
+        (module docstring): the least of the prior's energy per output token, a decode step's
+        joules over its sequences plus the prompts' joules per output token, at the sequences
+        each clock would hold; the bottom clock when nothing runs."""
+        best, best_j = self.clocks[0], math.inf
+        for f in self._energy_clocks:
+            i = self._clock_index[f]
+            gap_ms, n = float(self._gap_vec[i]), float(counts[i])
+            if not (gap_ms < GAP_CAP_MS and n > 0):
+                continue
+            step_j = _interp_buckets({b: js[f] for b, js in self.prior.step_j.items()}, n)
+            prompt_j = rate * gap_ms / 1000.0 / n * self.prior.prefill_j[f] / self.prior.prefill_tokens
+            joules = step_j / n + prompt_j
+            if joules < best_j:
+                best, best_j = f, joules
+        return best
 
     def _tpot_clock(self, running: int, rate: float) -> int:
         """The lowest clock whose predicted p99 TPOT fits the budget (the top if none does)."""
@@ -634,6 +662,7 @@ class TokenPolicy:
             "base_clock_mhz": self.base_mhz,
             "need_clock_mhz": self.need_mhz,
             "static_clock_mhz": self.static_mhz,
+            "energy_floor_mhz": self.floor_mhz,
             "admission_limit": self.admission_limit,
             "running": self.running,
             "waiting_prompts": self._waiting,
