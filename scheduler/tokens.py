@@ -568,7 +568,8 @@ class TokenPolicy:
             if not (gap_ms < GAP_CAP_MS and n > 0):
                 continue
             step_j = _interp_buckets({b: js[f] for b, js in self.prior.step_j.items()}, n)
-            prompt_j = rate * gap_ms / 1000.0 / n * self.prior.prefill_j[f] / self.prior.prefill_tokens
+            per_prompt_token_j = self.prior.prefill_j[f] / self.prior.prefill_tokens
+            prompt_j = rate * gap_ms / 1000.0 / n * per_prompt_token_j
             joules = step_j / n + prompt_j
             if joules < best_j:
                 best, best_j = f, joules
