@@ -35,10 +35,25 @@ whose mean clocks were nearest ``f``. Before ``min_samples`` streams finished, `
 * Every ``period_s``, the clock the TPOT tail needs: the lowest clock whose predicted p99 TPOT,
   ``K(f) · g(f, n, λ)`` at the running sequences and the prompt rate now (the higher of its
   rates over ``window_s`` and ``short_window_s``: a rising load is seen within seconds), fits
-  the budget ``SLO × tpot_share × feedback scale``. The *base clock* is the highest of these
-  needs over the last ``hold_s``: it rises at once and comes down only after the need has stayed
-  lower that long, so it does not chase single iterations or a few seconds of noise (a clock
-  change takes from a millisecond to hundreds of them to land on an NVIDIA GPU).
+  the budget ``SLO × tpot_share × feedback scale``. The *base clock* follows it, held: a need
+  raises it at once, and it comes down only after the need has stayed lower for ``hold_s``, so
+  it does not chase single iterations or a few seconds of noise (a clock change takes from a
+  millisecond to hundreds of them to land on an NVIDIA GPU) -- but above the static clock a
+  need is held only ``rise_s``.
+* The *static clock*: the lowest clock that, held through the lives of the streams that ended
+  in the last ``static_window_s``, would have kept their ``tail_quantile`` TPOT within the
+  budget. Per stream, the TPOT it would have had at each clock is its measured TPOT times the
+  model's mean gap over its life at that clock over the model's mean gap at the clocks that ran
+  (the gap at every clock integrated over time, with the sequences each clock would hold: by
+  Little's law the running count grows as the gap does). It is the best single clock in
+  hindsight over the recent past, as the model sees it. A fixed clock absorbs the short spikes
+  of a steady load (a stream's TPOT is a mean over its life), and on an engine whose energy per
+  token rises with the clock, following each spike up for ``hold_s`` costs more than the fixed
+  clock does; so above the static clock a need is held only as long as a spike lasts.
+* The *energy floor*: the clock of least energy per output token by the prior's joules, at the
+  sequences each clock would hold (a decode step's joules over its sequences, plus the prompts'
+  joules per output token). A lower clock is both slower and costlier, so the base never goes
+  below it.
 * Between periods, a *boost* for waiting prompts: when the prompts waiting for their first token
   would miss the TTFT target at the base clock (seed 003's check at dequeue, applied to prompts:
   each one is done after the prompt tokens queued before it, ``batched_tokens − n`` per
@@ -57,7 +72,8 @@ whose mean clocks were nearest ``f``. Before ``min_samples`` streams finished, `
   against overload; the tails are the clock's job.
 
 What the GPU's energy counter measured per clock is kept for the admin state, not used to
-decide: between clocks measured at different loads it compares the loads as much as the clocks.
+decide: between clocks measured at different loads it compares the loads as much as the clocks
+(the energy floor uses the offline profile's joules instead).
 """
 
 from __future__ import annotations
@@ -171,7 +187,7 @@ class TokenPolicyParams:
     tail_neighbours: int = 200  # K(f) is over the streams whose clocks were nearest f
     min_samples: int = 50  # before this many ratios, the tail factor is prior_tail
     prior_tail: float = 1.8  # p99 TPOT over the model's mean gap, assumed until measured
-    tpot_share: float = 0.97  # the TPOT budget: SLO × this × feedback scale
+    tpot_share: float = 0.96  # the TPOT budget: SLO × this × feedback scale
     ttft_share: float = 0.95  # the waiting prompts' TTFT target: SLO × this × feedback scale
     boost_hold_s: float = 0.0  # a boost for waiting prompts lasts at least this long
     max_share: float = 0.97  # prompts cannot take more of the engine's time than this
