@@ -35,10 +35,25 @@ whose mean clocks were nearest ``f``. Before ``min_samples`` streams finished, `
 * Every ``period_s``, the clock the TPOT tail needs: the lowest clock whose predicted p99 TPOT,
   ``K(f) · g(f, n, λ)`` at the running sequences and the prompt rate now (the higher of its
   rates over ``window_s`` and ``short_window_s``: a rising load is seen within seconds), fits
-  the budget ``SLO × tpot_share × feedback scale``. The *base clock* is the highest of these
-  needs over the last ``hold_s``: it rises at once and comes down only after the need has stayed
-  lower that long, so it does not chase single iterations or a few seconds of noise (a clock
-  change takes from a millisecond to hundreds of them to land on an NVIDIA GPU).
+  the budget ``SLO × tpot_share × feedback scale``. The *base clock* follows it, held: a need
+  raises it at once, and it comes down only after the need has stayed lower for ``hold_s``, so
+  it does not chase single iterations or a few seconds of noise (a clock change takes from a
+  millisecond to hundreds of them to land on an NVIDIA GPU) -- but above the static clock a
+  need is held only ``rise_s``.
+* The *static clock*: the lowest clock that, held through the lives of the streams that ended
+  in the last ``static_window_s``, would have kept their ``tail_quantile`` TPOT within the
+  budget. Per stream, the TPOT it would have had at each clock is its measured TPOT times the
+  model's mean gap over its life at that clock over the model's mean gap at the clocks that ran
+  (the gap at every clock integrated over time, with the sequences each clock would hold: by
+  Little's law the running count grows as the gap does). It is the best single clock in
+  hindsight over the recent past, as the model sees it. A fixed clock absorbs the short spikes
+  of a steady load (a stream's TPOT is a mean over its life), and on an engine whose energy per
+  token rises with the clock, following each spike up for ``hold_s`` costs more than the fixed
+  clock does; so above the static clock a need is held only as long as a spike lasts.
+* The *energy floor*: the clock of least energy per output token by the prior's joules, at the
+  sequences each clock would hold (a decode step's joules over its sequences, plus the prompts'
+  joules per output token). A lower clock is both slower and costlier, so the base never goes
+  below it.
 * Between periods, a *boost* for waiting prompts: when the prompts waiting for their first token
   would miss the TTFT target at the base clock (seed 003's check at dequeue, applied to prompts:
   each one is done after the prompt tokens queued before it, ``batched_tokens − n`` per
@@ -57,7 +72,8 @@ whose mean clocks were nearest ``f``. Before ``min_samples`` streams finished, `
   against overload; the tails are the clock's job.
 
 What the GPU's energy counter measured per clock is kept for the admin state, not used to
-decide: between clocks measured at different loads it compares the loads as much as the clocks.
+decide: between clocks measured at different loads it compares the loads as much as the clocks
+(the energy floor uses the offline profile's joules instead).
 """
 
 from __future__ import annotations
@@ -80,6 +96,7 @@ from time2clock.online import curve_is_sound
 from time2clock.table import InverseLinearFit, TableError
 
 FloatArray = npt.NDArray[np.float64]
+GAP_CAP_MS = 1e6
 SEQ_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
 
@@ -160,6 +177,9 @@ class TokenPolicyParams:
 
     period_s: float = 0.25
     hold_s: float = 5.0  # the base clock is the highest need over this long
+    rise_s: float = 1.0  # above the static clock, only a need held this long raises the base
+    static_window_s: float = 60.0  # the static clock is judged on the streams that ended here
+    static_min_samples: int = 100  # and on at least this many (before, no static clock)
     window_s: float = 20.0  # the prompt rate's window
     short_window_s: float = 5.0  # and its short one: a rising load is seen within it
     tail_quantile: float = 0.99  # the SLOs hold at the p99 of requests
@@ -167,7 +187,7 @@ class TokenPolicyParams:
     tail_neighbours: int = 200  # K(f) is over the streams whose clocks were nearest f
     min_samples: int = 50  # before this many ratios, the tail factor is prior_tail
     prior_tail: float = 1.8  # p99 TPOT over the model's mean gap, assumed until measured
-    tpot_share: float = 0.97  # the TPOT budget: SLO × this × feedback scale
+    tpot_share: float = 0.96  # the TPOT budget: SLO × this × feedback scale
     ttft_share: float = 0.95  # the waiting prompts' TTFT target: SLO × this × feedback scale
     boost_hold_s: float = 0.0  # a boost for waiting prompts lasts at least this long
     max_share: float = 0.97  # prompts cannot take more of the engine's time than this
@@ -302,6 +322,7 @@ class _Stream:
     tokens: int = 0
     gap_at_first: float = 0.0  # the model's gap integral (ms·s) at its first token
     clock_at_first: float = 0.0  # the clock integral (MHz·s) at its first token
+    fixed_at_first: FloatArray | None = None  # the per-clock gap integrals at its first token
 
 
 @dataclass(frozen=True)
@@ -344,6 +365,16 @@ class TokenPolicy:
         self.base_mhz = self.clocks[-1]  # the clock the TPOT tail needs, held
         self.need_mhz = self.clocks[-1]  # this period's need
         self._needs: deque[tuple[float, int]] = deque()
+        self.static_mhz: int | None = None  # the static clock the recent tails allow
+        self._fixed_tpots: deque[tuple[float, FloatArray]] = deque()
+        self._gap_vec = np.zeros(len(self.clocks))  # the model's gap at every clock (ms)
+        self._clock_index = {f: i for i, f in enumerate(self.clocks)}
+        self._energy_clocks = sorted(
+            set(prior.prefill_j).intersection(*(js.keys() for js in prior.step_j.values()))
+            & set(self.clocks)
+        )
+        self.floor_mhz = self.clocks[0]  # below it, lower clocks cost more energy (and time)
+        self._fixed_integral = np.zeros(len(self.clocks))
         self._boost: tuple[int, float] = (0, -math.inf)  # (clock, held until)
         self.boosts = 0
         self.changes = 0
@@ -398,6 +429,7 @@ class TokenPolicy:
             s.first_s = now_s
             s.gap_at_first = self._gap_integral
             s.clock_at_first = self._clock_integral
+            s.fixed_at_first = self._fixed_integral.copy()
             self.ttft_loop.observe(now_s, (now_s - s.arrival_s) * 1000.0, self.slo.ttft_ms)
             self._prefill_done(now_s)
         elif (
@@ -429,6 +461,11 @@ class TokenPolicy:
         mean_clock = (self._clock_integral - s.clock_at_first) / max(now_s - s.first_s, 1e-9)
         if mean_gap_ms > 0 and math.isfinite(mean_gap_ms):
             self._ratios.append((mean_clock, tpot_ms / mean_gap_ms))
+            if s.fixed_at_first is not None:
+                life = max(now_s - s.first_s, 1e-9)
+                fixed = (self._fixed_integral - s.fixed_at_first) / life
+                if np.all(np.isfinite(fixed)):
+                    self._fixed_tpots.append((now_s, fixed * (tpot_ms / mean_gap_ms)))
 
     def on_energy(self, now_s: float, energy_j: float) -> None:
         """A reading of the GPU's energy counter (joules since any origin): joules per output
@@ -483,13 +520,76 @@ class TokenPolicy:
         self._rate = self._prompt_rate(now_s)
         running = len(self._streams)
         self._gap_now_ms = self._gap_model(self.clock_mhz, running, self._rate, learned=False)
+        self._gap_vec, counts = self._gap_vector(running, self._rate)
+        self.floor_mhz = self._energy_floor(counts, self._rate) if running else self.clocks[0]
         self._tail_cache.clear()
         self.need_mhz = self._tpot_clock(running, self._rate)
+        self.static_mhz = self._static_clock(now_s)
         self._needs.append((now_s, self.need_mhz))
-        while self._needs[0][0] < now_s - p.hold_s:
+        while self._needs[0][0] < now_s - max(p.hold_s, p.rise_s):
             self._needs.popleft()
-        self.base_mhz = max(need for _, need in self._needs)
+        held = max(need for at, need in self._needs if at >= now_s - p.hold_s)
+        if self.static_mhz is None or held <= self.static_mhz:
+            self.base_mhz = held
+        else:
+            # Above the static clock the need is held only rise_s: a static clock would have
+            # absorbed a spike's streams too, so the base falls back to it soon.
+            recent = max(need for at, need in self._needs if at >= now_s - p.rise_s)
+            self.base_mhz = max(self.static_mhz, recent)
+        self.base_mhz = max(self.base_mhz, self.floor_mhz)
         self.admission_limit = self._limit(self.base_mhz)
+
+    def _static_clock(self, now_s: float) -> int | None:
+        """The lowest clock that, held through the lives of the streams that ended in the last
+        ``static_window_s``, would have kept their ``tail_quantile`` TPOT within the budget
+        (module docstring); None before ``static_min_samples`` of them."""
+        p = self.params
+        while self._fixed_tpots and self._fixed_tpots[0][0] < now_s - p.static_window_s:
+            self._fixed_tpots.popleft()
+        if len(self._fixed_tpots) < p.static_min_samples:
+            return None
+        tails = np.quantile(np.stack([v for _, v in self._fixed_tpots]), p.tail_quantile, axis=0)
+        fits = np.flatnonzero(tails <= self.budgets()[1])
+        return self.clocks[int(fits[0])] if fits.size else self.clocks[-1]
+
+    def _gap_vector(self, running: int, rate: float) -> tuple[FloatArray, FloatArray]:
+        """The model's mean gap (ms, the prior's step) at every clock of the ladder, each with
+        the sequences that clock would hold: by Little's law the running count grows as the
+        gap does, from ``running`` at the clock in force. Returns the gaps and the counts."""
+        here = self._gap_model(self.clock_mhz, running, rate, learned=False)
+        out = np.empty(len(self.clocks))
+        counts = np.empty(len(self.clocks))
+        for i, f in enumerate(self.clocks):
+            n = float(max(1, running))
+            gap = self._gap_model(f, n, rate, learned=False)
+            if running > 0 and math.isfinite(here) and here > 0:
+                for _ in range(3):
+                    if not math.isfinite(gap):
+                        break
+                    n = max(1.0, running * gap / here)
+                    gap = self._gap_model(f, n, rate, learned=False)
+            out[i] = min(gap, GAP_CAP_MS)  # a clock that cannot keep up: finite, far past any SLO
+            counts[i] = n
+        return out, counts
+
+    def _energy_floor(self, counts: FloatArray, rate: float) -> int:
+        """The clock below which every clock costs more energy per output token and is slower
+        (module docstring): the least of the prior's energy per output token, a decode step's
+        joules over its sequences plus the prompts' joules per output token, at the sequences
+        each clock would hold; the bottom clock when nothing runs."""
+        best, best_j = self.clocks[0], math.inf
+        for f in self._energy_clocks:
+            i = self._clock_index[f]
+            gap_ms, n = float(self._gap_vec[i]), float(counts[i])
+            if not (gap_ms < GAP_CAP_MS and n > 0):
+                continue
+            step_j = _interp_buckets({b: js[f] for b, js in self.prior.step_j.items()}, n)
+            per_prompt_token_j = self.prior.prefill_j[f] / self.prior.prefill_tokens
+            prompt_j = rate * gap_ms / 1000.0 / n * per_prompt_token_j
+            joules = step_j / n + prompt_j
+            if joules < best_j:
+                best, best_j = f, joules
+        return best
 
     def _tpot_clock(self, running: int, rate: float) -> int:
         """The lowest clock whose predicted p99 TPOT fits the budget (the top if none does)."""
@@ -578,6 +678,8 @@ class TokenPolicy:
             "clock_mhz": self.clock_mhz,
             "base_clock_mhz": self.base_mhz,
             "need_clock_mhz": self.need_mhz,
+            "static_clock_mhz": self.static_mhz,
+            "energy_floor_mhz": self.floor_mhz,
             "admission_limit": self.admission_limit,
             "running": self.running,
             "waiting_prompts": self._waiting,
@@ -604,6 +706,7 @@ class TokenPolicy:
         if dt > 0:
             self._gap_integral += self._gap_now_ms * dt
             self._clock_integral += self.clock_mhz * dt
+            self._fixed_integral += self._gap_vec * dt
             self._integral_s = now_s
 
     def _prefill_done(self, now_s: float) -> None:

@@ -204,7 +204,10 @@ def test_a_burst_of_prompts_raises_the_clock_within_the_short_window_and_it_is_h
     first_up = min(t for t, c in plant.changes if t > 40.0 and c > calm)
     assert first_up < 40.0 + policy.params.short_window_s
     plant.run(2.0, **STEADY)  # type: ignore[arg-type]
-    assert policy.base_mhz >= raised  # held: the base is the highest need over hold_s
+    # Held: the highest need over hold_s, but above the static clock only over rise_s.
+    static = policy.static_mhz
+    assert static is not None
+    assert policy.base_mhz >= min(raised, static)
     plant.run(30.0, **STEADY)  # type: ignore[arg-type]
     assert policy.base_mhz < raised  # the burst has left the rate windows and the hold
 
@@ -325,3 +328,88 @@ def test_in_the_core_its_admission_limit_caps_streams_and_it_hears_every_token()
     assert core.next_dispatch(0.08) is not None and core.next_dispatch(0.08) is None
     state = policy.state()
     assert state is not None and state[0]["admission_limit"] == 2
+
+
+def scripted(policy: TokenPolicy, needs: list[int], static: int | None) -> list[int]:
+    """The base clock after each control period (0.25 s apart) whose TPOT need is scripted,
+    the static clock fixed and the energy floor at the bottom."""
+    needs_left = list(needs)
+    policy._tpot_clock = lambda running, rate: needs_left.pop(0)  # type: ignore[method-assign]
+    policy._static_clock = lambda now_s: static  # type: ignore[method-assign]
+    policy._energy_floor = lambda counts, rate: CLOCKS[0]  # type: ignore[method-assign]
+    bases = []
+    for i in range(len(needs)):
+        policy._period(i * 0.25)
+        bases.append(policy.base_mhz)
+    return bases
+
+
+def test_a_need_above_the_static_clock_is_held_rise_s_and_one_below_it_hold_s() -> None:
+    spike = [800] * 4 + [1800] + [800] * 15  # one period's need far above the rest
+    above = scripted(make_policy(hold_s=2.0, rise_s=0.5), spike, static=1000)
+    assert above[4] == 1800  # a need raises the base at once
+    assert above[5:7] == [1800, 1800]  # held rise_s (0.5 s: two more periods)
+    assert above[7:13] == [1000] * 6  # then the static clock, not the 2-s high
+    assert above[13:] == [800] * 7  # the spike has left hold_s
+    below = scripted(make_policy(hold_s=2.0, rise_s=0.5), spike, static=2000)
+    assert below[4:13] == [1800] * 9  # under the static clock: held hold_s (2 s)
+    assert below[13:] == [800] * 7
+    learning = scripted(make_policy(hold_s=2.0, rise_s=0.5), spike, static=None)
+    assert learning == below  # before the static clock is known: held hold_s
+
+
+def test_the_static_clock_is_the_lowest_whose_counterfactual_tail_fits_the_budget() -> None:
+    policy = make_policy(static_min_samples=10)
+    budget = policy.budgets()[1]
+    rng = np.random.default_rng(3)
+    ladder = np.asarray(CLOCKS, dtype=float)
+    for _ in range(200):
+        # Every stream's TPOT, had each clock been held through its life: falling with it.
+        policy._fixed_tpots.append((1.0, rng.uniform(0.5, 1.0) * budget * 1000.0 / ladder))
+    worst = np.quantile(np.stack([v for _, v in policy._fixed_tpots]), 0.99, axis=0)
+    expected = CLOCKS[int(np.flatnonzero(worst <= budget)[0])]
+    assert policy._static_clock(2.0) == expected
+    assert policy._static_clock(70.0) is None  # the window (60 s) has emptied
+
+
+def test_held_clocks_predict_the_measured_tpot_at_the_clock_that_ran() -> None:
+    """A stream's counterfactual TPOT at the clock it ran at (never changed) is its TPOT, and
+    at a higher clock it is shorter."""
+    policy = make_policy()
+    policy.decide(0.0)  # one control period; none runs while the streams below go by
+    clock = policy.clock_mhz
+    i = CLOCKS.index(clock)
+    t, tpots = 0.0, []
+    for rid, gap_ms in enumerate((5.0, 7.0, 9.0)):
+        policy.on_release(rid, t, t, 100)
+        t += 0.01
+        for _ in range(21):
+            policy.on_token(rid, t)
+            t += gap_ms / 1000.0
+        policy.on_finish(rid, t - gap_ms / 1000.0)
+        tpots.append(gap_ms)
+    fixed = [v for _, v in policy._fixed_tpots]
+    assert [v[i] for v in fixed] == pytest.approx(tpots, rel=1e-6)
+    assert all(v[-1] <= v[i] for v in fixed)
+
+
+def test_the_base_never_goes_below_the_energy_floor() -> None:
+    """With a prefill whose energy is least mid-ladder, the floor is the clock of least joules
+    per output token and the base does not go under it, however light the load."""
+    policy = make_policy()
+    plant = Plant(policy)
+    plant.run(30.0, rate_hz=2.0, prompt=2000, tokens=20, ttft_ms=40.0, gap_ms=5.0)
+    floor = policy.floor_mhz
+    assert CLOCKS[0] < floor < TOP
+    assert policy.base_mhz >= floor and policy.need_mhz < floor  # the need alone would go lower
+    p = policy.prior
+    counts = policy._gap_vector(policy.running, policy._rate)[1]
+
+    def joules(f: int) -> float:
+        i = CLOCKS.index(f)
+        n = float(counts[i])
+        step = np.interp(n, sorted(p.step_j), [p.step_j[b][f] for b in sorted(p.step_j)])
+        prompt = policy._rate * policy._gap_vec[i] / 1000.0 / n * p.prefill_j[f] / 1024
+        return float(step / n + prompt)
+
+    assert policy._energy_floor(counts, policy._rate) == min(CLOCKS, key=joules)
