@@ -276,7 +276,6 @@ class SlackPolicy(ClockPolicy):
             float(gamma.ppf(self.params.arrival_quantile, j))
             for j in range(1, self.params.phantoms + 1)
         ]
-        self._phantom_gaps_arr = np.array(self._phantom_gaps)
 
     def _slo_scale(self, model: str, slo_ms: float) -> float:
         """The share of a request's SLO the plan aims at (1: its SLO; a feedback policy moves
@@ -473,18 +472,23 @@ class SlackPolicy(ClockPolicy):
         """
         p = self.params
         plan_of = {m: plan for m in models if (plan := plans[m]) is not None}
-        margin = max(plan.margin_ms for plan in plan_of.values())
+        margin = float(max(plan.margin_ms for plan in plan_of.values()))
         index = {m: k for k, m in enumerate(models)}
         counts = dict.fromkeys(models, 0)
         # One constraint per entry of these lists: its model (index), how many of that model
-        # are ahead of it (itself included), its room (ms).
+        # are ahead of it (itself included), its room (ms). Plain lists: a plan has a few dozen
+        # rows, where numpy's cost per call would be most of the work.
         row_model: list[int] = []
         row_n: list[int] = []
         row_room: list[float] = []
+        # Whether this policy scales deadlines (:meth:`_slo_scale`); if not, a request's is its own.
+        scaled = type(self)._slo_scale is not SlackPolicy._slo_scale
         scales: dict[tuple[str, float], float] = {}  # the plan's scale per class, this once
 
         def deadline_s(r: QueuedRequest) -> float:
             """:meth:`_deadline_s`, its class's scale looked up once per plan."""
+            if not scaled:
+                return r.deadline_s
             key = (r.model, r.slo_ms)
             scale = scales.get(key)
             if scale is None:
@@ -501,19 +505,21 @@ class SlackPolicy(ClockPolicy):
         inflight_counts = dict(counts)
         for r in queued:
             m = r.model
-            counts[m] += 1
+            n = counts[m] + 1
+            counts[m] = n
             row_model.append(index[m])
-            row_n.append(counts[m])
-            row_room.append((deadline_s(r) - now_s) * 1000.0)
+            row_n.append(n)
+            row_room.append(((deadline_s(r) if scaled else r.deadline_s) - now_s) * 1000.0)
         if s.queue_len > len(queued):
             earliest = s.earliest_deadline_s()
             assert earliest is not None
             waiting = s.queued_by_model()
-            # The bound on the rest: its earliest deadline, moved as the tightest class's is.
-            earliest += min(
-                (self._slo_scale(m, s.last_slo_ms(m)) - 1.0) * s.last_slo_ms(m) / 1000.0
-                for m in waiting
-            )
+            if scaled:
+                # The bound on the rest: its earliest deadline, moved as the tightest class's is.
+                earliest += min(
+                    (self._slo_scale(m, s.last_slo_ms(m)) - 1.0) * s.last_slo_ms(m) / 1000.0
+                    for m in waiting
+                )
             for m, n in waiting.items():
                 if m not in counts:
                     return None
@@ -521,51 +527,49 @@ class SlackPolicy(ClockPolicy):
                 row_model.append(index[m])
                 row_n.append(counts[m])
                 row_room.append((earliest - now_s) * 1000.0)
-        model_of = np.array(row_model, dtype=int)
-        ahead = np.array(row_n, dtype=int)
-        room = np.array(row_room)
         known_rows = len(row_n)  # the rest are phantoms, with their own margin scale
         total_rate = sum(rates.values())
-        if total_rate > 0:
+        if total_rate > 0 and self._phantom_gaps:
             ms_per_gap = 1000.0 / total_rate
             # A phantom's room beyond its gap: its model's last SLO, scaled as its class's.
             slo_room = {m: self._slo_scale(m, s.last_slo_ms(m)) * s.last_slo_ms(m) for m in rates}
             if len(rates) == 1:  # every phantom is of the one model arriving
                 (m,) = rates
-                phantoms = len(self._phantom_gaps)
-                model_of = np.concatenate([model_of, np.full(phantoms, index[m])])
-                ahead = np.concatenate([ahead, np.arange(1, phantoms + 1) + counts[m]])
-                room = np.concatenate([room, self._phantom_gaps_arr * ms_per_gap + slo_room[m]])
-                counts[m] += phantoms
+                k, base, room_m = index[m], counts[m], slo_room[m]
+                for j, gap in enumerate(self._phantom_gaps, start=1):
+                    row_model.append(k)
+                    row_n.append(base + j)
+                    row_room.append(gap * ms_per_gap + room_m)
+                counts[m] += len(self._phantom_gaps)
             else:  # each the model most behind its share of the arrivals so far
                 given = dict.fromkeys(rates, 0)
-                rows_model, rows_n, rows_room = [], [], []
                 for j, gap in enumerate(self._phantom_gaps, start=1):
                     m = max(rates, key=lambda x: rates[x] * j / total_rate - given[x])
                     given[m] += 1
                     counts[m] += 1
-                    rows_model.append(index[m])
-                    rows_n.append(counts[m])
-                    rows_room.append(gap * ms_per_gap + slo_room[m])
-                model_of = np.concatenate([model_of, np.array(rows_model, dtype=int)])
-                ahead = np.concatenate([ahead, np.array(rows_n, dtype=int)])
-                room = np.concatenate([room, np.array(rows_room)])
+                    row_model.append(index[m])
+                    row_n.append(counts[m])
+                    row_room.append(gap * ms_per_gap + slo_room[m])
 
         # The tail margin: ``k`` executions in a row carry ``margin · √k`` (phantoms scaled).
-        batches = np.array([plan_of[m].max_batch for m in models], dtype=int)
-        full, part = np.divmod(ahead, batches[model_of])
-        executions = (full + (part > 0)).astype(float)
-        scale = np.ones(len(ahead))
-        scale[known_rows:] = p.phantom_margin
+        if margin == 0.0:
+            margins = [0.0] * len(row_n)
+        else:
+            batches = [plan_of[m].max_batch for m in models]
+            margins = []
+            for i, (k, n) in enumerate(zip(row_model, row_n, strict=True)):
+                full, part = divmod(n, batches[k])
+                scale = 1.0 if i < known_rows else p.phantom_margin
+                margins.append(margin * scale * math.sqrt(max(full + (part > 0), 1.0)))
         # Work done on what is in flight: at most the time since the model's last completion
         # (all earlier work has left the in-flight set), shared among the models running.
         share = 1.0 / max(1, len(inflight))
         return Constraints(
             work=[plan_of[m].work for m in models],
-            row_model=model_of,
-            row_n=ahead,
-            room_ms=room,
-            margin_ms=margin * scale * np.sqrt(np.maximum(executions, 1.0)),
+            row_model=row_model,
+            row_n=row_n,
+            room_ms=row_room,
+            margin_ms=margins,
             inflight=[inflight_counts[m] for m in models],
             known=[counts[m] for m in models],
             elapsed_ms=[(now_s - since[m]) * 1000.0 * share for m in models],
