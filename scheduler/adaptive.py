@@ -176,6 +176,7 @@ class AdaptivePolicy(SlackPolicy):
         )
         super().__init__(clocks_mhz, plan)
         self._raise_plans: dict[str, ModelPlan] = {}  # model -> its plan with the raise margin
+        self._speeds: dict[str, tuple[ModelPlan, FloatArray]] = {}  # model -> (plan, _levels)
         self.feedback = fb
         self.controllers: OrderedDict[tuple[str, float], TailController] = OrderedDict()
         self._need_before: dict[str, float] = {}  # model -> its plan's need, before new tables
@@ -193,13 +194,15 @@ class AdaptivePolicy(SlackPolicy):
         plan = self._plan(s, model)
         if plan is None:
             return None
-        times = plan.times_ms[1]
-        out: FloatArray = np.log(times[-1] / times)
-        return out
+        known = self._speeds.get(model)  # asked at every event: computed once per plan
+        if known is None or known[0] is not plan:
+            times = plan.times_ms[1]
+            known = self._speeds[model] = (plan, np.log(times[-1] / times))
+        return known[1]
 
     def _clock_at(self, levels: FloatArray, level: float) -> int:
         """The lowest clock (index) at least as fast as ``level``."""
-        return min(int(np.searchsorted(levels, level - 1e-12)), len(levels) - 1)
+        return min(int(levels.searchsorted(level - 1e-12)), len(levels) - 1)
 
     def energy_floor_mhz(self, s: SchedulerView, model: str) -> int | None:
         """The energy floor of ``model`` at its arrival rate now (see the module docstring);

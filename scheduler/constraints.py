@@ -61,10 +61,14 @@ class WorkTable:
 
 
 def _floats(values: Sequence[float] | FloatArray) -> list[float]:
+    if isinstance(values, list):
+        return values
     return values.tolist() if isinstance(values, np.ndarray) else list(values)
 
 
 def _ints(values: Sequence[int] | IntArray) -> list[int]:
+    if isinstance(values, list):
+        return values
     return values.tolist() if isinstance(values, np.ndarray) else list(values)
 
 
@@ -94,10 +98,8 @@ class Constraints:
         self._models = _ints(self.row_model)
         self._n = _ints(self.row_n)
         self._margins = _floats(self.margin_ms)
-        safety, delay = self.safety, self.change_delay_ms
-        rooms = _floats(self.room_ms)
-        self._now_room = [room * safety for room in rooms]
-        self._delayed_room = [(room - delay) * safety for room in rooms]
+        self._rooms = _floats(self.room_ms)
+        self._room_at: list[list[float] | None] = [None, None]  # as it stands, after a delay
         self.top = len(self._rows[0][0]) - 1
         # The credit is the same at every clock when the work done so far is below what the
         # model's in-flight requests need even at the top clock (their least).
@@ -109,10 +111,24 @@ class Constraints:
         self.monotone = flat and all(w.monotone for w in self.work)
         self._full: tuple[BoolArray, BoolArray] | None = None
 
+    def _room(self, delayed: bool) -> list[float]:
+        """Each row's room with the safety share kept back (``delayed``: less the raise's
+        delay), worked out once per plan."""
+        rooms = self._room_at[delayed]
+        if rooms is None:
+            safety = self.safety
+            if delayed:
+                delay = self.change_delay_ms
+                rooms = [(room - delay) * safety for room in self._rooms]
+            else:
+                rooms = [room * safety for room in self._rooms]
+            self._room_at[delayed] = rooms
+        return rooms
+
     def holds_at(self, clock: int, delayed: bool) -> bool:
         """Whether every constraint holds at clock index ``clock`` (``delayed``: after a raise's
         delay): one column of :meth:`evaluate`, by the same operations in plain Python."""
-        rooms = self._delayed_room if delayed else self._now_room
+        rooms = self._room(delayed)
         tables = self._rows
         elapsed, inflight = self.elapsed_ms, self.inflight
         credit = [min(elapsed[k], 0.95 * t[inflight[k]][clock]) for k, t in enumerate(tables)]
@@ -166,8 +182,8 @@ class Constraints:
                     known = table[self.known[k], columns] - credit[k]
                     total[others] += np.minimum(own[others], known)
         need = total + np.array(self._margins)[:, None]
-        now_ok = (need <= np.array(self._now_room)[:, None]).all(axis=0)
-        delayed_ok = (need <= np.array(self._delayed_room)[:, None]).all(axis=0)
+        now_ok = (need <= np.array(self._room(False))[:, None]).all(axis=0)
+        delayed_ok = (need <= np.array(self._room(True))[:, None]).all(axis=0)
         return now_ok, delayed_ok
 
     def everywhere(self) -> tuple[BoolArray, BoolArray]:

@@ -5,7 +5,7 @@ it returns (send this request, set this clock)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic
 
@@ -215,7 +215,8 @@ class Scheduler(Generic[P]):
         self._charges[key] = charge
         return charge
 
-    def iter_queue(self, limit: int) -> Iterator[Request[P]]:
+    def iter_queue(self, limit: int) -> list[Request[P]]:
+        """The first ``limit`` waiting requests in dispatch order."""
         head = self.queue.peek()
         charge = self.charge_ms(head.model) if head is not None else 0.0
         return self.queue.iter_order(limit, charge)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import bisect
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -396,7 +396,7 @@ class SlackPolicy(ClockPolicy):
         inflight = s.inflight_by_model()
         if not s.queue_len and not inflight:
             return s.energy_floor_mhz(self._floor(s, s.tables.models), now_s)
-        queued = list(s.iter_queue(self.params.lookahead))
+        queued = s.iter_queue(self.params.lookahead)
         models = list(dict.fromkeys([*inflight, *(r.model for r in queued)]))
         plans = {m: self._plan(s, m) for m in models}
         if any(p is None for p in plans.values()):
@@ -441,7 +441,7 @@ class SlackPolicy(ClockPolicy):
         models: list[str],
         plans: dict[str, ModelPlan | None],
         inflight: Mapping[str, list[QueuedRequest]],
-        queued: list[QueuedRequest],
+        queued: Sequence[QueuedRequest],
         rates: dict[str, float],
     ) -> tuple[BoolArray, BoolArray]:
         """Per clock, whether every constraint holds: as the clock stands, and if a raise must
@@ -460,7 +460,7 @@ class SlackPolicy(ClockPolicy):
         models: list[str],
         plans: dict[str, ModelPlan | None],
         inflight: Mapping[str, list[QueuedRequest]],
-        queued: list[QueuedRequest],
+        queued: Sequence[QueuedRequest],
         rates: dict[str, float],
     ) -> Constraints | None:
         """Every constraint of the plan; None when a model waiting has no table.

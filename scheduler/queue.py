@@ -30,6 +30,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
+from itertools import islice
 from typing import Generic
 
 from scheduler.request import P, Request
@@ -350,32 +351,33 @@ class PriorityCfsQueue(Generic[P]):
                 return best
         return None
 
-    def iter_order(self, limit: int, expected_ms: float) -> Iterator[Request[P]]:
-        """The first ``limit`` requests in the order :meth:`pop` would give them, read-only."""
-        left = limit
+    def iter_order(self, limit: int, expected_ms: float) -> list[Request[P]]:
+        """The first ``limit`` requests in the order :meth:`pop` would give them, read-only:
+        each flow charged ``expected_ms`` per request as it goes (ties as in the queue)."""
+        out: list[Request[P]] = []
         for n in self._order:
+            left = limit - len(out)
             level = self._levels[n]
             if not level.size or left <= 0:
                 continue
             runnable = [f for f in level.flows.values() if f.requests]
             if len(runnable) == 1:
-                for request in runnable[0].requests:
-                    if left <= 0:
-                        return
-                    yield request
-                    left -= 1
+                out.extend(islice(runnable[0].requests, left))
                 continue
             sim = [(f.vruntime, f.requests[0].seq, i, 0) for i, f in enumerate(runnable)]
             heapq.heapify(sim)
             while sim and left > 0:
-                vruntime, _, i, pos = heapq.heappop(sim)
-                request = runnable[i].requests[pos]
-                yield request
+                vruntime, _, i, pos = sim[0]
+                requests = runnable[i].requests
+                request = requests[pos]
+                out.append(request)
                 left -= 1
-                if pos + 1 < len(runnable[i].requests):
-                    nxt = runnable[i].requests[pos + 1]
+                if pos + 1 < len(requests):
                     vruntime += _CHARGE_PER_MS[request.nice - NICE_MIN] * expected_ms
-                    heapq.heappush(sim, (vruntime, nxt.seq, i, pos + 1))
+                    heapq.heapreplace(sim, (vruntime, requests[pos + 1].seq, i, pos + 1))
+                else:
+                    heapq.heappop(sim)
+        return out
 
     def flow_vruntimes(self, level: int) -> dict[str, float]:
         """Virtual runtime per flow of a level (for tests and the admin view)."""
