@@ -5,9 +5,10 @@ it returns (send this request, set this clock)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Generic
+from itertools import islice
+from typing import Generic, overload
 
 from dvfs.energy import EnergyReading
 from scheduler.observe import ExecutionObserver
@@ -84,6 +85,47 @@ def validate_hints(priority: int, nice: int, slo_ms: float, config: SchedulerCon
     return None
 
 
+class Waiting(Sequence[QueuedRequest]):
+    """One model's waiting requests, oldest first. A request leaves from anywhere (CFS takes
+    each flow's oldest, and flows run at their own pace), so it is taken out in O(1), not by
+    a scan of a list that holds the whole queue; the two ends are O(1) too."""
+
+    __slots__ = ("_by_seq",)
+
+    def __init__(self) -> None:
+        self._by_seq: dict[int, QueuedRequest] = {}  # in arrival order
+
+    def append(self, request: QueuedRequest) -> None:
+        self._by_seq[request.seq] = request
+
+    def remove(self, request: QueuedRequest) -> None:
+        del self._by_seq[request.seq]
+
+    def __len__(self) -> int:
+        return len(self._by_seq)
+
+    def __iter__(self) -> Iterator[QueuedRequest]:
+        return iter(self._by_seq.values())
+
+    @overload
+    def __getitem__(self, index: int) -> QueuedRequest: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[QueuedRequest]: ...
+
+    def __getitem__(self, index: int | slice) -> QueuedRequest | Sequence[QueuedRequest]:
+        if isinstance(index, slice):
+            return list(self._by_seq.values())[index]
+        n = len(self._by_seq)
+        at = index + n if index < 0 else index
+        if not 0 <= at < n:
+            raise IndexError(f"index {index} out of range for {n} requests waiting")
+        values = self._by_seq.values()
+        if at == n - 1:
+            return next(reversed(values))
+        return next(islice(values, at, None))
+
+
 class Scheduler(Generic[P]):
     """One GPU's queue, in-flight set and clock policy; the one owner of its tables."""
 
@@ -109,7 +151,7 @@ class Scheduler(Generic[P]):
         self.inflight: dict[int, Request[P]] = {}
         self._inflight_by_model: dict[str, list[QueuedRequest]] = {}
         self._inflight_levels: dict[str, dict[int, int]] = {}  # model -> level -> at Triton
-        self._queued_of: dict[str, list[QueuedRequest]] = {}
+        self._queued_of: dict[str, Waiting] = {}
         self.bound = WaitBound()
         self._serving = dict(serving or {})
         # Derived from the tables, kept until they change: how a model not registered is
@@ -120,6 +162,7 @@ class Scheduler(Generic[P]):
         self.clock_target_mhz: int | None = policy.initial_clock_mhz()
         self._seq = 0
         self._rates: dict[str, tuple[float, float]] = {}  # model -> (rate, at_s)
+        self._rates_now: tuple[float, dict[str, float]] = (math.nan, {})  # (at_s, per model)
         self._last_slo_ms: dict[str, float] = {}
         self._last_completion_s: dict[str, float] = {}
 
@@ -248,7 +291,11 @@ class Scheduler(Generic[P]):
 
     def arrival_rates_rps(self, now_s: float) -> dict[str, float]:
         """Arrivals per second per model, exponentially decayed counts over ``RATE_WINDOW_S``."""
-        return {m: self._rate(m, now_s) for m in self._rates}
+        at_s, rates = self._rates_now
+        if at_s != now_s:  # asked several times per event: worked out once per arrival and time
+            rates = {m: self._rate(m, now_s) for m in self._rates}
+            self._rates_now = (now_s, rates)
+        return dict(rates)
 
     def arrival_rate_rps(self, now_s: float) -> float:
         """Arrivals per second over every model."""
@@ -288,9 +335,13 @@ class Scheduler(Generic[P]):
         request.seq = self._seq
         self._seq += 1
         self._rates[request.model] = (self._rate(request.model, now_s) + 1.0 / RATE_WINDOW_S, now_s)
+        self._rates_now = (math.nan, {})
         self._last_slo_ms[request.model] = request.slo_ms
         self.queue.push(request)
-        self._queued_of.setdefault(request.model, []).append(request)
+        waiting = self._queued_of.get(request.model)
+        if waiting is None:
+            waiting = self._queued_of[request.model] = Waiting()
+        waiting.append(request)
         self.bound.arrived(request.model, request.level, request.slo_ms, now_s)
         return EnqueueResult(
             accepted=True,

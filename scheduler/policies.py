@@ -503,13 +503,21 @@ class SlackPolicy(ClockPolicy):
             row_n.append(counts[m])
             row_room.append((min(map(deadline_s, reqs)) - now_s) * 1e3)
         inflight_counts = dict(counts)
-        for r in queued:
-            m = r.model
-            n = counts[m] + 1
-            counts[m] = n
-            row_model.append(index[m])
-            row_n.append(n)
-            row_room.append(((deadline_s(r) if scaled else r.deadline_s) - now_s) * 1000.0)
+        if len(models) == 1 and not scaled:  # one model (the common case), rows in one go
+            (m,) = models
+            ahead = counts[m]
+            row_model += [0] * len(queued)
+            row_n += range(ahead + 1, ahead + 1 + len(queued))
+            row_room += [(r.deadline_s - now_s) * 1000.0 for r in queued]
+            counts[m] = ahead + len(queued)
+        else:
+            for r in queued:
+                m = r.model
+                n = counts[m] + 1
+                counts[m] = n
+                row_model.append(index[m])
+                row_n.append(n)
+                row_room.append((deadline_s(r) - now_s) * 1000.0)
         if s.queue_len > len(queued):
             earliest = s.earliest_deadline_s()
             assert earliest is not None
