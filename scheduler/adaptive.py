@@ -407,7 +407,7 @@ class AdaptivePolicy(SlackPolicy):
         if self._resting(s, now_s):
             return self.idle_clock_mhz(s)
         inflight = s.inflight_by_model()
-        queued = list(s.iter_queue(self.params.lookahead))
+        queued = self._lookahead(s)
         models = list(dict.fromkeys([*inflight, *(r.model for r in queued)]))
         plans = {m: self._plan(s, m) for m in models}
         if any(p is None for p in plans.values()):

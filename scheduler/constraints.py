@@ -47,6 +47,8 @@ class WorkTable:
         self.rows: list[list[float]] = []
         # Whether no batch's time rises with the clock (then neither does any work).
         self.monotone = bool(np.all(np.diff(times_ms, axis=1) <= 0.0))
+        # Whether no work falls as requests are added, at any clock (rows so far).
+        self.rising = True
 
     def upto(self, n: int) -> FloatArray:
         """The table with at least rows ``0..n``."""
@@ -57,6 +59,7 @@ class WorkTable:
             rows = full[:, None] * self.times_ms[self.max_batch] + self.times_ms[part]
             self.table = np.vstack([self.table, rows])
             self.rows.extend(rows.tolist())
+            self.rising = bool(np.all(np.diff(self.table, axis=0) >= 0.0))
         return self.table
 
 

@@ -396,7 +396,7 @@ class SlackPolicy(ClockPolicy):
         inflight = s.inflight_by_model()
         if not s.queue_len and not inflight:
             return s.energy_floor_mhz(self._floor(s, s.tables.models), now_s)
-        queued = s.iter_queue(self.params.lookahead)
+        queued = self._lookahead(s)
         models = list(dict.fromkeys([*inflight, *(r.model for r in queued)]))
         plans = {m: self._plan(s, m) for m in models}
         if any(p is None for p in plans.values()):
@@ -412,6 +412,28 @@ class SlackPolicy(ClockPolicy):
         clock = self._first(constraints)
         # the energy fit may lower the floor for a while, to measure a clock under it
         return max(clock, s.energy_floor_mhz(self._floor(s, models), now_s))
+
+    def _lookahead(self, s: SchedulerView) -> Sequence[QueuedRequest]:
+        """The queued requests the plan walks one by one: the first ``lookahead`` in dispatch
+        order, or only one of them when the bound on the rest implies all of theirs.
+
+        That is when more than ``lookahead`` wait, all of one model, and deadlines are the
+        requests' own: the bound's row then has at least as many of the model ahead as any of
+        them (all it has queued and in flight), at least their margin, and at most their room
+        (the earliest deadline of all), so where it holds, theirs hold. The model is the same
+        whichever of its requests is walked; :meth:`_constraints` checks the last condition,
+        that no work table falls as ``n`` grows, and walks them all where one would."""
+        limit = self.params.lookahead
+        if limit > 1 and s.queue_len > limit and not self._scales_deadlines():
+            waiting = s.queued_by_model()
+            if len(waiting) == 1:
+                (model,) = waiting
+                return [s.queued_of(model)[0]]
+        return s.iter_queue(limit)
+
+    def _scales_deadlines(self) -> bool:
+        """Whether this policy moves the deadlines it plans for (:meth:`_slo_scale`)."""
+        return type(self)._slo_scale is not SlackPolicy._slo_scale
 
     def _floor_of(self, plan: ModelPlan) -> int | None:
         """The clock a model is never run below: its energy-optimal clock at batch 1."""
@@ -481,8 +503,7 @@ class SlackPolicy(ClockPolicy):
         row_model: list[int] = []
         row_n: list[int] = []
         row_room: list[float] = []
-        # Whether this policy scales deadlines (:meth:`_slo_scale`); if not, a request's is its own.
-        scaled = type(self)._slo_scale is not SlackPolicy._slo_scale
+        scaled = self._scales_deadlines()  # if not, a request's deadline is its own
         scales: dict[tuple[str, float], float] = {}  # the plan's scale per class, this once
 
         def deadline_s(r: QueuedRequest) -> float:
@@ -572,7 +593,7 @@ class SlackPolicy(ClockPolicy):
         # Work done on what is in flight: at most the time since the model's last completion
         # (all earlier work has left the in-flight set), shared among the models running.
         share = 1.0 / max(1, len(inflight))
-        return Constraints(
+        constraints = Constraints(
             work=[plan_of[m].work for m in models],
             row_model=row_model,
             row_n=row_n,
@@ -584,6 +605,12 @@ class SlackPolicy(ClockPolicy):
             safety=p.safety,
             change_delay_ms=p.change_delay_ms,
         )
+        if len(queued) < min(s.queue_len, p.lookahead) and not all(
+            w.rising for w in constraints.work
+        ):  # the walk was cut short (:meth:`_lookahead`) where it may not be: walk them all
+            queued = s.iter_queue(p.lookahead)
+            return self._constraints(s, now_s, models, plans, inflight, queued, rates)
+        return constraints
 
     def _decide(self, s: SchedulerView, now_s: float) -> int | None:
         target = self.target_mhz(s, now_s)
