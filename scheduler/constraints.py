@@ -95,23 +95,29 @@ class Constraints:
 
     def __post_init__(self) -> None:
         # ``known`` counts every request of a model, so no row's count passes it.
+        known, rows = self.known, []
+        monotone = True
         for k, w in enumerate(self.work):
-            w.upto(self.known[k])
-        self._rows = [w.rows for w in self.work]
+            if known[k] >= len(w.rows):
+                w.upto(known[k])
+            rows.append(w.rows)
+            monotone = monotone and w.monotone
+        self._rows = rows
         self._models = _ints(self.row_model)
         self._n = _ints(self.row_n)
         self._margins = _floats(self.margin_ms)
         self._rooms = _floats(self.room_ms)
         self._room_at: list[list[float] | None] = [None, None]  # as it stands, after a delay
-        self.top = len(self._rows[0][0]) - 1
+        self.top = top = len(rows[0][0]) - 1
         # The credit is the same at every clock when the work done so far is below what the
         # model's in-flight requests need even at the top clock (their least).
-        top = self.top
-        flat = all(
-            self.elapsed_ms[k] <= 0.95 * rows[self.inflight[k]][top]
-            for k, rows in enumerate(self._rows)
-        )
-        self.monotone = flat and all(w.monotone for w in self.work)
+        if monotone:
+            elapsed, inflight = self.elapsed_ms, self.inflight
+            for k, table in enumerate(rows):
+                if not elapsed[k] <= 0.95 * table[inflight[k]][top]:
+                    monotone = False
+                    break
+        self.monotone = monotone
         self._full: tuple[BoolArray, BoolArray] | None = None
 
     def _room(self, delayed: bool) -> list[float]:
@@ -134,13 +140,14 @@ class Constraints:
         rooms = self._room(delayed)
         tables = self._rows
         elapsed, inflight = self.elapsed_ms, self.inflight
-        credit = [min(elapsed[k], 0.95 * t[inflight[k]][clock]) for k, t in enumerate(tables)]
         if len(tables) == 1:
-            table, c = tables[0], credit[0]
+            table = tables[0]
+            c = min(elapsed[0], 0.95 * table[inflight[0]][clock])
             for n, margin, room in zip(self._n, self._margins, rooms, strict=True):
                 if not table[n][clock] - c + margin <= room:
                     return False
             return True
+        credit = [min(elapsed[k], 0.95 * t[inflight[k]][clock]) for k, t in enumerate(tables)]
         known = [t[self.known[k]][clock] - credit[k] for k, t in enumerate(tables)]
         models = range(len(tables))
         for m, n, margin, room in zip(self._models, self._n, self._margins, rooms, strict=True):

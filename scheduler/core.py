@@ -152,12 +152,14 @@ class Scheduler(Generic[P]):
         self._inflight_by_model: dict[str, list[QueuedRequest]] = {}
         self._inflight_levels: dict[str, dict[int, int]] = {}  # model -> level -> at Triton
         self._queued_of: dict[str, Waiting] = {}
+        self._queued_counts: dict[str, int] | None = None  # queued_by_model, until it changes
         self.bound = WaitBound()
         self._serving = dict(serving or {})
         # Derived from the tables, kept until they change: how a model not registered is
         # served, and what a request is charged at a clock (asked at every dispatch).
         self._derived: dict[str, ModelServing] = {}
         self._charges: dict[tuple[str, int | None], float] = {}
+        self._depths: dict[str, int] = {}  # release_depth per model
         policy.attach(self)
         self.clock_target_mhz: int | None = policy.initial_clock_mhz()
         self._seq = 0
@@ -186,6 +188,7 @@ class Scheduler(Generic[P]):
         self._tables = tables
         self._derived.clear()
         self._charges.clear()
+        self._depths.clear()
         self.policy.tables_changed()
 
     def table_for(self, model: str) -> ModelTable | None:
@@ -216,14 +219,20 @@ class Scheduler(Generic[P]):
         Everything beyond would wait in Triton's queue, first come first served within a
         level, out of the sidecar's reach. A decoupled model (an LLM engine): the sequences it
         may run at once."""
-        serving = self.serving(model)
-        if serving.streams:
-            return serving.streams
-        return max(self.config.triton_batches * serving.max_batch, 2 * serving.instances)
+        depth = self._depths.get(model)
+        if depth is None:
+            serving = self.serving(model)
+            depth = serving.streams or max(
+                self.config.triton_batches * serving.max_batch, 2 * serving.instances
+            )
+            if len(self._depths) < 1024:  # models named, bounded
+                self._depths[model] = depth
+        return depth
 
     def set_serving(self, model: str, serving: ModelServing) -> None:
         self._serving[model] = serving
         self._derived.pop(model, None)
+        self._depths.pop(model, None)
         self.policy.tables_changed()
 
     # -- what policies read (scheduler.view.SchedulerView) --------------------------------
@@ -271,7 +280,10 @@ class Scheduler(Generic[P]):
         return self._inflight_by_model
 
     def queued_by_model(self) -> Mapping[str, int]:
-        return {m: len(reqs) for m, reqs in self._queued_of.items()}
+        counts = self._queued_counts  # asked several times per event: built once per change
+        if counts is None:
+            counts = self._queued_counts = {m: len(reqs) for m, reqs in self._queued_of.items()}
+        return counts
 
     def queued_of(self, model: str) -> Sequence[QueuedRequest]:
         """The requests of ``model`` waiting, oldest first."""
@@ -342,6 +354,7 @@ class Scheduler(Generic[P]):
         if waiting is None:
             waiting = self._queued_of[request.model] = Waiting()
         waiting.append(request)
+        self._queued_counts = None
         self.bound.arrived(request.model, request.level, request.slo_ms, now_s)
         return EnqueueResult(
             accepted=True,
@@ -505,6 +518,7 @@ class Scheduler(Generic[P]):
             self.queue.settle(request, 0.0)
             drained.append(request)
         self._queued_of.clear()
+        self._queued_counts = None
         return drained
 
     def _unqueue(self, request: Request[P]) -> None:
@@ -512,6 +526,7 @@ class Scheduler(Generic[P]):
         same_model.remove(request)
         if not same_model:
             del self._queued_of[request.model]
+        self._queued_counts = None
 
     def poll(self, now_s: float) -> int | None:
         """Run the policy's timer (hysteresis); a clock to set, if any."""

@@ -39,7 +39,8 @@ def trace(policy: ClockPolicy, seed: int) -> tuple[list[tuple[object, ...]], int
         {CNN: ModelServing(max_batch=8, instances=1)},
     )
     rng = random.Random(seed)
-    now_s, out, long_queues = 0.0, [], 0
+    now_s, long_queues = 0.0, 0
+    out: list[tuple[object, ...]] = []
     running: list[tuple[float, Request[None]]] = []
     for i in range(3000):
         now_s += rng.expovariate(700.0 if (i // 400) % 2 else 300.0)  # bursts and lulls
