@@ -243,7 +243,7 @@ class Scheduler(Generic[P]):
 
     @property
     def queue_len(self) -> int:
-        return len(self.queue)
+        return self.queue.size
 
     def charge_ms(self, model: str) -> float:
         """What CFS charges a request of ``model`` when it is sent (completion corrects it with

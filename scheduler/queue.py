@@ -175,14 +175,14 @@ class PriorityCfsQueue(Generic[P]):
         self.ledger = ledger if ledger is not None else VruntimeLedger()
         self._levels: dict[int, _Level[P]] = {}
         self._order: list[int] = []
-        self._size = 0
+        self.size = 0  # requests waiting (read-only outside)
         self._deadlines: list[tuple[float, int]] = []
         self._queued: set[int] = set()
         self._backlogged_weight = 0  # sum of the weights of flows with requests queued
         self._service_ms: dict[str, float] = {}  # per model: what a request is charged, EWMA
 
     def __len__(self) -> int:
-        return self._size
+        return self.size
 
     def level_sizes(self) -> dict[int, int]:
         return {n: lvl.size for n, lvl in sorted(self._levels.items()) if lvl.size}
@@ -190,11 +190,11 @@ class PriorityCfsQueue(Generic[P]):
     def push(self, request: Request[P]) -> None:
         level = self._levels.get(request.level)
         if level is None:
-            level = self._levels[request.level] = _Level[P]()
+            level = self._levels[request.level] = _Level()
             self._order = sorted(self._levels)
         flow = level.flows.get(request.client_id)
         if flow is None:
-            flow = _Flow[P](request.client_id, self.ledger.open(request.level, request.client_id))
+            flow = _Flow(request.client_id, self.ledger.open(request.level, request.client_id))
             level.flows[request.client_id] = flow
         was_idle = not flow.requests
         weight = weight_for_nice(request.nice)
@@ -217,7 +217,7 @@ class PriorityCfsQueue(Generic[P]):
             account.waiting += 1
             level.push_key(flow)
         level.size += 1
-        self._size += 1
+        self.size += 1
         heapq.heappush(self._deadlines, (request.deadline_s, request.seq))
         self._queued.add(request.seq)
 
@@ -272,7 +272,7 @@ class PriorityCfsQueue(Generic[P]):
         _count(level.by_model, request.model, -1)
         self._queued.discard(request.seq)
         level.size -= 1
-        self._size -= 1
+        self.size -= 1
         if not flow.requests:
             self._backlogged_weight -= flow.weight
             flow.account.waiting -= 1
