@@ -417,8 +417,7 @@ class AdaptivePolicy(SlackPolicy):
         constraints = self._constraints(s, now_s, models, dict(raising), inflight, queued, rates)
         if constraints is None:
             return self.clocks_mhz[-1]  # a model with no table
-        # the energy fit may lower the floor for a while, to measure a clock under it
-        return max(self._first(constraints), s.energy_floor_mhz(self._floor(s, models), now_s))
+        return self._planned_mhz(s, now_s, constraints, models)
 
     def _raise_plan(self, model: str, plan: ModelPlan) -> ModelPlan:
         """``plan`` with the margin the raises plan for (``raise_quantile``: the mean by

@@ -22,7 +22,7 @@ bisection with the same check: exactly the full evaluation's answer, from a few 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -119,6 +119,9 @@ class Constraints:
                     break
         self.monotone = monotone
         self._full: tuple[BoolArray, BoolArray] | None = None
+        # Set where these rows are a bound on the plan's, not the plan's own (stronger rows:
+        # where they hold, the plan's hold): the plan's own constraints, made when asked for.
+        self.exact: Callable[[], Constraints] | None = None
 
     def _room(self, delayed: bool) -> list[float]:
         """Each row's room with the safety share kept back (``delayed``: less the raise's

@@ -267,6 +267,7 @@ class SlackPolicy(ClockPolicy):
         self._lower_since_s: float | None = None
         self._plans: dict[str, ModelPlan | None] = {}
         self._hints = [0, 0]  # the last plans' answers (clock index: now, after a delay)
+        self._at_floor = False  # whether the last plan's clock was its floor
         self._holds: dict[str, float] = {}  # model -> when to look again at requests held
         self._held_head: dict[str, int] = {}  # model -> the first request of its hold
         self._released_upto: dict[str, int] = {}  # model -> the last request of a batch let go
@@ -409,26 +410,57 @@ class SlackPolicy(ClockPolicy):
         constraints = self._constraints(s, now_s, models, plans, inflight, queued, rates)
         if constraints is None:
             return self.clocks_mhz[-1]  # a model with no table
-        clock = self._first(constraints)
-        # the energy fit may lower the floor for a while, to measure a clock under it
-        return max(clock, s.energy_floor_mhz(self._floor(s, models), now_s))
+        return self._planned_mhz(s, now_s, constraints, models)
+
+    def _planned_mhz(
+        self, s: SchedulerView, now_s: float, constraints: Constraints, models: list[str]
+    ) -> int:
+        """The lowest clock meeting ``constraints``, never below the floor of ``models`` (the
+        energy fit may lower the floor for a while, to measure a clock under it).
+
+        Where every constraint holds at the floor even after a raise's delay, the lowest clock
+        that meets them lies at or below it, and the answer is the floor: no search. So a bound
+        may stand in for the plan (:meth:`_lookahead`): where the bound holds at the floor, so
+        does the plan; where it does not, the plan is made and searched."""
+        floor = s.energy_floor_mhz(self._floor(s, models), now_s)
+        if self._at_floor or constraints.exact is not None:
+            at = bisect.bisect_right(self.clocks_mhz, floor) - 1
+            if at >= 0 and constraints.holds_at(at, True):
+                self._at_floor = True
+                return floor
+            if constraints.exact is not None:
+                constraints = constraints.exact()
+        clock = max(self._first(constraints), floor)
+        self._at_floor = clock == floor  # then the next plan looks at the floor first
+        return clock
 
     def _lookahead(self, s: SchedulerView) -> Sequence[QueuedRequest]:
         """The queued requests the plan walks one by one: the first ``lookahead`` in dispatch
-        order, or only one of them when the bound on the rest implies all of theirs.
+        order, or fewer where the bound on the rest of the queue (its earliest deadline, all
+        of each model's requests ahead) makes the walk unneeded. Only while deadlines are the
+        requests' own, and only where the models the plan counts, and their order, are what
+        the walk would give; :meth:`_constraints` checks that no work table falls as ``n``
+        grows, and walks them all where one would.
 
-        That is when more than ``lookahead`` wait, all of one model, and deadlines are the
-        requests' own: the bound's row then has at least as many of the model ahead as any of
-        them (all it has queued and in flight), at least their margin, and at most their room
-        (the earliest deadline of all), so where it holds, theirs hold. The model is the same
-        whichever of its requests is walked; :meth:`_constraints` checks the last condition,
-        that no work table falls as ``n`` grows, and walks them all where one would."""
+        * More than ``lookahead`` wait, all of one model: the bound's row has at least as many
+          of the model ahead as any walked one, at least its margin, at most its room: where
+          it holds, they hold. One is walked (it names the model).
+        * Fewer wait, and the last plan's clock was its floor: the bound stands in for the
+          walk (one request of each model), and where it holds at the floor, the plan is the
+          floor (:meth:`_planned_mhz`); otherwise the walk is made then."""
         limit = self.params.lookahead
-        if limit > 1 and s.queue_len > limit and not self._scales_deadlines():
-            waiting = s.queued_by_model()
-            if len(waiting) == 1:
-                (model,) = waiting
-                return [s.queued_of(model)[0]]
+        waiting_n = s.queue_len
+        if limit > 1 and waiting_n > 1 and not self._scales_deadlines():
+            if waiting_n > limit:
+                waiting = s.queued_by_model()
+                if len(waiting) == 1:
+                    (model,) = waiting
+                    return [s.queued_of(model)[0]]
+            elif self._at_floor:
+                waiting = s.queued_by_model()
+                inflight = s.inflight_by_model()
+                if len(waiting) == 1 or all(m in inflight for m in waiting):
+                    return [s.queued_of(m)[0] for m in waiting]
         return s.iter_queue(limit)
 
     def _scales_deadlines(self) -> bool:
@@ -605,11 +637,19 @@ class SlackPolicy(ClockPolicy):
             safety=p.safety,
             change_delay_ms=p.change_delay_ms,
         )
-        if len(queued) < min(s.queue_len, p.lookahead) and not all(
-            w.rising for w in constraints.work
-        ):  # the walk was cut short (:meth:`_lookahead`) where it may not be: walk them all
-            queued = s.iter_queue(p.lookahead)
-            return self._constraints(s, now_s, models, plans, inflight, queued, rates)
+        if len(queued) < min(s.queue_len, p.lookahead):  # the walk was cut short (_lookahead)
+            if not all(w.rising for w in constraints.work):  # where it may not be: walk them all
+                queued = s.iter_queue(p.lookahead)
+                return self._constraints(s, now_s, models, plans, inflight, queued, rates)
+            if s.queue_len <= p.lookahead:  # the rows are a bound: the plan, when asked for
+
+                def exact() -> Constraints:
+                    walked = s.iter_queue(p.lookahead)
+                    plan = self._constraints(s, now_s, models, plans, inflight, walked, rates)
+                    assert plan is not None, "the same models as the bound's"
+                    return plan
+
+                constraints.exact = exact
         return constraints
 
     def _decide(self, s: SchedulerView, now_s: float) -> int | None:

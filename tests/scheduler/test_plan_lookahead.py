@@ -1,6 +1,8 @@
-"""The plan's short walk (``SlackPolicy._lookahead``) decides what the full walk decides: two
-schedulers fed the same seeded events, one walking the first ``lookahead`` queued requests at
-every plan, give the same clocks and send the same requests."""
+"""The plan's short cuts decide what the full plan decides: the short walk and the bound on the
+queue (``SlackPolicy._lookahead``), and the floor checked before any search
+(``SlackPolicy._planned_mhz``). Two schedulers fed the same seeded events, one walking the
+first ``lookahead`` queued requests and searching the clock at every plan, give the same clocks
+and send the same requests."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import pytest
 
 from dvfs.profiles import CNN
 from scheduler.adaptive import AdaptivePolicy
+from scheduler.constraints import Constraints
 from scheduler.core import Scheduler, SchedulerConfig
 from scheduler.policies import ClockPolicy, SlackPolicy
 from scheduler.request import Request
@@ -19,13 +22,21 @@ from simulator.simulate import profiled_tables
 
 
 class FullSlack(SlackPolicy):
+    """Every plan walks the first ``lookahead`` and searches its clock."""
+
     def _lookahead(self, s: SchedulerView) -> Sequence[QueuedRequest]:
         return s.iter_queue(self.params.lookahead)
+
+    def _planned_mhz(
+        self, s: SchedulerView, now_s: float, constraints: Constraints, models: list[str]
+    ) -> int:
+        assert constraints.exact is None
+        return max(self._first(constraints), s.energy_floor_mhz(self._floor(s, models), now_s))
 
 
 class FullAdaptive(AdaptivePolicy):
-    def _lookahead(self, s: SchedulerView) -> Sequence[QueuedRequest]:
-        return s.iter_queue(self.params.lookahead)
+    _lookahead = FullSlack._lookahead
+    _planned_mhz = FullSlack._planned_mhz
 
 
 def trace(policy: ClockPolicy, seed: int) -> tuple[list[tuple[object, ...]], int]:
@@ -45,7 +56,7 @@ def trace(policy: ClockPolicy, seed: int) -> tuple[list[tuple[object, ...]], int
     for i in range(3000):
         now_s += rng.expovariate(700.0 if (i // 400) % 2 else 300.0)  # bursts and lulls
         long_queues += sched.queue_len > 16
-        slo_ms = rng.choice([400.0, 800.0, 1600.0])
+        slo_ms = rng.choice([25.0, 400.0, 800.0, 1600.0])
         client = rng.randrange(3)
         r: Request[None] = Request(CNN, now_s, slo_ms, nice=5 * client - 5, client_id=f"c{client}")
         out.append(("enqueue", sched.enqueue(r, now_s).clock_mhz))
