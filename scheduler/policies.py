@@ -11,8 +11,9 @@ from __future__ import annotations
 import bisect
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 
 import numpy as np
 import numpy.typing as npt
@@ -23,6 +24,7 @@ from scheduler.view import QueuedRequest, SchedulerView
 from time2clock.table import TAIL_QUANTILES, ModelTable
 
 MIN_HOLD_S = 0.0005  # a hold shorter than this is not worth a timer
+_own_deadline_s: Callable[[QueuedRequest], float] = attrgetter("deadline_s")
 BoolArray = npt.NDArray[np.bool_]
 FloatArray = npt.NDArray[np.float64]
 
@@ -525,10 +527,13 @@ class SlackPolicy(ClockPolicy):
         each model's queue (the earliest deadline of all), and the ``phantoms`` about to arrive.
         """
         p = self.params
-        plan_of = {m: plan for m in models if (plan := plans[m]) is not None}
-        margin = float(max(plan.margin_ms for plan in plan_of.values()))
+        live = [plan for m in models if (plan := plans[m]) is not None]
+        if len(live) < len(models):
+            return None
+        margin = float(max(plan.margin_ms for plan in live))
         index = {m: k for k, m in enumerate(models)}
-        counts = dict.fromkeys(models, 0)
+        counts = [0] * len(models)  # per model (index): its requests counted so far
+        since = [now_s] * len(models)
         # One constraint per entry of these lists: its model (index), how many of that model
         # are ahead of it (itself included), its room (ms). Plain lists: a plan has a few dozen
         # rows, where numpy's cost per call would be most of the work.
@@ -540,37 +545,35 @@ class SlackPolicy(ClockPolicy):
 
         def deadline_s(r: QueuedRequest) -> float:
             """:meth:`_deadline_s`, its class's scale looked up once per plan."""
-            if not scaled:
-                return r.deadline_s
             key = (r.model, r.slo_ms)
             scale = scales.get(key)
             if scale is None:
                 scale = scales[key] = self._slo_scale(r.model, r.slo_ms)
             return r.deadline_s if scale == 1.0 else r.arrival_s + scale * r.slo_ms / 1000.0
 
-        since = dict.fromkeys(models, now_s)
+        deadline = deadline_s if scaled else _own_deadline_s
         for m, reqs in inflight.items():
-            counts[m] = len(reqs)
-            since[m] = max(min(r.dispatch_s for r in reqs), s.last_completion_s(m))
-            row_model.append(index[m])
-            row_n.append(counts[m])
-            row_room.append((min(map(deadline_s, reqs)) - now_s) * 1e3)
-        inflight_counts = dict(counts)
+            k = index[m]
+            counts[k] = len(reqs)
+            since[k] = max(min(r.dispatch_s for r in reqs), s.last_completion_s(m))
+            row_model.append(k)
+            row_n.append(counts[k])
+            row_room.append((min(map(deadline, reqs)) - now_s) * 1e3)
+        inflight_counts = counts.copy()
         if len(models) == 1 and not scaled:  # one model (the common case), rows in one go
-            (m,) = models
-            ahead = counts[m]
+            ahead = counts[0]
             row_model += [0] * len(queued)
             row_n += range(ahead + 1, ahead + 1 + len(queued))
             row_room += [(r.deadline_s - now_s) * 1000.0 for r in queued]
-            counts[m] = ahead + len(queued)
+            counts[0] = ahead + len(queued)
         else:
             for r in queued:
-                m = r.model
-                n = counts[m] + 1
-                counts[m] = n
-                row_model.append(index[m])
+                k = index[r.model]
+                n = counts[k] + 1
+                counts[k] = n
+                row_model.append(k)
                 row_n.append(n)
-                row_room.append((deadline_s(r) - now_s) * 1000.0)
+                row_room.append((deadline(r) - now_s) * 1000.0)
         if s.queue_len > len(queued):
             earliest = s.earliest_deadline_s()
             assert earliest is not None
@@ -581,13 +584,16 @@ class SlackPolicy(ClockPolicy):
                     (self._slo_scale(m, s.last_slo_ms(m)) - 1.0) * s.last_slo_ms(m) / 1000.0
                     for m in waiting
                 )
+            room = (earliest - now_s) * 1000.0
             for m, n in waiting.items():
-                if m not in counts:
+                k_or_none = index.get(m)
+                if k_or_none is None:
                     return None
-                counts[m] = inflight_counts[m] + n
-                row_model.append(index[m])
-                row_n.append(counts[m])
-                row_room.append((earliest - now_s) * 1000.0)
+                k = k_or_none
+                counts[k] = inflight_counts[k] + n
+                row_model.append(k)
+                row_n.append(counts[k])
+                row_room.append(room)
         known_rows = len(row_n)  # the rest are phantoms, with their own margin scale
         total_rate = sum(rates.values())
         if total_rate > 0 and self._phantom_gaps:
@@ -596,27 +602,29 @@ class SlackPolicy(ClockPolicy):
             slo_room = {m: self._slo_scale(m, s.last_slo_ms(m)) * s.last_slo_ms(m) for m in rates}
             if len(rates) == 1:  # every phantom is of the one model arriving
                 (m,) = rates
-                k, base, room_m = index[m], counts[m], slo_room[m]
+                k, room_m = index[m], slo_room[m]
+                base = counts[k]
                 for j, gap in enumerate(self._phantom_gaps, start=1):
                     row_model.append(k)
                     row_n.append(base + j)
                     row_room.append(gap * ms_per_gap + room_m)
-                counts[m] += len(self._phantom_gaps)
+                counts[k] += len(self._phantom_gaps)
             else:  # each the model most behind its share of the arrivals so far
                 given = dict.fromkeys(rates, 0)
                 for j, gap in enumerate(self._phantom_gaps, start=1):
                     m = max(rates, key=lambda x: rates[x] * j / total_rate - given[x])
                     given[m] += 1
-                    counts[m] += 1
-                    row_model.append(index[m])
-                    row_n.append(counts[m])
+                    k = index[m]
+                    counts[k] += 1
+                    row_model.append(k)
+                    row_n.append(counts[k])
                     row_room.append(gap * ms_per_gap + slo_room[m])
 
         # The tail margin: ``k`` executions in a row carry ``margin · √k`` (phantoms scaled).
         if margin == 0.0:
             margins = [0.0] * len(row_n)
         else:
-            batches = [plan_of[m].max_batch for m in models]
+            batches = [plan.max_batch for plan in live]
             margins = []
             for i, (k, n) in enumerate(zip(row_model, row_n, strict=True)):
                 full, part = divmod(n, batches[k])
@@ -626,14 +634,14 @@ class SlackPolicy(ClockPolicy):
         # (all earlier work has left the in-flight set), shared among the models running.
         share = 1.0 / max(1, len(inflight))
         constraints = Constraints(
-            work=[plan_of[m].work for m in models],
+            work=[plan.work for plan in live],
             row_model=row_model,
             row_n=row_n,
             room_ms=row_room,
             margin_ms=margins,
-            inflight=[inflight_counts[m] for m in models],
-            known=[counts[m] for m in models],
-            elapsed_ms=[(now_s - since[m]) * 1000.0 * share for m in models],
+            inflight=inflight_counts,
+            known=counts,
+            elapsed_ms=[(now_s - at_s) * 1000.0 * share for at_s in since],
             safety=p.safety,
             change_delay_ms=p.change_delay_ms,
         )
