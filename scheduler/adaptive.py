@@ -308,6 +308,9 @@ class AdaptivePolicy(SlackPolicy):
         """The model's plan; when a new table makes it markedly faster (a refit that found the
         model faster), its classes are judged afresh (what they measured was under the old
         one)."""
+        known = self._plans.get(model)
+        if known is not None and not self._need_before:  # asked many times per event
+            return known
         fresh = model not in self._plans
         plan = super()._plan(s, model)
         before = self._need_before.pop(model, None)
