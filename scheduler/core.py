@@ -114,6 +114,8 @@ class Waiting(Sequence[QueuedRequest]):
     def __getitem__(self, index: slice) -> Sequence[QueuedRequest]: ...
 
     def __getitem__(self, index: int | slice) -> QueuedRequest | Sequence[QueuedRequest]:
+        if index == 0 and self._by_seq:  # the oldest: asked at every plan
+            return next(iter(self._by_seq.values()))
         if isinstance(index, slice):
             return list(self._by_seq.values())[index]
         n = len(self._by_seq)

@@ -270,6 +270,8 @@ class SlackPolicy(ClockPolicy):
         self._plans: dict[str, ModelPlan | None] = {}
         self._hints = [0, 0]  # the last plans' answers (clock index: now, after a delay)
         self._at_floor = False  # whether the last plan's clock was its floor
+        # Whether deadlines are moved (_slo_scale overridden); if not, each is the request's own.
+        self._scaled = type(self)._slo_scale is not SlackPolicy._slo_scale
         self._holds: dict[str, float] = {}  # model -> when to look again at requests held
         self._held_head: dict[str, int] = {}  # model -> the first request of its hold
         self._released_upto: dict[str, int] = {}  # model -> the last request of a batch let go
@@ -467,7 +469,7 @@ class SlackPolicy(ClockPolicy):
 
     def _scales_deadlines(self) -> bool:
         """Whether this policy moves the deadlines it plans for (:meth:`_slo_scale`)."""
-        return type(self)._slo_scale is not SlackPolicy._slo_scale
+        return self._scaled
 
     def _floor_of(self, plan: ModelPlan) -> int | None:
         """The clock a model is never run below: its energy-optimal clock at batch 1."""
