@@ -253,8 +253,9 @@ class SlackPolicy(ClockPolicy):
     * **A model with no table gets the top clock** while any of its requests is queued or in
       flight: nothing is known of how fast it runs.
 
-    The clock is found by evaluating every constraint at every clock at once (one matrix
-    product: constraints × (model, batch) counts times (model, batch) × clocks times).
+    The clock is the lowest at which every constraint holds, as evaluating each at every clock
+    finds it; :mod:`scheduler.constraints`, :meth:`_lookahead` and :meth:`_planned_mhz` say
+    how it is found without doing that.
     """
 
     name = "slack"
