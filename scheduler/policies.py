@@ -468,6 +468,19 @@ class SlackPolicy(ClockPolicy):
                     return [s.queued_of(m)[0] for m in waiting]
         return s.iter_queue(limit)
 
+    def _scaled_deadlines(self) -> Callable[[QueuedRequest], float]:
+        """:meth:`_deadline_s` for one plan: each class's scale looked up once."""
+        scales: dict[tuple[str, float], float] = {}
+
+        def deadline_s(r: QueuedRequest) -> float:
+            key = (r.model, r.slo_ms)
+            scale = scales.get(key)
+            if scale is None:
+                scale = scales[key] = self._slo_scale(r.model, r.slo_ms)
+            return r.deadline_s if scale == 1.0 else r.arrival_s + scale * r.slo_ms / 1000.0
+
+        return deadline_s
+
     def _scales_deadlines(self) -> bool:
         """Whether this policy moves the deadlines it plans for (:meth:`_slo_scale`)."""
         return self._scaled
@@ -533,7 +546,7 @@ class SlackPolicy(ClockPolicy):
         live = [plan for m in models if (plan := plans[m]) is not None]
         if len(live) < len(models):
             return None
-        margin = float(max(plan.margin_ms for plan in live))
+        margin = float(live[0].margin_ms if len(live) == 1 else max(pl.margin_ms for pl in live))
         index = {m: k for k, m in enumerate(models)}
         counts = [0] * len(models)  # per model (index): its requests counted so far
         since = [now_s] * len(models)
@@ -543,18 +556,8 @@ class SlackPolicy(ClockPolicy):
         row_model: list[int] = []
         row_n: list[int] = []
         row_room: list[float] = []
-        scaled = self._scales_deadlines()  # if not, a request's deadline is its own
-        scales: dict[tuple[str, float], float] = {}  # the plan's scale per class, this once
-
-        def deadline_s(r: QueuedRequest) -> float:
-            """:meth:`_deadline_s`, its class's scale looked up once per plan."""
-            key = (r.model, r.slo_ms)
-            scale = scales.get(key)
-            if scale is None:
-                scale = scales[key] = self._slo_scale(r.model, r.slo_ms)
-            return r.deadline_s if scale == 1.0 else r.arrival_s + scale * r.slo_ms / 1000.0
-
-        deadline = deadline_s if scaled else _own_deadline_s
+        scaled = self._scaled  # if not, a request's deadline is its own
+        deadline = self._scaled_deadlines() if scaled else _own_deadline_s
         for m, reqs in inflight.items():
             k = index[m]
             counts[k] = len(reqs)
@@ -649,7 +652,7 @@ class SlackPolicy(ClockPolicy):
             change_delay_ms=p.change_delay_ms,
         )
         if len(queued) < min(s.queue_len, p.lookahead):  # the walk was cut short (_lookahead)
-            if not all(w.rising for w in constraints.work):  # where it may not be: walk them all
+            if not all([plan.work.rising for plan in live]):  # where it may not be: walk all
                 queued = s.iter_queue(p.lookahead)
                 return self._constraints(s, now_s, models, plans, inflight, queued, rates)
             if s.queue_len <= p.lookahead:  # the rows are a bound: the plan, when asked for
