@@ -283,6 +283,7 @@ class AdaptivePolicy(SlackPolicy):
 
     _view: SchedulerView | None = None
     _attaching = False
+    _not_resting = False  # set while _decide plans, having found the GPU not resting
 
     def attach(self, s: SchedulerView) -> None:
         self._view = s
@@ -407,7 +408,7 @@ class AdaptivePolicy(SlackPolicy):
         """The plan's clock for the requests at Triton and queued, never below the floor of
         the models among them (a model with no request now does not hold the clock up)."""
         self._now_s = now_s
-        if self._resting(s, now_s):
+        if not self._not_resting and self._resting(s, now_s):
             return self.idle_clock_mhz(s)
         inflight = s.inflight_by_model()
         queued = self._lookahead(s)
@@ -440,7 +441,11 @@ class AdaptivePolicy(SlackPolicy):
         idle GPU has no request to slow down)."""
         self._now_s = now_s
         if not self._resting(s, now_s):
-            return super()._decide(s, now_s)
+            self._not_resting = True  # target_mhz need not ask again
+            try:
+                return super()._decide(s, now_s)
+            finally:
+                self._not_resting = False
         self._lower_since_s = None
         if self._idle_since_s is None:
             self._idle_since_s = now_s
