@@ -103,16 +103,10 @@ class Constraints:
             rows.append(w.rows)
             monotone = monotone and w.monotone
         self._rows = rows
-        row_model, row_n, margin_ms, room_ms = (
-            self.row_model,
-            self.row_n,
-            self.margin_ms,
-            self.room_ms,
-        )
-        self._models = row_model if type(row_model) is list else _ints(row_model)
-        self._n = row_n if type(row_n) is list else _ints(row_n)
-        self._margins = margin_ms if type(margin_ms) is list else _floats(margin_ms)
-        self._rooms = room_ms if type(room_ms) is list else _floats(room_ms)
+        self._models = _ints(self.row_model)
+        self._n = _ints(self.row_n)
+        self._margins = _floats(self.margin_ms)
+        self._rooms = _floats(self.room_ms)
         self._room_at: list[list[float] | None] = [None, None]  # as it stands, after a delay
         self.top = top = len(rows[0][0]) - 1
         # The credit is the same at every clock when the work done so far is below what the
