@@ -303,13 +303,15 @@ class Scheduler(Generic[P]):
         inflight, queued = self._inflight_by_model, self._queued_of
         return len(inflight) + sum(1 for m in queued if m not in inflight)
 
-    def arrival_rates_rps(self, now_s: float) -> dict[str, float]:
-        """Arrivals per second per model, exponentially decayed counts over ``RATE_WINDOW_S``."""
+    def arrival_rates_rps(self, now_s: float) -> Mapping[str, float]:
+        """Arrivals per second per model, exponentially decayed counts over ``RATE_WINDOW_S``
+        (read-only: kept until an arrival or another time, as it is asked several times per
+        event)."""
         at_s, rates = self._rates_now
-        if at_s != now_s:  # asked several times per event: worked out once per arrival and time
+        if at_s != now_s:
             rates = {m: self._rate(m, now_s) for m in self._rates}
             self._rates_now = (now_s, rates)
-        return dict(rates)
+        return rates
 
     def arrival_rate_rps(self, now_s: float) -> float:
         """Arrivals per second over every model."""
