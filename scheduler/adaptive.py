@@ -36,6 +36,7 @@ import copy
 import math
 from collections import OrderedDict
 from dataclasses import replace
+from functools import lru_cache
 
 import numpy as np
 import numpy.typing as npt
@@ -51,6 +52,7 @@ RATE_STEP = 0.1  # the energy floor is found again when the arrival rate moved b
 FloatArray = npt.NDArray[np.float64]
 
 
+@lru_cache(maxsize=4096)  # asked at every completion; round() to a digit is slow
 def slo_class(model: str, slo_ms: float) -> tuple[str, float]:
     """The class a request's attainment counts in: its model and its SLO (to 0.1 ms)."""
     return model, round(slo_ms, 1)
