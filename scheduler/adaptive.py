@@ -36,6 +36,7 @@ import copy
 import math
 from collections import OrderedDict
 from dataclasses import replace
+from functools import lru_cache
 
 import numpy as np
 import numpy.typing as npt
@@ -51,6 +52,7 @@ RATE_STEP = 0.1  # the energy floor is found again when the arrival rate moved b
 FloatArray = npt.NDArray[np.float64]
 
 
+@lru_cache(maxsize=4096)  # asked at every completion; round() to a digit is slow
 def slo_class(model: str, slo_ms: float) -> tuple[str, float]:
     """The class a request's attainment counts in: its model and its SLO (to 0.1 ms)."""
     return model, round(slo_ms, 1)
@@ -176,6 +178,7 @@ class AdaptivePolicy(SlackPolicy):
         )
         super().__init__(clocks_mhz, plan)
         self._raise_plans: dict[str, ModelPlan] = {}  # model -> its plan with the raise margin
+        self._speeds: dict[str, tuple[ModelPlan, FloatArray]] = {}  # model -> (plan, _levels)
         self.feedback = fb
         self.controllers: OrderedDict[tuple[str, float], TailController] = OrderedDict()
         self._need_before: dict[str, float] = {}  # model -> its plan's need, before new tables
@@ -193,13 +196,15 @@ class AdaptivePolicy(SlackPolicy):
         plan = self._plan(s, model)
         if plan is None:
             return None
-        times = plan.times_ms[1]
-        out: FloatArray = np.log(times[-1] / times)
-        return out
+        known = self._speeds.get(model)  # asked at every event: computed once per plan
+        if known is None or known[0] is not plan:
+            times = plan.times_ms[1]
+            known = self._speeds[model] = (plan, np.log(times[-1] / times))
+        return known[1]
 
     def _clock_at(self, levels: FloatArray, level: float) -> int:
         """The lowest clock (index) at least as fast as ``level``."""
-        return min(int(np.searchsorted(levels, level - 1e-12)), len(levels) - 1)
+        return min(int(levels.searchsorted(level - 1e-12)), len(levels) - 1)
 
     def energy_floor_mhz(self, s: SchedulerView, model: str) -> int | None:
         """The energy floor of ``model`` at its arrival rate now (see the module docstring);
@@ -280,6 +285,7 @@ class AdaptivePolicy(SlackPolicy):
 
     _view: SchedulerView | None = None
     _attaching = False
+    _not_resting = False  # set while _decide plans, having found the GPU not resting
 
     def attach(self, s: SchedulerView) -> None:
         self._view = s
@@ -305,6 +311,9 @@ class AdaptivePolicy(SlackPolicy):
         """The model's plan; when a new table makes it markedly faster (a refit that found the
         model faster), its classes are judged afresh (what they measured was under the old
         one)."""
+        known = self._plans.get(model)
+        if known is not None and not self._need_before:  # asked many times per event
+            return known
         fresh = model not in self._plans
         plan = super()._plan(s, model)
         before = self._need_before.pop(model, None)
@@ -403,10 +412,10 @@ class AdaptivePolicy(SlackPolicy):
         """The plan's clock for the requests at Triton and queued, never below the floor of
         the models among them (a model with no request now does not hold the clock up)."""
         self._now_s = now_s
-        if self._resting(s, now_s):
+        if not self._not_resting and self._resting(s, now_s):
             return self.idle_clock_mhz(s)
         inflight = s.inflight_by_model()
-        queued = list(s.iter_queue(self.params.lookahead))
+        queued = self._lookahead(s)
         models = list(dict.fromkeys([*inflight, *(r.model for r in queued)]))
         plans = {m: self._plan(s, m) for m in models}
         if any(p is None for p in plans.values()):
@@ -416,8 +425,7 @@ class AdaptivePolicy(SlackPolicy):
         constraints = self._constraints(s, now_s, models, dict(raising), inflight, queued, rates)
         if constraints is None:
             return self.clocks_mhz[-1]  # a model with no table
-        # the energy fit may lower the floor for a while, to measure a clock under it
-        return max(self._first(constraints), s.energy_floor_mhz(self._floor(s, models), now_s))
+        return self._planned_mhz(s, now_s, constraints, models)
 
     def _raise_plan(self, model: str, plan: ModelPlan) -> ModelPlan:
         """``plan`` with the margin the raises plan for (``raise_quantile``: the mean by
@@ -437,7 +445,11 @@ class AdaptivePolicy(SlackPolicy):
         idle GPU has no request to slow down)."""
         self._now_s = now_s
         if not self._resting(s, now_s):
-            return super()._decide(s, now_s)
+            self._not_resting = True  # target_mhz need not ask again
+            try:
+                return super()._decide(s, now_s)
+            finally:
+                self._not_resting = False
         self._lower_since_s = None
         if self._idle_since_s is None:
             self._idle_since_s = now_s

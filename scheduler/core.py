@@ -7,7 +7,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Generic
+from itertools import islice
+from typing import Generic, overload
 
 from dvfs.energy import EnergyReading
 from scheduler.observe import ExecutionObserver
@@ -84,6 +85,49 @@ def validate_hints(priority: int, nice: int, slo_ms: float, config: SchedulerCon
     return None
 
 
+class Waiting(Sequence[QueuedRequest]):
+    """One model's waiting requests, oldest first. A request leaves from anywhere (CFS takes
+    each flow's oldest, and flows run at their own pace), so it is taken out in O(1), not by
+    a scan of a list that holds the whole queue; the two ends are O(1) too."""
+
+    __slots__ = ("_by_seq",)
+
+    def __init__(self) -> None:
+        self._by_seq: dict[int, QueuedRequest] = {}  # in arrival order
+
+    def append(self, request: QueuedRequest) -> None:
+        self._by_seq[request.seq] = request
+
+    def remove(self, request: QueuedRequest) -> None:
+        del self._by_seq[request.seq]
+
+    def __len__(self) -> int:
+        return len(self._by_seq)
+
+    def __iter__(self) -> Iterator[QueuedRequest]:
+        return iter(self._by_seq.values())
+
+    @overload
+    def __getitem__(self, index: int) -> QueuedRequest: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[QueuedRequest]: ...
+
+    def __getitem__(self, index: int | slice) -> QueuedRequest | Sequence[QueuedRequest]:
+        if index == 0 and self._by_seq:  # the oldest: asked at every plan
+            return next(iter(self._by_seq.values()))
+        if isinstance(index, slice):
+            return list(self._by_seq.values())[index]
+        n = len(self._by_seq)
+        at = index + n if index < 0 else index
+        if not 0 <= at < n:
+            raise IndexError(f"index {index} out of range for {n} requests waiting")
+        values = self._by_seq.values()
+        if at == n - 1:
+            return next(reversed(values))
+        return next(islice(values, at, None))
+
+
 class Scheduler(Generic[P]):
     """One GPU's queue, in-flight set and clock policy; the one owner of its tables."""
 
@@ -109,17 +153,20 @@ class Scheduler(Generic[P]):
         self.inflight: dict[int, Request[P]] = {}
         self._inflight_by_model: dict[str, list[QueuedRequest]] = {}
         self._inflight_levels: dict[str, dict[int, int]] = {}  # model -> level -> at Triton
-        self._queued_of: dict[str, list[QueuedRequest]] = {}
+        self._queued_of: dict[str, Waiting] = {}
+        self._queued_counts: dict[str, int] | None = None  # queued_by_model, until it changes
         self.bound = WaitBound()
         self._serving = dict(serving or {})
         # Derived from the tables, kept until they change: how a model not registered is
         # served, and what a request is charged at a clock (asked at every dispatch).
         self._derived: dict[str, ModelServing] = {}
         self._charges: dict[tuple[str, int | None], float] = {}
+        self._depths: dict[str, int] = {}  # release_depth per model
         policy.attach(self)
         self.clock_target_mhz: int | None = policy.initial_clock_mhz()
         self._seq = 0
         self._rates: dict[str, tuple[float, float]] = {}  # model -> (rate, at_s)
+        self._rates_now: tuple[float, dict[str, float]] = (math.nan, {})  # (at_s, per model)
         self._last_slo_ms: dict[str, float] = {}
         self._last_completion_s: dict[str, float] = {}
 
@@ -143,6 +190,7 @@ class Scheduler(Generic[P]):
         self._tables = tables
         self._derived.clear()
         self._charges.clear()
+        self._depths.clear()
         self.policy.tables_changed()
 
     def table_for(self, model: str) -> ModelTable | None:
@@ -173,14 +221,20 @@ class Scheduler(Generic[P]):
         Everything beyond would wait in Triton's queue, first come first served within a
         level, out of the sidecar's reach. A decoupled model (an LLM engine): the sequences it
         may run at once."""
-        serving = self.serving(model)
-        if serving.streams:
-            return serving.streams
-        return max(self.config.triton_batches * serving.max_batch, 2 * serving.instances)
+        depth = self._depths.get(model)
+        if depth is None:
+            serving = self.serving(model)
+            depth = serving.streams or max(
+                self.config.triton_batches * serving.max_batch, 2 * serving.instances
+            )
+            if len(self._depths) < 1024:  # models named, bounded
+                self._depths[model] = depth
+        return depth
 
     def set_serving(self, model: str, serving: ModelServing) -> None:
         self._serving[model] = serving
         self._derived.pop(model, None)
+        self._depths.pop(model, None)
         self.policy.tables_changed()
 
     # -- what policies read (scheduler.view.SchedulerView) --------------------------------
@@ -191,7 +245,7 @@ class Scheduler(Generic[P]):
 
     @property
     def queue_len(self) -> int:
-        return len(self.queue)
+        return self.queue.size
 
     def charge_ms(self, model: str) -> float:
         """What CFS charges a request of ``model`` when it is sent (completion corrects it with
@@ -215,7 +269,8 @@ class Scheduler(Generic[P]):
         self._charges[key] = charge
         return charge
 
-    def iter_queue(self, limit: int) -> Iterator[Request[P]]:
+    def iter_queue(self, limit: int) -> list[Request[P]]:
+        """The first ``limit`` waiting requests in dispatch order."""
         head = self.queue.peek()
         charge = self.charge_ms(head.model) if head is not None else 0.0
         return self.queue.iter_order(limit, charge)
@@ -227,7 +282,10 @@ class Scheduler(Generic[P]):
         return self._inflight_by_model
 
     def queued_by_model(self) -> Mapping[str, int]:
-        return {m: len(reqs) for m, reqs in self._queued_of.items()}
+        counts = self._queued_counts  # asked several times per event: built once per change
+        if counts is None:
+            counts = self._queued_counts = {m: len(reqs) for m, reqs in self._queued_of.items()}
+        return counts
 
     def queued_of(self, model: str) -> Sequence[QueuedRequest]:
         """The requests of ``model`` waiting, oldest first."""
@@ -245,9 +303,15 @@ class Scheduler(Generic[P]):
         inflight, queued = self._inflight_by_model, self._queued_of
         return len(inflight) + sum(1 for m in queued if m not in inflight)
 
-    def arrival_rates_rps(self, now_s: float) -> dict[str, float]:
-        """Arrivals per second per model, exponentially decayed counts over ``RATE_WINDOW_S``."""
-        return {m: self._rate(m, now_s) for m in self._rates}
+    def arrival_rates_rps(self, now_s: float) -> Mapping[str, float]:
+        """Arrivals per second per model, exponentially decayed counts over ``RATE_WINDOW_S``
+        (read-only: kept until an arrival or another time, as it is asked several times per
+        event)."""
+        at_s, rates = self._rates_now
+        if at_s != now_s:
+            rates = {m: self._rate(m, now_s) for m in self._rates}
+            self._rates_now = (now_s, rates)
+        return rates
 
     def arrival_rate_rps(self, now_s: float) -> float:
         """Arrivals per second over every model."""
@@ -287,9 +351,14 @@ class Scheduler(Generic[P]):
         request.seq = self._seq
         self._seq += 1
         self._rates[request.model] = (self._rate(request.model, now_s) + 1.0 / RATE_WINDOW_S, now_s)
+        self._rates_now = (math.nan, {})
         self._last_slo_ms[request.model] = request.slo_ms
         self.queue.push(request)
-        self._queued_of.setdefault(request.model, []).append(request)
+        waiting = self._queued_of.get(request.model)
+        if waiting is None:
+            waiting = self._queued_of[request.model] = Waiting()
+        waiting.append(request)
+        self._queued_counts = None
         self.bound.arrived(request.model, request.level, request.slo_ms, now_s)
         return EnqueueResult(
             accepted=True,
@@ -453,6 +522,7 @@ class Scheduler(Generic[P]):
             self.queue.settle(request, 0.0)
             drained.append(request)
         self._queued_of.clear()
+        self._queued_counts = None
         return drained
 
     def _unqueue(self, request: Request[P]) -> None:
@@ -460,6 +530,7 @@ class Scheduler(Generic[P]):
         same_model.remove(request)
         if not same_model:
             del self._queued_of[request.model]
+        self._queued_counts = None
 
     def poll(self, now_s: float) -> int | None:
         """Run the policy's timer (hysteresis); a clock to set, if any."""

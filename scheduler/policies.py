@@ -11,8 +11,9 @@ from __future__ import annotations
 import bisect
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 
 import numpy as np
 import numpy.typing as npt
@@ -23,6 +24,7 @@ from scheduler.view import QueuedRequest, SchedulerView
 from time2clock.table import TAIL_QUANTILES, ModelTable
 
 MIN_HOLD_S = 0.0005  # a hold shorter than this is not worth a timer
+_own_deadline_s: Callable[[QueuedRequest], float] = attrgetter("deadline_s")
 BoolArray = npt.NDArray[np.bool_]
 FloatArray = npt.NDArray[np.float64]
 
@@ -251,8 +253,9 @@ class SlackPolicy(ClockPolicy):
     * **A model with no table gets the top clock** while any of its requests is queued or in
       flight: nothing is known of how fast it runs.
 
-    The clock is found by evaluating every constraint at every clock at once (one matrix
-    product: constraints × (model, batch) counts times (model, batch) × clocks times).
+    The clock is the lowest at which every constraint holds, as evaluating each at every clock
+    finds it; :mod:`scheduler.constraints`, :meth:`_lookahead` and :meth:`_planned_mhz` say
+    how it is found without doing that.
     """
 
     name = "slack"
@@ -267,6 +270,9 @@ class SlackPolicy(ClockPolicy):
         self._lower_since_s: float | None = None
         self._plans: dict[str, ModelPlan | None] = {}
         self._hints = [0, 0]  # the last plans' answers (clock index: now, after a delay)
+        self._at_floor = False  # whether the last plan's clock was its floor
+        # Whether deadlines are moved (_slo_scale overridden); if not, each is the request's own.
+        self._scaled = type(self)._slo_scale is not SlackPolicy._slo_scale
         self._holds: dict[str, float] = {}  # model -> when to look again at requests held
         self._held_head: dict[str, int] = {}  # model -> the first request of its hold
         self._released_upto: dict[str, int] = {}  # model -> the last request of a batch let go
@@ -276,7 +282,6 @@ class SlackPolicy(ClockPolicy):
             float(gamma.ppf(self.params.arrival_quantile, j))
             for j in range(1, self.params.phantoms + 1)
         ]
-        self._phantom_gaps_arr = np.array(self._phantom_gaps)
 
     def _slo_scale(self, model: str, slo_ms: float) -> float:
         """The share of a request's SLO the plan aims at (1: its SLO; a feedback policy moves
@@ -397,7 +402,7 @@ class SlackPolicy(ClockPolicy):
         inflight = s.inflight_by_model()
         if not s.queue_len and not inflight:
             return s.energy_floor_mhz(self._floor(s, s.tables.models), now_s)
-        queued = list(s.iter_queue(self.params.lookahead))
+        queued = self._lookahead(s)
         models = list(dict.fromkeys([*inflight, *(r.model for r in queued)]))
         plans = {m: self._plan(s, m) for m in models}
         if any(p is None for p in plans.values()):
@@ -410,9 +415,75 @@ class SlackPolicy(ClockPolicy):
         constraints = self._constraints(s, now_s, models, plans, inflight, queued, rates)
         if constraints is None:
             return self.clocks_mhz[-1]  # a model with no table
-        clock = self._first(constraints)
-        # the energy fit may lower the floor for a while, to measure a clock under it
-        return max(clock, s.energy_floor_mhz(self._floor(s, models), now_s))
+        return self._planned_mhz(s, now_s, constraints, models)
+
+    def _planned_mhz(
+        self, s: SchedulerView, now_s: float, constraints: Constraints, models: list[str]
+    ) -> int:
+        """The lowest clock meeting ``constraints``, never below the floor of ``models`` (the
+        energy fit may lower the floor for a while, to measure a clock under it).
+
+        Where every constraint holds at the floor even after a raise's delay, the lowest clock
+        that meets them lies at or below it, and the answer is the floor: no search. So a bound
+        may stand in for the plan (:meth:`_lookahead`): where the bound holds at the floor, so
+        does the plan; where it does not, the plan is made and searched."""
+        floor = s.energy_floor_mhz(self._floor(s, models), now_s)
+        if self._at_floor or constraints.exact is not None:
+            at = bisect.bisect_right(self.clocks_mhz, floor) - 1
+            if at >= 0 and constraints.holds_at(at, True):
+                self._at_floor = True
+                return floor
+            if constraints.exact is not None:
+                constraints = constraints.exact()
+        clock = max(self._first(constraints), floor)
+        self._at_floor = clock == floor  # then the next plan looks at the floor first
+        return clock
+
+    def _lookahead(self, s: SchedulerView) -> Sequence[QueuedRequest]:
+        """The queued requests the plan walks one by one: the first ``lookahead`` in dispatch
+        order, or fewer where the bound on the rest of the queue (its earliest deadline, all
+        of each model's requests ahead) makes the walk unneeded. Only while deadlines are the
+        requests' own, and only where the models the plan counts, and their order, are what
+        the walk would give; :meth:`_constraints` checks that no work table falls as ``n``
+        grows, and walks them all where one would.
+
+        * More than ``lookahead`` wait, all of one model: the bound's row has at least as many
+          of the model ahead as any walked one, at least its margin, at most its room: where
+          it holds, they hold. One is walked (it names the model).
+        * Fewer wait, and the last plan's clock was its floor: the bound stands in for the
+          walk (one request of each model), and where it holds at the floor, the plan is the
+          floor (:meth:`_planned_mhz`); otherwise the walk is made then."""
+        limit = self.params.lookahead
+        waiting_n = s.queue_len
+        if limit > 1 and waiting_n > 1 and not self._scales_deadlines():
+            if waiting_n > limit:
+                waiting = s.queued_by_model()
+                if len(waiting) == 1:
+                    (model,) = waiting
+                    return [s.queued_of(model)[0]]
+            elif self._at_floor:
+                waiting = s.queued_by_model()
+                inflight = s.inflight_by_model()
+                if len(waiting) == 1 or all(m in inflight for m in waiting):
+                    return [s.queued_of(m)[0] for m in waiting]
+        return s.iter_queue(limit)
+
+    def _scaled_deadlines(self) -> Callable[[QueuedRequest], float]:
+        """:meth:`_deadline_s` for one plan: each class's scale looked up once."""
+        scales: dict[tuple[str, float], float] = {}
+
+        def deadline_s(r: QueuedRequest) -> float:
+            key = (r.model, r.slo_ms)
+            scale = scales.get(key)
+            if scale is None:
+                scale = scales[key] = self._slo_scale(r.model, r.slo_ms)
+            return r.deadline_s if scale == 1.0 else r.arrival_s + scale * r.slo_ms / 1000.0
+
+        return deadline_s
+
+    def _scales_deadlines(self) -> bool:
+        """Whether this policy moves the deadlines it plans for (:meth:`_slo_scale`)."""
+        return self._scaled
 
     def _floor_of(self, plan: ModelPlan) -> int | None:
         """The clock a model is never run below: its energy-optimal clock at batch 1."""
@@ -442,7 +513,7 @@ class SlackPolicy(ClockPolicy):
         models: list[str],
         plans: dict[str, ModelPlan | None],
         inflight: Mapping[str, list[QueuedRequest]],
-        queued: list[QueuedRequest],
+        queued: Sequence[QueuedRequest],
         rates: dict[str, float],
     ) -> tuple[BoolArray, BoolArray]:
         """Per clock, whether every constraint holds: as the clock stands, and if a raise must
@@ -461,7 +532,7 @@ class SlackPolicy(ClockPolicy):
         models: list[str],
         plans: dict[str, ModelPlan | None],
         inflight: Mapping[str, list[QueuedRequest]],
-        queued: list[QueuedRequest],
+        queued: Sequence[QueuedRequest],
         rates: dict[str, float],
     ) -> Constraints | None:
         """Every constraint of the plan; None when a model waiting has no table.
@@ -472,106 +543,128 @@ class SlackPolicy(ClockPolicy):
         each model's queue (the earliest deadline of all), and the ``phantoms`` about to arrive.
         """
         p = self.params
-        plan_of = {m: plan for m in models if (plan := plans[m]) is not None}
-        margin = max(plan.margin_ms for plan in plan_of.values())
+        live = [plan for m in models if (plan := plans[m]) is not None]
+        if len(live) < len(models):
+            return None
+        margin = float(live[0].margin_ms if len(live) == 1 else max(pl.margin_ms for pl in live))
         index = {m: k for k, m in enumerate(models)}
-        counts = dict.fromkeys(models, 0)
+        counts = [0] * len(models)  # per model (index): its requests counted so far
+        since = [now_s] * len(models)
         # One constraint per entry of these lists: its model (index), how many of that model
-        # are ahead of it (itself included), its room (ms).
+        # are ahead of it (itself included), its room (ms). Plain lists: a plan has a few dozen
+        # rows, where numpy's cost per call would be most of the work.
         row_model: list[int] = []
         row_n: list[int] = []
         row_room: list[float] = []
-        scales: dict[tuple[str, float], float] = {}  # the plan's scale per class, this once
-
-        def deadline_s(r: QueuedRequest) -> float:
-            """:meth:`_deadline_s`, its class's scale looked up once per plan."""
-            key = (r.model, r.slo_ms)
-            scale = scales.get(key)
-            if scale is None:
-                scale = scales[key] = self._slo_scale(r.model, r.slo_ms)
-            return r.deadline_s if scale == 1.0 else r.arrival_s + scale * r.slo_ms / 1000.0
-
-        since = dict.fromkeys(models, now_s)
+        scaled = self._scaled  # if not, a request's deadline is its own
+        deadline = self._scaled_deadlines() if scaled else _own_deadline_s
         for m, reqs in inflight.items():
-            counts[m] = len(reqs)
-            since[m] = max(min(r.dispatch_s for r in reqs), s.last_completion_s(m))
-            row_model.append(index[m])
-            row_n.append(counts[m])
-            row_room.append((min(map(deadline_s, reqs)) - now_s) * 1e3)
-        inflight_counts = dict(counts)
-        for r in queued:
-            m = r.model
-            counts[m] += 1
-            row_model.append(index[m])
-            row_n.append(counts[m])
-            row_room.append((deadline_s(r) - now_s) * 1000.0)
+            k = index[m]
+            counts[k] = len(reqs)
+            since[k] = max(min(r.dispatch_s for r in reqs), s.last_completion_s(m))
+            row_model.append(k)
+            row_n.append(counts[k])
+            row_room.append((min(map(deadline, reqs)) - now_s) * 1e3)
+        inflight_counts = counts.copy()
+        if len(models) == 1 and not scaled:  # one model (the common case), rows in one go
+            ahead = counts[0]
+            row_model += [0] * len(queued)
+            row_n += range(ahead + 1, ahead + 1 + len(queued))
+            row_room += [(r.deadline_s - now_s) * 1000.0 for r in queued]
+            counts[0] = ahead + len(queued)
+        else:
+            for r in queued:
+                k = index[r.model]
+                n = counts[k] + 1
+                counts[k] = n
+                row_model.append(k)
+                row_n.append(n)
+                row_room.append((deadline(r) - now_s) * 1000.0)
         if s.queue_len > len(queued):
             earliest = s.earliest_deadline_s()
             assert earliest is not None
             waiting = s.queued_by_model()
-            # The bound on the rest: its earliest deadline, moved as the tightest class's is.
-            earliest += min(
-                (self._slo_scale(m, s.last_slo_ms(m)) - 1.0) * s.last_slo_ms(m) / 1000.0
-                for m in waiting
-            )
+            if scaled:
+                # The bound on the rest: its earliest deadline, moved as the tightest class's is.
+                earliest += min(
+                    (self._slo_scale(m, s.last_slo_ms(m)) - 1.0) * s.last_slo_ms(m) / 1000.0
+                    for m in waiting
+                )
+            room = (earliest - now_s) * 1000.0
             for m, n in waiting.items():
-                if m not in counts:
+                k_or_none = index.get(m)
+                if k_or_none is None:
                     return None
-                counts[m] = inflight_counts[m] + n
-                row_model.append(index[m])
-                row_n.append(counts[m])
-                row_room.append((earliest - now_s) * 1000.0)
-        model_of = np.array(row_model, dtype=int)
-        ahead = np.array(row_n, dtype=int)
-        room = np.array(row_room)
+                k = k_or_none
+                counts[k] = inflight_counts[k] + n
+                row_model.append(k)
+                row_n.append(counts[k])
+                row_room.append(room)
         known_rows = len(row_n)  # the rest are phantoms, with their own margin scale
         total_rate = sum(rates.values())
-        if total_rate > 0:
+        if total_rate > 0 and self._phantom_gaps:
             ms_per_gap = 1000.0 / total_rate
             # A phantom's room beyond its gap: its model's last SLO, scaled as its class's.
             slo_room = {m: self._slo_scale(m, s.last_slo_ms(m)) * s.last_slo_ms(m) for m in rates}
             if len(rates) == 1:  # every phantom is of the one model arriving
                 (m,) = rates
-                phantoms = len(self._phantom_gaps)
-                model_of = np.concatenate([model_of, np.full(phantoms, index[m])])
-                ahead = np.concatenate([ahead, np.arange(1, phantoms + 1) + counts[m]])
-                room = np.concatenate([room, self._phantom_gaps_arr * ms_per_gap + slo_room[m]])
-                counts[m] += phantoms
+                k, room_m = index[m], slo_room[m]
+                base = counts[k]
+                for j, gap in enumerate(self._phantom_gaps, start=1):
+                    row_model.append(k)
+                    row_n.append(base + j)
+                    row_room.append(gap * ms_per_gap + room_m)
+                counts[k] += len(self._phantom_gaps)
             else:  # each the model most behind its share of the arrivals so far
                 given = dict.fromkeys(rates, 0)
-                rows_model, rows_n, rows_room = [], [], []
                 for j, gap in enumerate(self._phantom_gaps, start=1):
                     m = max(rates, key=lambda x: rates[x] * j / total_rate - given[x])
                     given[m] += 1
-                    counts[m] += 1
-                    rows_model.append(index[m])
-                    rows_n.append(counts[m])
-                    rows_room.append(gap * ms_per_gap + slo_room[m])
-                model_of = np.concatenate([model_of, np.array(rows_model, dtype=int)])
-                ahead = np.concatenate([ahead, np.array(rows_n, dtype=int)])
-                room = np.concatenate([room, np.array(rows_room)])
+                    k = index[m]
+                    counts[k] += 1
+                    row_model.append(k)
+                    row_n.append(counts[k])
+                    row_room.append(gap * ms_per_gap + slo_room[m])
 
         # The tail margin: ``k`` executions in a row carry ``margin · √k`` (phantoms scaled).
-        batches = np.array([plan_of[m].max_batch for m in models], dtype=int)
-        full, part = np.divmod(ahead, batches[model_of])
-        executions = (full + (part > 0)).astype(float)
-        scale = np.ones(len(ahead))
-        scale[known_rows:] = p.phantom_margin
+        if margin == 0.0:
+            margins = [0.0] * len(row_n)
+        else:
+            batches = [plan.max_batch for plan in live]
+            margins = []
+            for i, (k, n) in enumerate(zip(row_model, row_n, strict=True)):
+                full, part = divmod(n, batches[k])
+                scale = 1.0 if i < known_rows else p.phantom_margin
+                margins.append(margin * scale * math.sqrt(max(full + (part > 0), 1.0)))
         # Work done on what is in flight: at most the time since the model's last completion
         # (all earlier work has left the in-flight set), shared among the models running.
         share = 1.0 / max(1, len(inflight))
-        return Constraints(
-            work=[plan_of[m].work for m in models],
-            row_model=model_of,
-            row_n=ahead,
-            room_ms=room,
-            margin_ms=margin * scale * np.sqrt(np.maximum(executions, 1.0)),
-            inflight=[inflight_counts[m] for m in models],
-            known=[counts[m] for m in models],
-            elapsed_ms=[(now_s - since[m]) * 1000.0 * share for m in models],
+        constraints = Constraints(
+            work=[plan.work for plan in live],
+            row_model=row_model,
+            row_n=row_n,
+            room_ms=row_room,
+            margin_ms=margins,
+            inflight=inflight_counts,
+            known=counts,
+            elapsed_ms=[(now_s - at_s) * 1000.0 * share for at_s in since],
             safety=p.safety,
             change_delay_ms=p.change_delay_ms,
         )
+        if len(queued) < min(s.queue_len, p.lookahead):  # the walk was cut short (_lookahead)
+            if not all([plan.work.rising for plan in live]):  # where it may not be: walk all
+                queued = s.iter_queue(p.lookahead)
+                return self._constraints(s, now_s, models, plans, inflight, queued, rates)
+            if s.queue_len <= p.lookahead:  # the rows are a bound: the plan, when asked for
+
+                def exact() -> Constraints:
+                    walked = s.iter_queue(p.lookahead)
+                    plan = self._constraints(s, now_s, models, plans, inflight, walked, rates)
+                    assert plan is not None, "the same models as the bound's"
+                    return plan
+
+                constraints.exact = exact
+        return constraints
 
     def _decide(self, s: SchedulerView, now_s: float) -> int | None:
         target = self.target_mhz(s, now_s)

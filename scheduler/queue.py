@@ -30,6 +30,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
+from itertools import islice
 from typing import Generic
 
 from scheduler.request import P, Request
@@ -174,14 +175,14 @@ class PriorityCfsQueue(Generic[P]):
         self.ledger = ledger if ledger is not None else VruntimeLedger()
         self._levels: dict[int, _Level[P]] = {}
         self._order: list[int] = []
-        self._size = 0
+        self.size = 0  # requests waiting (read-only outside)
         self._deadlines: list[tuple[float, int]] = []
         self._queued: set[int] = set()
         self._backlogged_weight = 0  # sum of the weights of flows with requests queued
         self._service_ms: dict[str, float] = {}  # per model: what a request is charged, EWMA
 
     def __len__(self) -> int:
-        return self._size
+        return self.size
 
     def level_sizes(self) -> dict[int, int]:
         return {n: lvl.size for n, lvl in sorted(self._levels.items()) if lvl.size}
@@ -189,11 +190,11 @@ class PriorityCfsQueue(Generic[P]):
     def push(self, request: Request[P]) -> None:
         level = self._levels.get(request.level)
         if level is None:
-            level = self._levels[request.level] = _Level[P]()
+            level = self._levels[request.level] = _Level()
             self._order = sorted(self._levels)
         flow = level.flows.get(request.client_id)
         if flow is None:
-            flow = _Flow[P](request.client_id, self.ledger.open(request.level, request.client_id))
+            flow = _Flow(request.client_id, self.ledger.open(request.level, request.client_id))
             level.flows[request.client_id] = flow
         was_idle = not flow.requests
         weight = weight_for_nice(request.nice)
@@ -216,7 +217,7 @@ class PriorityCfsQueue(Generic[P]):
             account.waiting += 1
             level.push_key(flow)
         level.size += 1
-        self._size += 1
+        self.size += 1
         heapq.heappush(self._deadlines, (request.deadline_s, request.seq))
         self._queued.add(request.seq)
 
@@ -271,7 +272,7 @@ class PriorityCfsQueue(Generic[P]):
         _count(level.by_model, request.model, -1)
         self._queued.discard(request.seq)
         level.size -= 1
-        self._size -= 1
+        self.size -= 1
         if not flow.requests:
             self._backlogged_weight -= flow.weight
             flow.account.waiting -= 1
@@ -350,32 +351,33 @@ class PriorityCfsQueue(Generic[P]):
                 return best
         return None
 
-    def iter_order(self, limit: int, expected_ms: float) -> Iterator[Request[P]]:
-        """The first ``limit`` requests in the order :meth:`pop` would give them, read-only."""
-        left = limit
+    def iter_order(self, limit: int, expected_ms: float) -> list[Request[P]]:
+        """The first ``limit`` requests in the order :meth:`pop` would give them, read-only:
+        each flow charged ``expected_ms`` per request as it goes (ties as in the queue)."""
+        out: list[Request[P]] = []
         for n in self._order:
+            left = limit - len(out)
             level = self._levels[n]
             if not level.size or left <= 0:
                 continue
             runnable = [f for f in level.flows.values() if f.requests]
             if len(runnable) == 1:
-                for request in runnable[0].requests:
-                    if left <= 0:
-                        return
-                    yield request
-                    left -= 1
+                out.extend(islice(runnable[0].requests, left))
                 continue
             sim = [(f.vruntime, f.requests[0].seq, i, 0) for i, f in enumerate(runnable)]
             heapq.heapify(sim)
             while sim and left > 0:
-                vruntime, _, i, pos = heapq.heappop(sim)
-                request = runnable[i].requests[pos]
-                yield request
+                vruntime, _, i, pos = sim[0]
+                requests = runnable[i].requests
+                request = requests[pos]
+                out.append(request)
                 left -= 1
-                if pos + 1 < len(runnable[i].requests):
-                    nxt = runnable[i].requests[pos + 1]
+                if pos + 1 < len(requests):
                     vruntime += _CHARGE_PER_MS[request.nice - NICE_MIN] * expected_ms
-                    heapq.heappush(sim, (vruntime, nxt.seq, i, pos + 1))
+                    heapq.heapreplace(sim, (vruntime, requests[pos + 1].seq, i, pos + 1))
+                else:
+                    heapq.heappop(sim)
+        return out
 
     def flow_vruntimes(self, level: int) -> dict[str, float]:
         """Virtual runtime per flow of a level (for tests and the admin view)."""

@@ -6,7 +6,7 @@ set. :class:`scheduler.core.Scheduler` satisfies it; a test can hand a policy an
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -96,7 +96,7 @@ class SchedulerView(Protocol):
 
     def release_depth(self, model: str) -> int: ...
 
-    def iter_queue(self, limit: int) -> Iterator[QueuedRequest]: ...
+    def iter_queue(self, limit: int) -> Sequence[QueuedRequest]: ...
 
     def earliest_deadline_s(self) -> float | None: ...
 
@@ -108,7 +108,7 @@ class SchedulerView(Protocol):
 
     def inflight_count(self, model: str) -> int: ...
 
-    def arrival_rates_rps(self, now_s: float) -> dict[str, float]: ...
+    def arrival_rates_rps(self, now_s: float) -> Mapping[str, float]: ...
 
     def last_slo_ms(self, model: str) -> float: ...
 

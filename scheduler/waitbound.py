@@ -117,12 +117,18 @@ class WaitBound:
         self._highest = 0  # the highest level protected; 0: fewer than two levels seen
         self._released: dict[str, deque[tuple[float, int]]] = {}  # model -> (time, level)
         self._largest: dict[tuple[str, float, float], tuple[ModelTable, int]] = {}
+        # At most the earliest last arrival of any class (none expires before it is
+        # GUARD_S old), and whether a class came since the levels were last worked out: an
+        # arrival that adds or expires no class leaves them as they were.
+        self._oldest_s = math.inf
+        self._changed = False
 
     def arrived(self, model: str, level: int, slo_ms: float, now_s: float) -> None:
         """A request of ``level`` for ``model`` arrived with ``slo_ms``."""
         c = self._classes.get((model, level))
         if c is None:
             self._classes[(model, level)] = _Class(1.0 / RATE_WINDOW_S, now_s, slo_ms, now_s, now_s)
+            self._changed = True
         else:
             c.rate_rps = c.rate_rps * math.exp(-(now_s - c.rate_at_s) / RATE_WINDOW_S)
             c.rate_rps += 1.0 / RATE_WINDOW_S
@@ -134,8 +140,12 @@ class WaitBound:
 
     def refresh(self, now_s: float) -> None:
         """Forget levels whose last arrival is older than ``GUARD_S``."""
+        if not self._changed and now_s - self._oldest_s <= GUARD_S:
+            return  # no class came or expired: nothing below would change
         for key in [k for k, c in self._classes.items() if now_s - c.last_s > GUARD_S]:
             del self._classes[key]
+        self._oldest_s = min((c.last_s for c in self._classes.values()), default=math.inf)
+        self._changed = False
         self._protected = [(m, lvl, c) for (m, lvl), c in self._classes.items()]
         levels = {lvl for _, lvl, _ in self._protected}
         # Only a level above another one seen has anything to be protected from.

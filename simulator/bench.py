@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from dvfs.profiles import CNN
 from scheduler.core import Scheduler, SchedulerConfig
+from scheduler.feedback import FeedbackParams
 from scheduler.policies import SlackParams
 from scheduler.registry import POLICIES, make_policy
 from scheduler.request import Request
@@ -23,15 +24,28 @@ class CoreCost:
 
 
 def core_cost(
-    policy: str, *, queue_len: int = 1000, flows: int = 3, rounds: int = 3000, gpu: str = "v100"
+    policy: str,
+    *,
+    queue_len: int = 1000,
+    flows: int = 3,
+    rounds: int = 3000,
+    gpu: str = "v100",
+    holds: bool = False,
 ) -> CoreCost:
-    """Mean µs for one enqueue plus one dispatch (and its completion) at a steady queue length."""
+    """Mean µs for one enqueue plus one dispatch (and its completion) at a steady queue length.
+
+    ``holds`` False: batch holds off (``slack``'s and ``adaptive``'s), so that every round
+    dispatches (a request held back for a fuller batch is not a decision to time). True: the
+    policy's own defaults, which dispatch every round only while a full batch waits (a queue
+    of 1000)."""
     tables = profiled_tables(gpu)
     clocks = next(iter(tables)).clocks_mhz
+    slack, feedback = (
+        (None, None) if holds else (SlackParams(batch_hold=0.0), FeedbackParams(batch_hold=0.0))
+    )
     sched: Scheduler[None] = Scheduler(
         tables,
-        # Batch holds off: a request held back for a fuller batch is not a decision to time.
-        make_policy(policy, clocks, SlackParams(batch_hold=0.0)),
+        make_policy(policy, clocks, slack, feedback),
         SchedulerConfig(max_queue=queue_len + 10, default_slo_ms=10_000.0),
     )
     now = 0.0
@@ -85,7 +99,8 @@ def simulator_speed(
 
 def run() -> list[str]:
     lines = [
-        "core cost in CPU time (enqueue + dispatch + completion), queue held at 1000, 3 flows:"
+        "core cost in CPU time (enqueue + dispatch + completion), queue held at 1000, 3 flows,"
+        " batch holds off:"
     ]
     for name in POLICIES:
         c = core_cost(name)
@@ -95,6 +110,10 @@ def run() -> list[str]:
         lines.append(
             f"  {name:8s} {c.us_per_enqueue_and_dispatch:7.1f} µs per request at a queue of 10"
         )
+    c = core_cost("adaptive", holds=True)
+    lines.append(
+        f"  adaptive {c.us_per_enqueue_and_dispatch:7.1f} µs per request with its batch holds on"
+    )
     s = simulator_speed()
     lines.append(
         f"simulator: {s['requests']:.0f} requests, {s['events']:.0f} events in {s['wall_s']:.2f} s "

@@ -78,3 +78,20 @@ def test_work_tables_add_full_batches_and_the_rest() -> None:
     np.testing.assert_array_equal(table[5], 2 * t[2] + t[1])
     np.testing.assert_array_equal(table[4], 2 * t[2])
     np.testing.assert_array_equal(table[0], [0.0, 0.0])
+
+
+@pytest.mark.parametrize("monotone", [True, False])
+@pytest.mark.parametrize("models", [1, 3])
+def test_the_one_clock_check_is_a_column_of_the_array_evaluation(
+    monotone: bool, models: int
+) -> None:
+    rng = np.random.default_rng(3 + models + 10 * monotone)
+    flips = 0
+    for _ in range(60):
+        c = constraints(rng, monotone, models)
+        now_ok, delayed_ok = c.evaluate(slice(None))
+        for clock in range(len(now_ok)):
+            assert c.holds_at(clock, False) == bool(now_ok[clock])
+            assert c.holds_at(clock, True) == bool(delayed_ok[clock])
+        flips += int(now_ok.any() and not now_ok.all())
+    assert flips > 10  # the cases have feasible and infeasible clocks both

@@ -4,6 +4,7 @@ import pytest
 
 from scheduler.core import Scheduler, SchedulerConfig
 from scheduler.registry import make_policy
+from scheduler.view import ModelServing
 from tests.scheduler import helpers
 from tests.scheduler.helpers import CLOCKS, make_request
 
@@ -112,3 +113,24 @@ def test_a_model_at_its_release_depth_does_not_block_another_queued_behind_it() 
         sent.append(d.request.model)
     assert sent.count("busy") == s.release_depth("busy")
     assert sent[-1] == "other" and sent.count("other") == 1
+
+
+def test_waiting_keeps_arrival_order_as_requests_leave_from_anywhere() -> None:
+    s = helpers.make_scheduler(
+        make_policy("max", CLOCKS), serving={helpers.MODEL: ModelServing(32, 1)}
+    )
+    reqs = [make_request(client_id=f"c{i % 3}", nice=(i % 3) * 5 - 5) for i in range(12)]
+    for r in reqs:
+        assert s.enqueue(r, 0.0).accepted
+    waiting = s.queued_of(reqs[0].model)
+    assert list(waiting) == reqs and len(waiting) == 12
+    sent = [d.request for _ in range(5) if (d := s.next_dispatch(0.0)) is not None]
+    assert len(sent) == 5
+    s.cancel(reqs[7])
+    left = [r for r in reqs if r not in sent and r is not reqs[7]]
+    assert list(waiting) == left
+    assert [waiting[i] for i in range(len(left))] == left
+    assert waiting[-1] is left[-1] and waiting[-len(left)] is left[0]
+    assert list(waiting[1:3]) == left[1:3]
+    with pytest.raises(IndexError):
+        waiting[len(left)]

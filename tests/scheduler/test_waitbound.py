@@ -3,12 +3,14 @@ level is active, and that the higher level never waits in the sidecar for them."
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from scheduler.core import Scheduler
 from scheduler.registry import make_policy
 from scheduler.view import ModelServing
-from scheduler.waitbound import GUARD_S, SAFETY, bound_ms, execution_ms
+from scheduler.waitbound import GUARD_S, SAFETY, WaitBound, bound_ms, execution_ms
 from tests.scheduler.helpers import CLOCKS, MODEL, make_model_table, make_request, make_scheduler
 from time2clock.table import ModelTable
 
@@ -191,3 +193,21 @@ def test_with_two_instances_the_rest_goes_in_a_chunk_one_gap_later() -> None:
     release_all(s, 1.01 * cap.gap_s)
     assert at_triton(s, 2) == min(cap.lower, first + cap.chunk)
     assert cap.chunk == -(-cap.lower // 2)
+
+
+def test_what_is_protected_is_every_class_seen_within_the_guard() -> None:
+    """Arrivals that add or expire no class skip the bookkeeping; what is protected is still
+    exactly the classes whose last arrival is within ``GUARD_S``."""
+    rng = random.Random(5)
+    bound = WaitBound()
+    last: dict[tuple[str, int], float] = {}
+    now_s = 0.0
+    for _ in range(2000):
+        now_s += rng.expovariate(4.0)
+        model, level = rng.choice([MODEL, OTHER]), rng.choice([1, 2, 2, 3])
+        if rng.random() < 0.02:
+            now_s += GUARD_S * rng.uniform(0.5, 1.5)  # quiet spells: classes expire
+        bound.arrived(model, level, 50.0, now_s)
+        last[(model, level)] = now_s
+        expected = {k for k, at in last.items() if now_s - at <= GUARD_S}
+        assert {(m, lvl) for m, lvl, _ in bound.protected()} == expected
