@@ -115,7 +115,7 @@ class Scheduler(Generic[P]):
         # Derived from the tables, kept until they change: how a model not registered is
         # served, and what a request is charged at a clock (asked at every dispatch).
         self._derived: dict[str, ModelServing] = {}
-        self._charges: dict[tuple[str, int | None], float] = {}
+        self._charges: dict[tuple[str, int | None, int], float] = {}
         policy.attach(self)
         self.clock_target_mhz: int | None = policy.initial_clock_mhz()
         self._seq = 0
@@ -194,26 +194,36 @@ class Scheduler(Generic[P]):
         return len(self.queue)
 
     def charge_ms(self, model: str) -> float:
-        """What CFS charges a request of ``model`` when it is sent (completion corrects it with
-        the time measured): what requests of the model have been charged lately in all, else
-        one execution's predicted time at the clock now targeted (cached per clock). Charging
-        much less than the final charge would let a flow take many free slots before its
-        completions catch up."""
-        served = self.queue.service_ms(model)
-        if served is not None:
-            return served
-        key = (model, self.clock_target_mhz)
-        charge = self._charges.get(key)
-        if charge is not None:
-            return charge
-        table = self._tables.get(model)
+        """The GPU time CFS charges a request of ``model`` sent now: its share of the execution
+        it is expected to run in, the table's time at the clock targeted for every request of
+        the model at Triton or waiting (up to the largest batch; instances running side by
+        side fill the GPU as one batch), over their number (cached per clock and count).
+
+        Not its time from dispatch to completion: that counts its wait at Triton, behind other
+        models' work and other batches, which differs from request to request by what else is
+        there; with two models of very different cost, shares drifted from the weights by
+        about a tenth in the simulator. A model without a table is charged what its requests
+        took from dispatch to completion lately, and completion corrects each charge with the
+        time measured, and so is a stream (its time is its output's length, not a batch's)."""
+        table = self._costed(model)
         if table is None:
-            return self.config.default_slo_ms / 4
-        charge = table.predict_ms(self.clock_target_mhz or table.clocks_mhz[-1])
-        if len(self._charges) >= 4096:  # (model, clock) pairs: bounded
-            self._charges.clear()
-        self._charges[key] = charge
+            served = self.queue.service_ms(model)
+            return served if served is not None else self.config.default_slo_ms / 4
+        sharing = table.max_batch
+        key = (model, self.clock_target_mhz, sharing)
+        charge = self._charges.get(key)
+        if charge is None:
+            clock = self.clock_target_mhz or table.clocks_mhz[-1]
+            charge = table.predict_ms(clock, sharing) / sharing
+            if len(self._charges) >= 4096:  # (model, clock, count): bounded
+                self._charges.clear()
+            self._charges[key] = charge
         return charge
+
+    def _costed(self, model: str) -> ModelTable | None:
+        """The table that says what a request of ``model`` costs the GPU (None: none does)."""
+        table = self._tables.get(model)
+        return None if table is None or self.serving(model).streams else table
 
     def iter_queue(self, limit: int) -> Iterator[Request[P]]:
         head = self.queue.peek()
@@ -338,6 +348,7 @@ class Scheduler(Generic[P]):
         if request is None:
             return None
         self.queue.take(request, self.charge_ms(request.model))
+        request.charge_final = self._costed(request.model) is not None
         self._unqueue(request)
         request.dispatch_s = now_s
         self.inflight[request.seq] = request
@@ -371,7 +382,17 @@ class Scheduler(Generic[P]):
                 ) < limit and self.bound.allows(self, model, level, now_s)
             return ok
 
-        return self.queue.first_sendable(sendable)
+        return self.queue.first_sendable(sendable, self._lead_ms)
+
+    def _lead_ms(self, held: str) -> float:
+        """How far (virtual runtime) a flow may run ahead of its level's first flow while that
+        flow's model ``held`` is held back: one full batch of ``held`` at nice 0, about what
+        the held flow is served when its model's next slot frees. Without limit for a model
+        whose cost no table says, or a stream (its slot may stay taken for seconds)."""
+        table = self._costed(held)
+        if table is None:
+            return math.inf
+        return self.charge_ms(held) * table.max_batch
 
     def _ahead_at_triton(self, model: str, level: int) -> int:
         """What counts against a request's release limit: its model's requests at Triton of
@@ -402,7 +423,10 @@ class Scheduler(Generic[P]):
             levels[request.level] -= 1
             if not levels[request.level]:
                 del levels[request.level]
-        self.queue.settle(request, service_s * 1000.0)
+        used_ms = service_s * 1000.0  # 0: never sent, nothing used
+        if request.charge_final and used_ms > 0:
+            used_ms = request.charged_ms  # its GPU time, charged in full when it was sent
+        self.queue.settle(request, used_ms, record=used_ms > 0)
         self._last_completion_s[request.model] = now_s
         self._occupancy(now_s)
         sample = self._observer.on_complete(request.seq, now_s, measured=measured)
@@ -450,7 +474,7 @@ class Scheduler(Generic[P]):
         """Take every waiting request out of the queue (shutting down); none is charged."""
         drained = []
         while (request := self.queue.pop(0.0)) is not None:
-            self.queue.settle(request, 0.0)
+            self.queue.settle(request, 0.0, record=False)
             drained.append(request)
         self._queued_of.clear()
         return drained

@@ -8,9 +8,11 @@ Order, in full:
 3. Ties in virtual runtime go to the flow whose oldest waiting request arrived first (the
    scheduler's arrival sequence number, unique, so the order is total and deterministic).
 
-Virtual runtime: a dispatched request charges its flow ``expected_ms × 1024 / weight(nice)`` at
-once (so a flow cannot take every free slot on a stale key); when it completes, the difference
-between its real and expected service time is charged the same way. A flow that wakes up (had
+Virtual runtime: a dispatched request charges its flow ``gpu_ms × 1024 / weight(nice)`` at once
+(so a flow cannot take every free slot on a stale key), ``gpu_ms`` the GPU time the request is
+expected to use (:meth:`scheduler.core.Scheduler.charge_ms` says how much); when it completes,
+the difference between the GPU time it used and that charge is charged the same way. A flow
+that wakes up (had
 nothing queued) is placed at ``max(its own vruntime, the level's min_vruntime)``: it neither
 jumps ahead of flows that kept working (no credit for sleeping) nor starts behind them (no
 starvation). The level's ``min_vruntime`` only moves forward, as in Linux.
@@ -28,6 +30,7 @@ behaves exactly as described above.
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from typing import Generic
@@ -147,7 +150,7 @@ class _Level(Generic[P]):
             self.min_vruntime = flow.vruntime
 
 
-SERVICE_EWMA = 0.05  # weight of the latest request in the mean service time per model
+SERVICE_EWMA = 0.05  # weight of the latest request in the mean GPU time charged per model
 _CHARGE_PER_MS = tuple(NICE_0_WEIGHT / w for w in SCHED_PRIO_TO_WEIGHT)
 
 
@@ -178,7 +181,7 @@ class PriorityCfsQueue(Generic[P]):
         self._deadlines: list[tuple[float, int]] = []
         self._queued: set[int] = set()
         self._backlogged_weight = 0  # sum of the weights of flows with requests queued
-        self._service_ms: dict[str, float] = {}  # per model: what a request is charged, EWMA
+        self._service_ms: dict[str, float] = {}  # per model: a request's GPU time charged, EWMA
 
     def __len__(self) -> int:
         return self._size
@@ -231,7 +234,7 @@ class PriorityCfsQueue(Generic[P]):
         return None
 
     def pop(self, expected_ms: float) -> Request[P] | None:
-        """Take the next request in order and charge its flow the expected service time."""
+        """Take the next request in order and charge its flow the GPU time it is expected to use."""
         head = self.peek()
         if head is not None:
             self.take(head, expected_ms)
@@ -280,18 +283,21 @@ class PriorityCfsQueue(Generic[P]):
             level.push_key(flow)  # keyed by the new head's arrival
         return True
 
-    def settle(self, request: Request[P], service_ms: float) -> None:
-        """Charge the difference between ``request``'s real and expected service time."""
+    def settle(self, request: Request[P], used_ms: float, *, record: bool = True) -> None:
+        """``request`` is back, having used ``used_ms`` of GPU time in all: charge the
+        difference from what it was charged when sent. ``record``: that time joins its model's
+        moving mean (not for a request that failed or was never sent)."""
         level = self._levels[request.level]
         flow = level.flows.get(request.client_id)
         if flow is None:
             return
         flow.inflight -= 1
-        flow.vruntime += vruntime_charge(service_ms - request.charged_ms, request.nice)
-        mean = self._service_ms.get(request.model)
-        self._service_ms[request.model] = (
-            service_ms if mean is None else mean + SERVICE_EWMA * (service_ms - mean)
-        )
+        flow.vruntime += vruntime_charge(used_ms - request.charged_ms, request.nice)
+        if record:
+            mean = self._service_ms.get(request.model)
+            self._service_ms[request.model] = (
+                used_ms if mean is None else mean + SERVICE_EWMA * (used_ms - mean)
+            )
         if flow.requests:
             level.push_key(flow)
             level.advance_min()
@@ -316,11 +322,23 @@ class PriorityCfsQueue(Generic[P]):
             heapq.heappop(heap)
         return heap[0][0] if heap else None
 
-    def first_sendable(self, sendable: Callable[[str, int], bool]) -> Request[P] | None:
+    def first_sendable(
+        self,
+        sendable: Callable[[str, int], bool],
+        lead_ms: Callable[[str], float] | None = None,
+    ) -> Request[P] | None:
         """The next request in order among those whose (model, level) ``sendable`` allows:
         the highest level with one; in it, the flow with the smallest virtual runtime (ties:
         its oldest waiting request first) that has one; its oldest such request. A model held
-        back does not block the others behind it, however many of its requests are ahead."""
+        back does not block the others behind it, however many of its requests are ahead.
+
+        ``lead_ms``: how far (virtual runtime) a flow may run ahead of its level's first flow
+        while that flow's next model (the argument) is held back (default: without limit).
+        A flow further ahead waits, and so does everything below its level: its requests of
+        a model that is free would take GPU time from the held model's batches (models share
+        the GPU), and if it took them at will, a client whose model is seldom held would get
+        more than its weight's share while the others wait on theirs. With a bound, a flow's
+        lead is bounded, so over time every flow's share follows its weight."""
         head = self.peek()
         if head is None or sendable(head.model, head.level):
             return head
@@ -331,10 +349,15 @@ class PriorityCfsQueue(Generic[P]):
             models = [m for m in level.by_model if sendable(m, n)]
             if not models:
                 continue
+            limit = math.inf
+            if lead_ms is not None:
+                ahead = level.leftmost()
+                assert ahead is not None, "a non-empty level has a runnable flow"
+                limit = ahead.vruntime + lead_ms(ahead.requests[0].model)
             best: Request[P] | None = None
             best_key = (0.0, 0)
             for flow in level.flows.values():
-                if not flow.requests:
+                if not flow.requests or flow.vruntime > limit:
                     continue
                 key = (flow.vruntime, flow.requests[0].seq)
                 if best is not None and key >= best_key:
@@ -346,8 +369,8 @@ class PriorityCfsQueue(Generic[P]):
                         first = same[0]
                 if first is not None:
                     best, best_key = first, key
-            if best is not None:
-                return best
+            if best is not None or limit < math.inf:
+                return best  # a flow too far ahead waits, and nothing below its level passes it
         return None
 
     def iter_order(self, limit: int, expected_ms: float) -> Iterator[Request[P]]:
@@ -408,9 +431,9 @@ class PriorityCfsQueue(Generic[P]):
                 yield flow.client_id, flow.vruntime, flow.weight, flow.by_model
 
     def service_ms(self, model: str) -> float | None:
-        """What a request of ``model`` has been charged lately (its time from dispatch to
-        completion, a moving mean; None before the first): the unit in which virtual runtime
-        grows, per request."""
+        """What a request of ``model`` has been charged lately in all (the GPU time it used, a
+        moving mean; None before the first): the unit in which virtual runtime grows, per
+        request."""
         return self._service_ms.get(model)
 
     def start_vruntime(self, level: int, client_id: str) -> float:
