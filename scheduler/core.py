@@ -115,7 +115,7 @@ class Scheduler(Generic[P]):
         # Derived from the tables, kept until they change: how a model not registered is
         # served, and what a request is charged at a clock (asked at every dispatch).
         self._derived: dict[str, ModelServing] = {}
-        self._charges: dict[tuple[str, int | None, int], float] = {}
+        self._charges: dict[tuple[str, int | None], float] = {}
         policy.attach(self)
         self.clock_target_mhz: int | None = policy.initial_clock_mhz()
         self._seq = 0
@@ -194,28 +194,28 @@ class Scheduler(Generic[P]):
         return len(self.queue)
 
     def charge_ms(self, model: str) -> float:
-        """The GPU time CFS charges a request of ``model`` sent now: its share of the execution
-        it is expected to run in, the table's time at the clock targeted for every request of
-        the model at Triton or waiting (up to the largest batch; instances running side by
-        side fill the GPU as one batch), over their number (cached per clock and count).
+        """The GPU time CFS charges a request of ``model`` when it is sent: its share of one
+        full batch of its model, by the table at the clock targeted (cached per clock). That
+        is the work the request brings, whatever batch it ends up in: how full the batches
+        are is the scheduler's and its policy's doing (a rare model, a batch held small for
+        a deadline), not the client's, and the sidecar never sees Triton's batches anyway.
 
-        Not its time from dispatch to completion: that counts its wait at Triton, behind other
-        models' work and other batches, which differs from request to request by what else is
-        there; with two models of very different cost, shares drifted from the weights by
-        about a tenth in the simulator. A model without a table is charged what its requests
+        Not its time from dispatch to completion: that counts its wait at Triton behind other
+        models' work and other batches, which depends on what else is there, so with two
+        models of very different cost the shares drifted from the weights. A model without a
+        table, and a stream (its time is its output's length), are charged what their requests
         took from dispatch to completion lately, and completion corrects each charge with the
-        time measured, and so is a stream (its time is its output's length, not a batch's)."""
+        time measured."""
         table = self._costed(model)
         if table is None:
             served = self.queue.service_ms(model)
             return served if served is not None else self.config.default_slo_ms / 4
-        sharing = table.max_batch
-        key = (model, self.clock_target_mhz, sharing)
+        key = (model, self.clock_target_mhz)
         charge = self._charges.get(key)
         if charge is None:
             clock = self.clock_target_mhz or table.clocks_mhz[-1]
-            charge = table.predict_ms(clock, sharing) / sharing
-            if len(self._charges) >= 4096:  # (model, clock, count): bounded
+            charge = table.predict_ms(clock, table.max_batch) / table.max_batch
+            if len(self._charges) >= 4096:  # (model, clock) pairs: bounded
                 self._charges.clear()
             self._charges[key] = charge
         return charge
@@ -382,17 +382,7 @@ class Scheduler(Generic[P]):
                 ) < limit and self.bound.allows(self, model, level, now_s)
             return ok
 
-        return self.queue.first_sendable(sendable, self._lead_ms)
-
-    def _lead_ms(self, held: str) -> float:
-        """How far (virtual runtime) a flow may run ahead of its level's first flow while that
-        flow's model ``held`` is held back: one full batch of ``held`` at nice 0, about what
-        the held flow is served when its model's next slot frees. Without limit for a model
-        whose cost no table says, or a stream (its slot may stay taken for seconds)."""
-        table = self._costed(held)
-        if table is None:
-            return math.inf
-        return self.charge_ms(held) * table.max_batch
+        return self.queue.first_sendable(sendable)
 
     def _ahead_at_triton(self, model: str, level: int) -> int:
         """What counts against a request's release limit: its model's requests at Triton of

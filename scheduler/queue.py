@@ -12,10 +12,10 @@ Virtual runtime: a dispatched request charges its flow ``gpu_ms × 1024 / weight
 (so a flow cannot take every free slot on a stale key), ``gpu_ms`` the GPU time the request is
 expected to use (:meth:`scheduler.core.Scheduler.charge_ms` says how much); when it completes,
 the difference between the GPU time it used and that charge is charged the same way. A flow
-that wakes up (had
-nothing queued) is placed at ``max(its own vruntime, the level's min_vruntime)``: it neither
-jumps ahead of flows that kept working (no credit for sleeping) nor starts behind them (no
-starvation). The level's ``min_vruntime`` only moves forward, as in Linux.
+that wakes up (had nothing queued) is placed at ``max(its own vruntime, the level's
+min_vruntime)``: it neither jumps ahead of flows that kept working (no credit for sleeping) nor
+starts behind them (no starvation). The level's ``min_vruntime`` only moves forward, as in
+Linux.
 
 On a node of several GPUs each GPU has its own queue, and the queues share one
 :class:`VruntimeLedger`: a flow's virtual runtime is one number for the whole node, charged by
@@ -30,7 +30,6 @@ behaves exactly as described above.
 from __future__ import annotations
 
 import heapq
-import math
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from typing import Generic
@@ -286,7 +285,7 @@ class PriorityCfsQueue(Generic[P]):
     def settle(self, request: Request[P], used_ms: float, *, record: bool = True) -> None:
         """``request`` is back, having used ``used_ms`` of GPU time in all: charge the
         difference from what it was charged when sent. ``record``: that time joins its model's
-        moving mean (not for a request that failed or was never sent)."""
+        moving mean (not for a request that was never sent)."""
         level = self._levels[request.level]
         flow = level.flows.get(request.client_id)
         if flow is None:
@@ -322,23 +321,11 @@ class PriorityCfsQueue(Generic[P]):
             heapq.heappop(heap)
         return heap[0][0] if heap else None
 
-    def first_sendable(
-        self,
-        sendable: Callable[[str, int], bool],
-        lead_ms: Callable[[str], float] | None = None,
-    ) -> Request[P] | None:
+    def first_sendable(self, sendable: Callable[[str, int], bool]) -> Request[P] | None:
         """The next request in order among those whose (model, level) ``sendable`` allows:
         the highest level with one; in it, the flow with the smallest virtual runtime (ties:
         its oldest waiting request first) that has one; its oldest such request. A model held
-        back does not block the others behind it, however many of its requests are ahead.
-
-        ``lead_ms``: how far (virtual runtime) a flow may run ahead of its level's first flow
-        while that flow's next model (the argument) is held back (default: without limit).
-        A flow further ahead waits, and so does everything below its level: its requests of
-        a model that is free would take GPU time from the held model's batches (models share
-        the GPU), and if it took them at will, a client whose model is seldom held would get
-        more than its weight's share while the others wait on theirs. With a bound, a flow's
-        lead is bounded, so over time every flow's share follows its weight."""
+        back does not block the others behind it, however many of its requests are ahead."""
         head = self.peek()
         if head is None or sendable(head.model, head.level):
             return head
@@ -349,15 +336,10 @@ class PriorityCfsQueue(Generic[P]):
             models = [m for m in level.by_model if sendable(m, n)]
             if not models:
                 continue
-            limit = math.inf
-            if lead_ms is not None:
-                ahead = level.leftmost()
-                assert ahead is not None, "a non-empty level has a runnable flow"
-                limit = ahead.vruntime + lead_ms(ahead.requests[0].model)
             best: Request[P] | None = None
             best_key = (0.0, 0)
             for flow in level.flows.values():
-                if not flow.requests or flow.vruntime > limit:
+                if not flow.requests:
                     continue
                 key = (flow.vruntime, flow.requests[0].seq)
                 if best is not None and key >= best_key:
@@ -369,8 +351,8 @@ class PriorityCfsQueue(Generic[P]):
                         first = same[0]
                 if first is not None:
                     best, best_key = first, key
-            if best is not None or limit < math.inf:
-                return best  # a flow too far ahead waits, and nothing below its level passes it
+            if best is not None:
+                return best
         return None
 
     def iter_order(self, limit: int, expected_ms: float) -> Iterator[Request[P]]:
