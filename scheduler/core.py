@@ -248,26 +248,36 @@ class Scheduler(Generic[P]):
         return self.queue.size
 
     def charge_ms(self, model: str) -> float:
-        """What CFS charges a request of ``model`` when it is sent (completion corrects it with
-        the time measured): what requests of the model have been charged lately in all, else
-        one execution's predicted time at the clock now targeted (cached per clock). Charging
-        much less than the final charge would let a flow take many free slots before its
-        completions catch up."""
-        served = self.queue.service_ms(model)
-        if served is not None:
-            return served
+        """The GPU time CFS charges a request of ``model`` when it is sent: its share of one
+        full batch of its model, by the table at the clock targeted (cached per clock). That
+        is the work the request brings, whatever batch it ends up in: how full the batches
+        are is the scheduler's and its policy's doing (a rare model, a batch held small for
+        a deadline), not the client's, and the sidecar never sees Triton's batches anyway.
+
+        Not its time from dispatch to completion: that counts its wait at Triton behind other
+        models' work and other batches, which depends on what else is there, so with two
+        models of very different cost the shares drifted from the weights. A model without a
+        table, and a stream (its time is its output's length), are charged what their requests
+        took from dispatch to completion lately, and completion corrects each charge with the
+        time measured."""
+        table = self._costed(model)
+        if table is None:
+            served = self.queue.service_ms(model)
+            return served if served is not None else self.config.default_slo_ms / 4
         key = (model, self.clock_target_mhz)
         charge = self._charges.get(key)
-        if charge is not None:
-            return charge
-        table = self._tables.get(model)
-        if table is None:
-            return self.config.default_slo_ms / 4
-        charge = table.predict_ms(self.clock_target_mhz or table.clocks_mhz[-1])
-        if len(self._charges) >= 4096:  # (model, clock) pairs: bounded
-            self._charges.clear()
-        self._charges[key] = charge
+        if charge is None:
+            clock = self.clock_target_mhz or table.clocks_mhz[-1]
+            charge = table.predict_ms(clock, table.max_batch) / table.max_batch
+            if len(self._charges) >= 4096:  # (model, clock) pairs: bounded
+                self._charges.clear()
+            self._charges[key] = charge
         return charge
+
+    def _costed(self, model: str) -> ModelTable | None:
+        """The table that says what a request of ``model`` costs the GPU (None: none does)."""
+        table = self._tables.get(model)
+        return None if table is None or self.serving(model).streams else table
 
     def iter_queue(self, limit: int) -> list[Request[P]]:
         """The first ``limit`` waiting requests in dispatch order."""
@@ -407,6 +417,7 @@ class Scheduler(Generic[P]):
         if request is None:
             return None
         self.queue.take(request, self.charge_ms(request.model))
+        request.charge_final = self._costed(request.model) is not None
         self._unqueue(request)
         request.dispatch_s = now_s
         self.inflight[request.seq] = request
@@ -471,7 +482,10 @@ class Scheduler(Generic[P]):
             levels[request.level] -= 1
             if not levels[request.level]:
                 del levels[request.level]
-        self.queue.settle(request, service_s * 1000.0)
+        used_ms = service_s * 1000.0  # 0: never sent, nothing used
+        if request.charge_final and used_ms > 0:
+            used_ms = request.charged_ms  # its GPU time, charged in full when it was sent
+        self.queue.settle(request, used_ms, record=used_ms > 0)
         self._last_completion_s[request.model] = now_s
         self._occupancy(now_s)
         sample = self._observer.on_complete(request.seq, now_s, measured=measured)
@@ -519,7 +533,7 @@ class Scheduler(Generic[P]):
         """Take every waiting request out of the queue (shutting down); none is charged."""
         drained = []
         while (request := self.queue.pop(0.0)) is not None:
-            self.queue.settle(request, 0.0)
+            self.queue.settle(request, 0.0, record=False)
             drained.append(request)
         self._queued_of.clear()
         self._queued_counts = None

@@ -89,8 +89,6 @@ class RunQueueView(Protocol):
 
     def start_vruntime(self, level: int, client_id: str) -> float: ...
 
-    def service_ms(self, model: str) -> float | None: ...
-
 
 class GpuView(Protocol):
     """What placement reads of one GPU's scheduler (:class:`scheduler.core.Scheduler`)."""
@@ -106,6 +104,8 @@ class GpuView(Protocol):
     def serving(self, model: str) -> ModelServing: ...
 
     def inflight_by_model(self) -> Mapping[str, Sequence[Any]]: ...
+
+    def charge_ms(self, model: str) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -197,7 +197,7 @@ class _Times:
         if requests <= 0:
             return 0.0
         largest = self.gpu.serving(model).max_batch
-        batch = max(1, min(largest, math.ceil(requests)))
+        batch = max(1, min(largest, math.ceil(requests - 1e-9)))  # shares add up inexactly
         return requests / batch * self.batch_ms(model, batch)
 
 
@@ -342,11 +342,11 @@ def _ahead(gpu: GpuView, request: Request[Any], times: _Times) -> tuple[dict[str
     charges: dict[str, float] = {}
 
     def charge_ms(model: str) -> float:
-        """Virtual runtime (at weight 1024) a request of ``model`` costs: what requests of it
-        have been charged lately, else one execution's predicted time."""
+        """Virtual runtime (at weight 1024) a request of ``model`` costs: what the GPU's
+        scheduler charges it."""
         value = charges.get(model)
         if value is None:
-            value = charges[model] = queue.service_ms(model) or times.batch_ms(model, 1)
+            value = charges[model] = gpu.charge_ms(model)
         return value
 
     for client, vruntime, weight, by_model in queue.waiting_flows(level):

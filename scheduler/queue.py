@@ -8,12 +8,14 @@ Order, in full:
 3. Ties in virtual runtime go to the flow whose oldest waiting request arrived first (the
    scheduler's arrival sequence number, unique, so the order is total and deterministic).
 
-Virtual runtime: a dispatched request charges its flow ``expected_ms × 1024 / weight(nice)`` at
-once (so a flow cannot take every free slot on a stale key); when it completes, the difference
-between its real and expected service time is charged the same way. A flow that wakes up (had
-nothing queued) is placed at ``max(its own vruntime, the level's min_vruntime)``: it neither
-jumps ahead of flows that kept working (no credit for sleeping) nor starts behind them (no
-starvation). The level's ``min_vruntime`` only moves forward, as in Linux.
+Virtual runtime: a dispatched request charges its flow ``gpu_ms × 1024 / weight(nice)`` at once
+(so a flow cannot take every free slot on a stale key), ``gpu_ms`` the GPU time the request is
+expected to use (:meth:`scheduler.core.Scheduler.charge_ms` says how much); when it completes,
+the difference between the GPU time it used and that charge is charged the same way. A flow
+that wakes up (had nothing queued) is placed at ``max(its own vruntime, the level's
+min_vruntime)``: it neither jumps ahead of flows that kept working (no credit for sleeping) nor
+starts behind them (no starvation). The level's ``min_vruntime`` only moves forward, as in
+Linux.
 
 On a node of several GPUs each GPU has its own queue, and the queues share one
 :class:`VruntimeLedger`: a flow's virtual runtime is one number for the whole node, charged by
@@ -148,7 +150,7 @@ class _Level(Generic[P]):
             self.min_vruntime = flow.vruntime
 
 
-SERVICE_EWMA = 0.05  # weight of the latest request in the mean service time per model
+SERVICE_EWMA = 0.05  # weight of the latest request in the mean GPU time charged per model
 _CHARGE_PER_MS = tuple(NICE_0_WEIGHT / w for w in SCHED_PRIO_TO_WEIGHT)
 
 
@@ -179,7 +181,7 @@ class PriorityCfsQueue(Generic[P]):
         self._deadlines: list[tuple[float, int]] = []
         self._queued: set[int] = set()
         self._backlogged_weight = 0  # sum of the weights of flows with requests queued
-        self._service_ms: dict[str, float] = {}  # per model: what a request is charged, EWMA
+        self._service_ms: dict[str, float] = {}  # per model: a request's GPU time charged, EWMA
 
     def __len__(self) -> int:
         return self.size
@@ -232,7 +234,7 @@ class PriorityCfsQueue(Generic[P]):
         return None
 
     def pop(self, expected_ms: float) -> Request[P] | None:
-        """Take the next request in order and charge its flow the expected service time."""
+        """Take the next request in order and charge its flow the GPU time it is expected to use."""
         head = self.peek()
         if head is not None:
             self.take(head, expected_ms)
@@ -281,18 +283,21 @@ class PriorityCfsQueue(Generic[P]):
             level.push_key(flow)  # keyed by the new head's arrival
         return True
 
-    def settle(self, request: Request[P], service_ms: float) -> None:
-        """Charge the difference between ``request``'s real and expected service time."""
+    def settle(self, request: Request[P], used_ms: float, *, record: bool = True) -> None:
+        """``request`` is back, having used ``used_ms`` of GPU time in all: charge the
+        difference from what it was charged when sent. ``record``: that time joins its model's
+        moving mean (not for a request that was never sent)."""
         level = self._levels[request.level]
         flow = level.flows.get(request.client_id)
         if flow is None:
             return
         flow.inflight -= 1
-        flow.vruntime += vruntime_charge(service_ms - request.charged_ms, request.nice)
-        mean = self._service_ms.get(request.model)
-        self._service_ms[request.model] = (
-            service_ms if mean is None else mean + SERVICE_EWMA * (service_ms - mean)
-        )
+        flow.vruntime += vruntime_charge(used_ms - request.charged_ms, request.nice)
+        if record:
+            mean = self._service_ms.get(request.model)
+            self._service_ms[request.model] = (
+                used_ms if mean is None else mean + SERVICE_EWMA * (used_ms - mean)
+            )
         if flow.requests:
             level.push_key(flow)
             level.advance_min()
@@ -410,9 +415,9 @@ class PriorityCfsQueue(Generic[P]):
                 yield flow.client_id, flow.vruntime, flow.weight, flow.by_model
 
     def service_ms(self, model: str) -> float | None:
-        """What a request of ``model`` has been charged lately (its time from dispatch to
-        completion, a moving mean; None before the first): the unit in which virtual runtime
-        grows, per request."""
+        """What a request of ``model`` has been charged lately in all (the GPU time it used, a
+        moving mean; None before the first): the unit in which virtual runtime grows, per
+        request."""
         return self._service_ms.get(model)
 
     def start_vruntime(self, level: int, client_id: str) -> float:

@@ -29,7 +29,8 @@ class Request(Generic[P]):
     seq: int = -1
     level: int = 0
     dispatch_s: float = math.nan
-    charged_ms: float = 0.0
+    charged_ms: float = 0.0  # GPU time its client's virtual runtime was charged when sent
+    charge_final: bool = False  # charged_ms is its GPU time in full: completion corrects nothing
     ttft_ms: float | None = None  # a stream of tokens: its first within this
     prompt_tokens: int = 0  # a generative request: its prompt's length (estimated at the edge)
     tpot_ms: float | None = None  # and each next one within this

@@ -15,7 +15,11 @@ most ``(1 + 1/I)·T`` (``2·T`` with one instance: a whole batch to wait for, th
 The spacing does not happen by itself: lower-level requests released all at once form one
 batch, and two batches released together end together. So while a higher level is protected,
 a model with several instances gets its lower-level requests in *chunks*: at most ``⌈n/I⌉``
-within any ``T/I``, so that each instance's batch starts a gap after the other's.
+within any spacing ``d``. Batches starting at least ``d`` apart leave an instance free within
+``T − (I−1)·d``, so ``d = (2·T − budget) / (I − 1)``, with ``T`` for what would be at Triton
+with the release: at the cap the even spacing ``T/I``; below it, batches are shorter and need
+less (a fixed ``T/I`` at the cap's ``T`` held chunks back after shorter batches had ended, and
+the instance that came free started on what little was there).
 
 A level is *protected* for ``GUARD_S`` after its last arrival, with the tightest SLO its recent
 requests named and its arrival rate. Its batch ``h`` is what it has at Triton plus the request
@@ -178,7 +182,7 @@ class WaitBound:
             lower, higher = _split(s.inflight_levels(a), protected_level)
             if not lower:
                 continue  # a level is never held with nothing of its own at Triton
-            cap = self._cap(s, a, higher, c, now_s)
+            cap = self._cap(s, a, higher, c, now_s, lower + 1)
             if cap is None:
                 continue  # nothing known of how long its batches run: no bound to keep
             if lower + 1 > cap.lower:
@@ -197,7 +201,15 @@ class WaitBound:
             return None
         return self._cap(s, model, _split(s.inflight_levels(model), protected_level)[1], c, now_s)
 
-    def _cap(self, s: BoundView, model: str, higher: int, c: _Class, now_s: float) -> Cap | None:
+    def _cap(
+        self,
+        s: BoundView,
+        model: str,
+        higher: int,
+        c: _Class,
+        now_s: float,
+        at: int | None = None,
+    ) -> Cap | None:
         table = s.table_for(model)
         if table is None:
             return None
@@ -211,13 +223,17 @@ class WaitBound:
         own = max(higher + 1, min(table.max_batch, math.ceil(rate * gap_bound_s)))
         per_execution_ms = budget_ms / bound_ms(1.0, instances, models)
         largest = self._largest_within(model, table, clock, per_execution_ms)
-        lower = largest - own
-        unstaggered = lower
+        most = largest - own
+        unstaggered = most
         if instances > 1:
             alone_ms = budget_ms / bound_ms(1.0, 1, models)
             unstaggered = self._largest_within(model, table, clock, alone_ms) - own
-        gap_s = models * execution_ms(table, clock, max(1, largest)) / instances / 1000.0
-        return Cap(lower, unstaggered, max(1, math.ceil(lower / instances)), gap_s)
+        gap_s = _spacing_s(
+            models * execution_ms(table, clock, max(1, largest if at is None else at + own)),
+            budget_ms,
+            instances,
+        )
+        return Cap(most, unstaggered, max(1, math.ceil(most / instances)), gap_s)
 
     def _largest_within(
         self, model: str, table: ModelTable, clock: float, execution_budget_ms: float
@@ -248,6 +264,17 @@ class WaitBound:
                 break
             count += level > protected_level
         return count
+
+
+def _spacing_s(execution: float, budget_ms: float, instances: int) -> float:
+    """How far apart (s) the lower levels' batches must start for a higher request to wait
+    and run within ``budget_ms`` when every batch lasts ``execution`` ms: with ``I`` instances
+    starting batches at least ``d`` apart, an instance comes free within ``execution − (I−1)·d``,
+    so ``d ≥ (2·execution − budget) / (I − 1)``; at the cap that is the even spacing
+    ``execution / I``, below it less."""
+    if instances <= 1:
+        return 0.0
+    return max(0.0, 2.0 * execution - budget_ms) / (instances - 1) / 1000.0
 
 
 def _split(levels: Mapping[int, int], protected_level: int) -> tuple[int, int]:

@@ -8,7 +8,9 @@ constraint at every clock, a matrix product per plan; ``slack`` as of commit 213
 batches formed, holds planned at that floor and kept while the model runs, an idle clock, also
 while every model waiting is held; the queue and the wait bound as the priority class meets them
 now: a held-back model blocks nothing behind it, and lower levels go to Triton in staggered
-chunks):
+chunks, spaced as far apart as what is at Triton needs, not as the cap would; and CFS charging
+each request its model's GPU time per request in full batches, not its time from dispatch to
+completion, which changes the order of the two nice clients' requests):
 every clock change, batch and completion time feeds into them, so a single decision that
 differs shows. A change that means to alter decisions updates them
 (``python -m tests.scheduler.test_plan_decisions`` prints the current ones).
@@ -27,16 +29,16 @@ from simulator.simulate import ModelMix, SimConfig, mix_capacity_rps, simulate
 # sum of latencies ms, median latency ms, largest latency ms)
 BEFORE = {
     ("adaptive", "poisson", 3): (
-        1175, 972, 12, 981, 1192.51499, 1516.90699, 487274.916067, 23.688248, 7029.005931
+        1175, 976, 12, 986, 1193.681885, 1516.919094, 491229.108149, 23.551855, 7038.224288
     ),
     ("adaptive", "bursty", 5): (
-        961, 568, 15, 648, 962.60095, 1510.965426, 230323.867554, 56.453209, 2021.090741
+        961, 593, 16, 648, 960.558121, 1507.316282, 214980.323376, 54.646358, 2020.957849
     ),
     ("slack", "poisson", 3): (
-        1175, 1007, 5, 843, 1132.786041, 1519.596065, 362298.830626, 29.155234, 5158.232512
+        1175, 1004, 5, 858, 1134.587973, 1519.604874, 364840.404731, 28.619334, 5198.20511
     ),
     ("slack", "bursty", 5): (
-        961, 546, 19, 627, 921.464722, 1462.009267, 221657.38029, 62.583203, 1965.674876
+        961, 578, 24, 622, 916.952173, 1456.680168, 202970.240863, 57.121597, 1938.973498
     ),
 }  # fmt: skip
 

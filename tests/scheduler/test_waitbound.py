@@ -176,10 +176,19 @@ def test_with_one_instance_the_lower_level_gets_what_two_batches_allow_and_no_mo
     assert at_triton(s, 2) == lo
 
 
-def test_with_two_instances_the_rest_goes_in_a_chunk_one_gap_later() -> None:
+def spacing_s(table: ModelTable, requests: int, slo_ms: float) -> float:
+    """How far apart two instances' batches of ``requests`` in all must start for a higher
+    request to wait and run within the SLO: the gap left is ``T − d``, so ``d ≥ 2·T − budget``."""
+    return max(0.0, 2 * execution_ms(table, TOP, requests) - SAFETY * slo_ms) / 1000
+
+
+def test_with_two_instances_the_rest_goes_in_a_chunk_once_the_batches_are_far_enough_apart() -> (
+    None
+):
     """At once, what holds the bound even if it all runs as one batch (2·T); beyond it, up to
-    what holds it with the instances' batches a gap apart (1.5·T), a chunk per gap: the second
-    instance's batch starts half a batch after the first's."""
+    what holds it with the instances' batches a gap apart (1.5·T), a chunk at a time, each far
+    enough after the last that the instance coming free first leaves the higher request room:
+    at the cap, half a batch apart; with fewer at Triton, batches are shorter and need less."""
     s = scheduler()
     table, own = flooded_beside_priority_one(s, 60.0)
     first = at_triton(s, 2)
@@ -187,12 +196,17 @@ def test_with_two_instances_the_rest_goes_in_a_chunk_one_gap_later() -> None:
     cap = s.bound.cap(s, MODEL, 1, 0.0)
     assert cap is not None and first < cap.lower
     assert_largest(table, cap.lower, own, 2, 60.0)
-    assert cap.gap_s == pytest.approx(execution_ms(table, TOP, cap.lower + own) / 2 / 1000)
-    release_all(s, 0.9 * cap.gap_s)
-    assert at_triton(s, 2) == first  # not within a gap of the first chunk
-    release_all(s, 1.01 * cap.gap_s)
-    assert at_triton(s, 2) == min(cap.lower, first + cap.chunk)
+    assert cap.gap_s == pytest.approx(spacing_s(table, cap.lower + own, 60.0))
+    assert cap.gap_s <= execution_ms(table, TOP, cap.lower + own) / 2 / 1000
     assert cap.chunk == -(-cap.lower // 2)
+    gap_s = spacing_s(table, first + 1 + own, 60.0)
+    assert 0 < gap_s < cap.gap_s
+    release_all(s, 0.9 * gap_s)
+    assert at_triton(s, 2) == first  # too close to the first chunk
+    release_all(s, 1.01 * gap_s)
+    assert first < at_triton(s, 2) <= min(cap.lower, first + cap.chunk)
+    release_all(s, 1.0)
+    assert at_triton(s, 2) == cap.lower  # never beyond the cap
 
 
 def test_what_is_protected_is_every_class_seen_within_the_guard() -> None:
