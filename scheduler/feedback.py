@@ -79,7 +79,6 @@ class FeedbackParams:
     gain: float = 0.05
     far_below: float = 0.8
     fast_descent: float = 10.0
-    far_streak: int = 100
     min_samples: int = 20
     window_s: float = 10.0
     max_samples: int = 2000
@@ -150,7 +149,7 @@ class TailController:
         else:
             # Far below the setpoint for as many completions as the target quantile needs
             # to see one past it: the tail has room to spare, walk down faster.
-            far = self._since_high >= p.far_streak
+            far = self._since_high >= 1.0 / (1.0 - p.target)
             self.level -= p.gain * (1.0 - p.target) * (p.fast_descent if far else 1.0)
         self.level = min(p.overshoot, max(self.level, min(floor_level, 0.0)))
         return self.level > before
