@@ -336,6 +336,8 @@ class AdaptivePolicy(SlackPolicy):
         power, as the first request runs at the idle clock until the raise lands); else the
         lowest.
         """
+        if self._untabled_recently(s):
+            return self.clocks_mhz[-1]
         models = [m for m in s.tables.models if self._plan(s, m) is not None]
         busy = self._floor(s, models)
         if not models:
@@ -502,6 +504,16 @@ class AdaptivePolicy(SlackPolicy):
             )
             self._idle_since_s = None
         return super().on_enqueue(s, request, now_s)
+
+    def _untabled_recently(self, s: SchedulerView) -> bool:
+        """Whether a model with no table completed a request within ``quiet_s``: it runs at
+        the top clock, and what a wake-up would cost it is unknown, so the GPU idles there
+        (its executions then run at one clock, and its table can be learned from them)."""
+        quiet_s = self.feedback.quiet_s - 1e-9
+        return any(
+            self._now_s - done_s < quiet_s and self._plan(s, model) is None
+            for (model, _), done_s in self._done_s.items()
+        )
 
     def _recent_scale(self, model: str) -> float:
         """The base speed ``model``'s classes that completed within ``quiet_s`` ask for (1

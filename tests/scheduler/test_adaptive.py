@@ -370,3 +370,31 @@ def test_a_quiet_class_no_longer_keeps_the_idle_clock_up() -> None:
     low = s.poll(wake)
     assert low is not None and low < CLOCKS[-1]
     assert s.clock_target_mhz == policy.idle_clock_mhz(s) == low
+
+
+def test_a_model_with_no_table_keeps_the_idle_clock_at_the_top_until_it_is_quiet() -> None:
+    """A model with no table runs at the top clock, and what a wake-up from a lower clock
+    would cost it is unknown: between its requests the GPU idles at the top (so each of its
+    executions runs at one clock, and its table can be learned from them), and drops only
+    once it has been quiet for ``quiet_s``."""
+    policy = AdaptivePolicy(CLOCKS, feedback=FAST)
+    other = "untabled"
+    s = make_scheduler(
+        policy,
+        make_model_table(),
+        serving={MODEL: ModelServing(1, 1), other: ModelServing(1, 1)},
+    )
+    now = 0.0
+    for _ in range(20):
+        s.enqueue(make_request(arrival_s=now, model=other), now)
+        assert s.clock_target_mhz == CLOCKS[-1]
+        d = s.next_dispatch(now)
+        assert d is not None
+        s.on_complete(d.request, 0.005, now + 0.005)
+        assert s.clock_target_mhz == CLOCKS[-1]  # idle between its requests, at the top
+        now += 0.01
+    wake = policy.wake_at_s()
+    assert wake is not None and math.isclose(wake, now - 0.01 + 0.005 + policy.feedback.quiet_s)
+    low = s.poll(wake)
+    assert low is not None and low < CLOCKS[-1]
+    assert s.clock_target_mhz == policy.idle_clock_mhz(s) == low
