@@ -175,7 +175,8 @@ def run_cnn(args: argparse.Namespace, console: Console) -> None:
     )
     console.print(
         f"starting the embedded stack ({node} + sidecar); the first run profiles the emulated "
-        "model, later runs use the cached table"
+        f"model, later runs use the cached table; each policy gets {args.warmup_s:g} s of the "
+        f"load unmeasured, then {args.duration_s:g} s measured"
     )
     with Progress(
         TextColumn("[bold]{task.description}"),
@@ -199,6 +200,7 @@ def run_cnn(args: argparse.Namespace, console: Console) -> None:
             seed=args.seed,
             config=from_options(device=device, profile_models=(SIMNET,), placement=args.placement),
             progress=progress,
+            warmup_s=args.warmup_s,
         )
     console.print(table(runs))
     write_csv(runs, args.out_dir / "demo.csv")
@@ -217,6 +219,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=40.0, help="requests per second (Poisson)")
     parser.add_argument("--duration-s", type=float, default=20.0, help="per policy")
     parser.add_argument("--slo-ms", type=float, default=40.0)
+    parser.add_argument(
+        "--warmup-s",
+        type=float,
+        default=10.0,
+        help="per policy, the same load unmeasured before the measured run (0: none)",
+    )
     parser.add_argument("--policies", default="max,default,seed,slack,adaptive")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("-o", "--out-dir", type=Path, default=Path("out/demo"))

@@ -1,7 +1,9 @@
 """The same load through each clock policy on the live stack: energy, tail latency, clock.
 
 Starts the embedded default (real Triton, simulated GPU, sidecar) once, then for each policy:
-switch it through the admin API, send the same seeded Poisson arrivals open-loop, and read the
+switch it through the admin API, send ``warmup_s`` of arrivals unmeasured (what a policy learns
+at start, its tail controller's first climb included, is not what it does in service), then the
+same seeded Poisson arrivals open-loop, measured, and read the
 GPU's energy counter and clock from the sidecar's /metrics (on several GPUs: their energy summed,
 their clocks averaged, and which GPU served each request).
 """
@@ -74,12 +76,17 @@ async def _run_one(
     slo_ms: float,
     seed: int,
     progress: Callable[[int], None] | None,
+    warmup_times: Sequence[float] = (),
 ) -> PolicyRun:
     headers = {"Authorization": f"Bearer {token}"}
     async with session.put(
         f"http://{sidecar_url}/admin/policy", json={"policy": policy}, headers=headers
     ) as resp:
         resp.raise_for_status()
+    if warmup_times:  # the same load, other arrivals, not measured
+        await open_loop(
+            session, target, warmup_times, Recorder(), np.random.default_rng(seed + 1)
+        )
     await asyncio.sleep(0.5)  # let the clock settle
     metrics_url = f"http://{sidecar_url}/metrics"
     before = energy_j(await scrape(session, metrics_url)) or 0.0
@@ -133,8 +140,10 @@ def compare_live(
     seed: int = 0,
     config: GatewayConfig | None = None,
     progress: Callable[[str, int, int], None] | None = None,
+    warmup_s: float = 0.0,
 ) -> list[PolicyRun]:
-    """Start the embedded stack and run the same arrivals under each policy."""
+    """Start the embedded stack and run the same arrivals under each policy, each after
+    ``warmup_s`` of the same load unmeasured."""
     token = secrets.token_urlsafe(16)
     cfg = config or GatewayConfig()
     cfg = replace(
@@ -145,6 +154,11 @@ def compare_live(
         scheduler=replace(cfg.scheduler, default_slo_ms=slo_ms),
     )
     send_times = list(schedule(rate_rps, duration_s, "poisson", np.random.default_rng(seed)))
+    warmup_times = (
+        list(schedule(rate_rps, warmup_s, "poisson", np.random.default_rng(seed + 1)))
+        if warmup_s > 0
+        else []
+    )
     classes = [RequestClass("demo", slo_ms=slo_ms)]
     data = np.ones((1, INPUT_WIDTH), dtype=np.float32)
 
@@ -171,6 +185,7 @@ def compare_live(
                             slo_ms,
                             seed,
                             tick,
+                            warmup_times,
                         )
                     )
                 return runs
