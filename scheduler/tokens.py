@@ -41,15 +41,17 @@ whose mean clocks were nearest ``f``. Before ``min_samples`` streams finished, `
   millisecond to hundreds of them to land on an NVIDIA GPU) -- but above the static clock a
   need is held only ``rise_s``.
 * The *static clock*: the lowest clock that, held through the lives of the streams that ended
-  in the last ``static_window_s``, would have kept their ``tail_quantile`` TPOT within the
-  budget. Per stream, the TPOT it would have had at each clock is its measured TPOT times the
-  model's mean gap over its life at that clock over the model's mean gap at the clocks that ran
-  (the gap at every clock integrated over time, with the sequences each clock would hold: by
-  Little's law the running count grows as the gap does). It is the best single clock in
-  hindsight over the recent past, as the model sees it. A fixed clock absorbs the short spikes
-  of a steady load (a stream's TPOT is a mean over its life), and on an engine whose energy per
-  token rises with the clock, following each spike up for ``hold_s`` costs more than the fixed
-  clock does; so above the static clock a need is held only as long as a spike lasts.
+  in the last ``static_window_s`` (and at least the last ``static_min_samples`` of them, however
+  long ago they ended), would have kept their ``tail_quantile`` TPOT within the budget. Per
+  stream, the TPOT it would have had at each clock is its measured TPOT times the model's mean
+  gap over its life at that clock over the model's mean gap at the clocks that ran (the gap at
+  every clock integrated over time, at the sequences running and the prompt rate over
+  ``window_s``: a mean, not the guard against a rising load the need takes). It is the best
+  single clock in hindsight over the recent past, as the model sees it. A fixed clock absorbs
+  the short spikes of a steady load (a stream's TPOT is a mean over its life), and on an engine
+  whose energy per token rises with the clock, following each spike up for ``hold_s`` costs
+  more than the fixed clock does; so above the static clock a need is held only as long as a
+  spike lasts.
 * The *energy floor*: the clock of least energy per output token by the prior's joules, at the
   sequences each clock would hold (a decode step's joules over its sequences, plus the prompts'
   joules per output token). A lower clock is both slower and costlier, so the base never goes
@@ -520,8 +522,14 @@ class TokenPolicy:
         self._rate = self._prompt_rate(now_s)
         running = len(self._streams)
         self._gap_now_ms = self._gap_model(self.clock_mhz, running, self._rate, learned=False)
-        self._gap_vec, counts = self._gap_vector(running, self._rate)
-        self.floor_mhz = self._energy_floor(counts, self._rate) if running else self.clocks[0]
+        gaps, counts = self._gap_vector(running, self._rate)
+        self.floor_mhz = self._energy_floor(gaps, counts, self._rate) if running else self.clocks[0]
+        # The static clock's gaps: at the sequences running now (see _gap_vector) and the prompt
+        # rate over the long window. The need's higher of two rates guards against a rising
+        # load; integrated over a stream's life it would count every short burst as lasting.
+        self._gap_vec = self._gap_vector(
+            running, self._prompt_rate(now_s, short=False), littles=False
+        )[0]
         self._tail_cache.clear()
         self.need_mhz = self._tpot_clock(running, self._rate)
         self.static_mhz = self._static_clock(now_s)
@@ -544,7 +552,13 @@ class TokenPolicy:
         ``static_window_s``, would have kept their ``tail_quantile`` TPOT within the budget
         (module docstring); None before ``static_min_samples`` of them."""
         p = self.params
-        while self._fixed_tpots and self._fixed_tpots[0][0] < now_s - p.static_window_s:
+        # The window keeps at least static_min_samples streams: on a slow engine (an A100 at a
+        # third of its capacity ends fewer than 100 streams a minute) a window in time alone
+        # would never hold enough, and the static clock would never be known.
+        while (
+            len(self._fixed_tpots) > p.static_min_samples
+            and self._fixed_tpots[0][0] < now_s - p.static_window_s
+        ):
             self._fixed_tpots.popleft()
         if len(self._fixed_tpots) < p.static_min_samples:
             return None
@@ -552,17 +566,28 @@ class TokenPolicy:
         fits = np.flatnonzero(tails <= self.budgets()[1])
         return self.clocks[int(fits[0])] if fits.size else self.clocks[-1]
 
-    def _gap_vector(self, running: int, rate: float) -> tuple[FloatArray, FloatArray]:
+    def _gap_vector(
+        self, running: int, rate: float, *, littles: bool = True
+    ) -> tuple[FloatArray, FloatArray]:
         """The model's mean gap (ms, the prior's step) at every clock of the ladder, each with
         the sequences that clock would hold: by Little's law the running count grows as the
-        gap does, from ``running`` at the clock in force. Returns the gaps and the counts."""
+        gap does, from ``running`` at the clock in force (``littles=False``: ``running`` at
+        every clock). Returns the gaps and the counts.
+
+        The energy floor needs the counts (a slower clock amortises each step's weights over
+        more sequences). The static clock's counterfactual TPOTs do not take them: a stream's
+        tail TPOT is mostly the prompt chunks it lived through, which more sequences do not
+        lengthen, and the count's growth iterated to its fixed point makes a clock a little
+        under the one that ran look far slower than a clock held there measures, which put
+        the static clock above the best fixed one.
+        """
         here = self._gap_model(self.clock_mhz, running, rate, learned=False)
         out = np.empty(len(self.clocks))
         counts = np.empty(len(self.clocks))
         for i, f in enumerate(self.clocks):
             n = float(max(1, running))
             gap = self._gap_model(f, n, rate, learned=False)
-            if running > 0 and math.isfinite(here) and here > 0:
+            if littles and running > 0 and math.isfinite(here) and here > 0:
                 for _ in range(3):
                     if not math.isfinite(gap):
                         break
@@ -572,7 +597,7 @@ class TokenPolicy:
             counts[i] = n
         return out, counts
 
-    def _energy_floor(self, counts: FloatArray, rate: float) -> int:
+    def _energy_floor(self, gaps: FloatArray, counts: FloatArray, rate: float) -> int:
         """The clock below which every clock costs more energy per output token and is slower
         (module docstring): the least of the prior's energy per output token, a decode step's
         joules over its sequences plus the prompts' joules per output token, at the sequences
@@ -580,7 +605,7 @@ class TokenPolicy:
         best, best_j = self.clocks[0], math.inf
         for f in self._energy_clocks:
             i = self._clock_index[f]
-            gap_ms, n = float(self._gap_vec[i]), float(counts[i])
+            gap_ms, n = float(gaps[i]), float(counts[i])
             if not (gap_ms < GAP_CAP_MS and n > 0):
                 continue
             step_j = _interp_buckets({b: js[f] for b, js in self.prior.step_j.items()}, n)
@@ -722,9 +747,10 @@ class TokenPolicy:
             self._prefill_at[clock_mhz] = value
         return value
 
-    def _prompt_rate(self, now_s: float) -> float:
+    def _prompt_rate(self, now_s: float, *, short: bool = True) -> float:
         """Prompt tokens released per second: the higher of the rates over ``window_s`` and
-        over ``short_window_s`` (each over the time since the first release, if shorter)."""
+        over ``short_window_s`` (each over the time since the first release, if shorter); the
+        rate over ``window_s`` alone where ``short`` is False."""
         p = self.params
         while self._prompts and self._prompts[0][0] < now_s - p.window_s:
             self._prompts.popleft()
@@ -734,9 +760,10 @@ class TokenPolicy:
         long_tokens = sum(tokens for _, tokens in self._prompts)
         short_from = now_s - p.short_window_s
         short_tokens = sum(tokens for at, tokens in self._prompts if at >= short_from)
-        return max(
-            long_tokens / min(p.window_s, elapsed), short_tokens / min(p.short_window_s, elapsed)
-        )
+        long_rate = long_tokens / min(p.window_s, elapsed)
+        if not short:
+            return long_rate
+        return max(long_rate, short_tokens / min(p.short_window_s, elapsed))
 
     def _gap_model(
         self, clock_mhz: int, running: float, rate: float, *, learned: bool = True

@@ -336,7 +336,7 @@ def scripted(policy: TokenPolicy, needs: list[int], static: int | None) -> list[
     needs_left = list(needs)
     policy._tpot_clock = lambda running, rate: needs_left.pop(0)  # type: ignore[method-assign]
     policy._static_clock = lambda now_s: static  # type: ignore[method-assign]
-    policy._energy_floor = lambda counts, rate: CLOCKS[0]  # type: ignore[method-assign]
+    policy._energy_floor = lambda gaps, counts, rate: CLOCKS[0]  # type: ignore[method-assign]
     bases = []
     for i in range(len(needs)):
         policy._period(i * 0.25)
@@ -369,7 +369,25 @@ def test_the_static_clock_is_the_lowest_whose_counterfactual_tail_fits_the_budge
     worst = np.quantile(np.stack([v for _, v in policy._fixed_tpots]), 0.99, axis=0)
     expected = CLOCKS[int(np.flatnonzero(worst <= budget)[0])]
     assert policy._static_clock(2.0) == expected
-    assert policy._static_clock(70.0) is None  # the window (60 s) has emptied
+    # Past the window (60 s) the last static_min_samples streams are kept: the clock is theirs.
+    assert len(policy._fixed_tpots) == 200
+    later = policy._static_clock(70.0)
+    kept = np.stack([v for _, v in policy._fixed_tpots])
+    assert len(kept) == 10
+    tail = np.quantile(kept, 0.99, axis=0)
+    assert later == CLOCKS[int(np.flatnonzero(tail <= budget)[0])]
+    assert make_policy(static_min_samples=10)._static_clock(70.0) is None  # none ever ended
+
+
+def test_a_slow_engine_gets_a_static_clock_from_older_streams() -> None:
+    """Fewer streams end in the window than static_min_samples: the window reaches back to the
+    last static_min_samples of them instead of leaving the static clock unknown."""
+    policy = make_policy(static_min_samples=20, static_window_s=10.0)
+    ladder = np.asarray(CLOCKS, dtype=float)
+    for i in range(30):  # one stream every 2 s: 5 in any 10-s window
+        policy._fixed_tpots.append((2.0 * i, 10.0 * TOP / ladder))
+    assert policy._static_clock(60.0) is not None
+    assert len(policy._fixed_tpots) == 20 and policy._fixed_tpots[0][0] == 20.0
 
 
 def test_held_clocks_predict_the_measured_tpot_at_the_clock_that_ran() -> None:
@@ -403,13 +421,36 @@ def test_the_base_never_goes_below_the_energy_floor() -> None:
     assert CLOCKS[0] < floor < TOP
     assert policy.base_mhz >= floor and policy.need_mhz < floor  # the need alone would go lower
     p = policy.prior
-    counts = policy._gap_vector(policy.running, policy._rate)[1]
+    gaps, counts = policy._gap_vector(policy.running, policy._rate)
 
     def joules(f: int) -> float:
         i = CLOCKS.index(f)
         n = float(counts[i])
         step = np.interp(n, sorted(p.step_j), [p.step_j[b][f] for b in sorted(p.step_j)])
-        prompt = policy._rate * policy._gap_vec[i] / 1000.0 / n * p.prefill_j[f] / 1024
+        prompt = policy._rate * gaps[i] / 1000.0 / n * p.prefill_j[f] / 1024
         return float(step / n + prompt)
 
-    assert policy._energy_floor(counts, policy._rate) == min(CLOCKS, key=joules)
+    assert policy._energy_floor(gaps, counts, policy._rate) == min(CLOCKS, key=joules)
+
+
+def test_the_static_clocks_gaps_are_at_the_running_count_and_the_long_window_rate() -> None:
+    """The gaps the static clock integrates: every clock at the sequences running now (no
+    growth by Little's law, which the energy floor's counts do take) and the prompt rate over
+    window_s, not the short window's burst."""
+    policy = make_policy()
+    plant = Plant(policy)
+    plant.run(25.0, **STEADY)  # type: ignore[arg-type]
+    plant.run(3.0, **dict(STEADY, rate_hz=40.0))  # type: ignore[arg-type]  # a burst
+    now = plant.t
+    policy._period(now)
+    long_rate = policy._prompt_rate(now, short=False)
+    assert long_rate < policy._rate  # the need sees the burst
+    running = policy.running
+    expected = [policy._gap_model(f, running, long_rate, learned=False) for f in CLOCKS]
+    assert policy._gap_vec == pytest.approx(np.minimum(expected, 1e6))
+    # With sequences running, Little's growth (the floor's counts) makes a low clock slower
+    # still; the static clock's gaps leave the count as it is.
+    grown, counts = policy._gap_vector(20, long_rate)
+    flat, same = policy._gap_vector(20, long_rate, littles=False)
+    assert policy.clock_mhz > CLOCKS[0] and counts[0] > 20 and grown[0] > flat[0]
+    assert list(same) == [20.0] * len(CLOCKS)
