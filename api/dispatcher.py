@@ -325,6 +325,7 @@ class GpuDispatcher:
 
     async def _send(self, request: Request[Job], sent_s: float) -> None:
         job = _job(request)
+        planned_mhz = self.scheduler.clock_target_mhz  # what it runs at (shadow mode's ledger)
         error: Exception | None = None
         response: Any = None
         try:
@@ -370,7 +371,7 @@ class GpuDispatcher:
             if response.ok:
                 self._served.inc()
                 if self.shadow is not None:
-                    self.shadow.on_complete(request.model)
+                    self.shadow.on_complete(request.model, planned_mhz)
                 met = "true" if latency_s * 1000.0 <= request.slo_ms else "false"
                 metrics.slo_of(model, client, met).inc()
             if not job.future.done():

@@ -5,9 +5,9 @@ In shadow mode the scheduler decides exactly as it would, but no clock is ever w
 device is a :class:`dvfs.readonly.ReadOnlyDevice`). What an operator wants to know before letting
 it act is what acting would change, so for every completed request the ledger adds the table's
 measured energy per inference at the clock the GPU ran (sampled every ``sample_interval_s``) and
-at the clock the policy asked for. Their difference is the estimated saving; it can be negative
-(the GPU ran below what the policy would have held), which is why both are counted rather than
-one "saved" counter that Prometheus would not let go down.
+at the clock the policy asked for when the request was sent. Their difference is the estimated
+saving; it can be negative (the GPU ran below what the policy would have held), which is why both
+are counted rather than one "saved" counter that Prometheus would not let go down.
 """
 
 from __future__ import annotations
@@ -86,15 +86,18 @@ class ShadowLedger:
             0.0 if clock_mhz is None else clock_mhz * 1e6
         )
 
-    def on_complete(self, model: str) -> None:
+    def on_complete(self, model: str, planned_mhz: int | None) -> None:
         """One request of ``model`` answered: add its estimated energy at both clocks (from its
-        model's batch-1 curve: the batch Triton formed is not known here)."""
+        model's batch-1 curve: the batch Triton formed is not known here). ``planned_mhz`` is
+        the policy's target when the request was sent (None: the GPU's own clock): the clock
+        it would have run at. The target when it completes may already be another one (a
+        policy that idles low drops the clock as the last request finishes)."""
         self.completed += 1
         actual = self.gpu_clock_mhz
         model_table = self.tables().get(model)  # in force: /admin/table may have swapped it
         if actual is None or model_table is None:
             return
-        wanted = actual if self.target_mhz is None else self.target_mhz
+        wanted = actual if planned_mhz is None else planned_mhz
         table = model_table.curve(1)
         at_gpu = energy_per_inference_j(table, actual)
         at_shadow = energy_per_inference_j(table, wanted)

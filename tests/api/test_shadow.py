@@ -14,7 +14,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from api.config import add_arguments, from_args
-from api.shadow import energy_per_inference_j
+from api.metrics import GatewayMetrics
+from api.shadow import ShadowLedger, energy_per_inference_j
 from dvfs.readonly import DeviceWriteForbiddenError, ReadOnlyDevice
 from dvfs.simulated import SimulatedDevice
 from simulator.simulate import profiled_tables
@@ -159,6 +160,29 @@ def test_energy_per_inference_interpolates_measured_clocks() -> None:
     assert energy_per_inference_j(table, 1) == points[clocks[0]]
     assert energy_per_inference_j(table, 10_000) == points[clocks[-1]]
     assert energy_per_inference_j(make_table(energy_optimal_mhz=None), 1000) is None
+
+
+def test_the_ledger_prices_a_request_at_the_clock_planned_when_it_was_sent() -> None:
+    """A policy that idles low has already dropped its target when the last request completes:
+    the request is priced at the clock the policy held when it was sent, not at that one."""
+    tables = profiled_tables("v100")
+    model_table = next(iter(tables))
+    curve = model_table.curve(1)
+    clocks = sorted(p.clock_mhz for p in curve.points)
+    ledger = ShadowLedger(
+        gpu="0", device=SimulatedDevice("v100"), tables=lambda: tables, metrics=GatewayMetrics()
+    )
+    ledger.gpu_clock_mhz = clocks[-1]  # the GPU ran at its top clock
+    ledger.would_set(clocks[0])  # the policy dropped to its lowest as the request completed
+    ledger.on_complete(model_table.model, clocks[len(clocks) // 2])
+    at_gpu = energy_per_inference_j(curve, clocks[-1])
+    planned = energy_per_inference_j(curve, clocks[len(clocks) // 2])
+    assert at_gpu is not None and planned is not None
+    state = ledger.state()
+    assert state["energy_at_gpu_clock_j"] == pytest.approx(at_gpu, abs=1e-6)
+    assert state["energy_at_shadow_clock_j"] == pytest.approx(planned, abs=1e-6)
+    ledger.on_complete(model_table.model, None)  # a policy that leaves the clock to the GPU
+    assert ledger.state()["estimated_saved_j"] == pytest.approx(at_gpu - planned, abs=1e-5)
 
 
 @pytest.mark.parametrize(
