@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, Field, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -456,6 +456,36 @@ def from_options(**values: Any) -> GatewayConfig:
     if unknown:
         raise TypeError(f"unknown option(s): {', '.join(unknown)}")
     return build({by_dest[k].path: v for k, v in values.items()})
+
+
+def leaf(config: GatewayConfig, path: tuple[str, ...]) -> Any:
+    """The value at ``path`` in ``config`` (``("policy", "slack", "hold_s")``)."""
+    value: Any = config
+    for name in path:
+        value = getattr(value, name)
+    return value
+
+
+def to_flags(config: GatewayConfig, *, leave_out: Sequence[str] = ()) -> list[str]:
+    """The ``python -m api serve`` flags that rebuild ``config`` (:func:`from_args` of them
+    gives it back): one per leaf that differs from its built-in default, none for the flags
+    named in ``leave_out`` (``"port"``: what the caller sets itself)."""
+    out: list[str] = []
+    for o in OPTIONS:
+        value = leaf(config, o.path)
+        if o.flag in leave_out or value == o.builtin:
+            continue
+        if o.is_bool:
+            out.append(("--" if value else "--no-") + o.flag)
+            continue
+        if value is None:
+            text = ""
+        elif isinstance(value, tuple):
+            text = ",".join(map(str, value))
+        else:
+            text = repr(value) if isinstance(value, float) else str(value)
+        out.append(f"--{o.flag}={text}")  # one word: a value may start with "-"
+    return out
 
 
 def build(leaves: Mapping[tuple[str, ...], Any]) -> GatewayConfig:

@@ -1,6 +1,9 @@
 """The same load through each clock policy on the live stack: energy, tail latency, clock.
 
-Starts the embedded default (real Triton, simulated GPU, sidecar) once, then for each policy:
+Starts the embedded default (real Triton, simulated GPU, sidecar) once, the sidecar in a process
+of its own as it runs in service (sharing this one, the load generator and the sidecar would
+take turns at one interpreter lock, and each would wait on the other's work), then for each
+policy:
 switch it through the admin API, send ``warmup_s`` of arrivals unmeasured (what a policy learns
 at start, its tail controller's first climb included, is not what it does in service), then the
 same seeded Poisson arrivals open-loop, measured, and read the
@@ -23,9 +26,9 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 
-from api.config import GatewayConfig
+from api.config import GatewayConfig, to_flags
 from api.embedded import INPUT_WIDTH, SIMNET
-from api.server import SidecarServer
+from benchmarks.sidecar import running
 from loadgen.classes import RequestClass
 from loadgen.engine import (
     Recorder,
@@ -84,9 +87,7 @@ async def _run_one(
     ) as resp:
         resp.raise_for_status()
     if warmup_times:  # the same load, other arrivals, not measured
-        await open_loop(
-            session, target, warmup_times, Recorder(), np.random.default_rng(seed + 1)
-        )
+        await open_loop(session, target, warmup_times, Recorder(), np.random.default_rng(seed + 1))
     await asyncio.sleep(0.5)  # let the clock settle
     metrics_url = f"http://{sidecar_url}/metrics"
     before = energy_j(await scrape(session, metrics_url)) or 0.0
@@ -146,13 +147,9 @@ def compare_live(
     ``warmup_s`` of the same load unmeasured."""
     token = secrets.token_urlsafe(16)
     cfg = config or GatewayConfig()
-    cfg = replace(
-        cfg,
-        port=0,
-        grpc_port=0,
-        admin_token=token,
-        scheduler=replace(cfg.scheduler, default_slo_ms=slo_ms),
-    )
+    cfg = replace(cfg, scheduler=replace(cfg.scheduler, default_slo_ms=slo_ms))
+    owned = ("host", "port", "grpc-port", "state-dir", "admin-token", "admin-token-file")
+    flags = to_flags(cfg, leave_out=owned)
     send_times = list(schedule(rate_rps, duration_s, "poisson", np.random.default_rng(seed)))
     warmup_times = (
         list(schedule(rate_rps, warmup_s, "poisson", np.random.default_rng(seed + 1)))
@@ -162,7 +159,7 @@ def compare_live(
     classes = [RequestClass("demo", slo_ms=slo_ms)]
     data = np.ones((1, INPUT_WIDTH), dtype=np.float32)
 
-    with SidecarServer(cfg) as sc:
+    with running(flags, state_dir=cfg.state_dir, admin_token=token, starts=3) as sc:
 
         async def main() -> list[PolicyRun]:
             payloads = build_payloads(classes, input_name="INPUT0", datatype="FP32", data=data)

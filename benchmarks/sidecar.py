@@ -193,7 +193,7 @@ def start(
         sys.executable, "-m", "api", "serve",
         "--host", HOST, "--port", str(port), "--grpc-port", str(grpc_port),
         "--state-dir", str(state_dir),
-        *(("--admin-token", admin_token) if admin_token is not None else ()),
+        *((f"--admin-token={admin_token}",) if admin_token is not None else ()),  # may start with -
         *flags,
     ]  # fmt: skip
     log_path = log_path or state_dir / "sidecar.log"

@@ -8,6 +8,7 @@ session, so the generator costs tens of microseconds per request.
 from __future__ import annotations
 
 import asyncio
+import gc
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -222,8 +223,14 @@ async def open_loop(
     rng: np.random.Generator,
     on_tick: Callable[[int], None] | None = None,
 ) -> float:
-    """Send at the scheduled times; wait for every reply. Returns the span the sends took."""
+    """Send at the scheduled times; wait for every reply. Returns the span the sends took.
+
+    What the process made before the run is frozen out of the garbage collector's reach first:
+    a full collection walking it stops this loop, and each reply waiting then reads late.
+    """
     classes = class_sequence(target, len(send_times_s), rng)
+    gc.collect()
+    gc.freeze()
     start = time.monotonic()
     tasks: list[asyncio.Task[None]] = []
     for i, at in enumerate(send_times_s):

@@ -60,11 +60,15 @@ def energy_j(values: dict[str, float]) -> float | None:
 
 @dataclass
 class ClockSampler:
-    """Samples the GPU clock from /metrics every ``period_s`` while a measurement runs."""
+    """Samples the GPU clock from /metrics every ``period_s`` while a measurement runs.
+
+    Each scrape costs the sidecar's event loop the whole exposition (and this one its parse),
+    time every request waiting then pays: a few a second give the mean clock over a run
+    without the sampler showing in the latencies it is measured beside."""
 
     session: aiohttp.ClientSession
     url: str
-    period_s: float = 0.05
+    period_s: float = 0.25
     values_hz: list[float] = field(default_factory=list)
     _task: asyncio.Task[None] | None = None
 

@@ -85,13 +85,14 @@ class EnergyModel:
         self.static_w = 0.0
         tabulated = [b for b in table.batches if b <= plan.max_batch] or [1]
         x3 = (np.asarray(clocks_mhz, dtype=float) / clocks_mhz[-1]) ** 3
+        grid_ms = table.predict_grid_ms(clocks_mhz, tabulated[-1])
         rows = []
         for b in tabulated:
             energies = [table.energy_per_inference_j(c, b) for c in clocks_mhz]
             if any(e is None for e in energies):
                 self.known = False
                 return
-            time_s = np.array([table.predict_ms(c, b) for c in clocks_mhz]) / 1000.0
+            time_s = grid_ms[b - 1] / 1000.0
             power_w = np.array([b * float(e) for e in energies if e is not None]) / time_s
             design = np.vstack([np.ones_like(x3), x3]).T
             (p0, p1), *_ = np.linalg.lstsq(design, power_w, rcond=None)
@@ -100,14 +101,9 @@ class EnergyModel:
                 self.static_w = float(p0)  # busy, whatever the clock
         self.known = True
         per_execution = np.array(rows)
-        columns = range(len(clocks_mhz))
-        self.execution_j: FloatArray = np.vstack(
-            [np.zeros(len(clocks_mhz))]
-            + [
-                np.array([np.interp(b, tabulated, per_execution[:, i]) for i in columns])
-                for b in range(1, plan.max_batch + 1)
-            ]
-        )
+        batches = np.arange(1, plan.max_batch + 1, dtype=float)
+        by_clock = [np.interp(batches, tabulated, per_execution[:, i]) for i in range(len(x3))]
+        self.execution_j: FloatArray = np.vstack([np.zeros(len(clocks_mhz)), np.array(by_clock).T])
 
     def _at(self, matrix: FloatArray, batch: FloatArray) -> FloatArray:
         """``matrix[b, clock]`` at a fractional batch per clock (linear between rows)."""
@@ -521,11 +517,15 @@ class AdaptivePolicy(SlackPolicy):
         """Whether a model with no table completed a request within ``quiet_s``: it runs at
         the top clock, and what a wake-up would cost it is unknown, so the GPU idles there
         (its executions then run at one clock, and its table can be learned from them)."""
-        quiet_s = self.feedback.quiet_s - 1e-9
         return any(
-            self._now_s - done_s < quiet_s and self._plan(s, model) is None
+            self._recent(done_s) and self._plan(s, model) is None
             for (model, _), done_s in self._done_s.items()
         )
+
+    def _recent(self, done_s: float) -> bool:
+        """Whether a completion at ``done_s`` is within ``quiet_s`` of now (the wake-up set
+        for the moment it falls quiet counts as quiet)."""
+        return self._now_s - done_s < self.feedback.quiet_s - 1e-9
 
     def _recent_scale(self, model: str) -> float:
         """The base speed ``model``'s classes that completed within ``quiet_s`` ask for (1
@@ -533,11 +533,10 @@ class AdaptivePolicy(SlackPolicy):
         of a request that comes after a pause)."""
         if model not in {m for m, _ in self.controllers}:
             return 1.0
-        quiet_s = self.feedback.quiet_s - 1e-9  # the wake-up set for it counts as quiet
         recent = [
             c.scale
             for key, c in self.controllers.items()
-            if key[0] == model and self._now_s - self._done_s.get(key, -math.inf) < quiet_s
+            if key[0] == model and self._recent(self._done_s.get(key, -math.inf))
         ]
         return max(recent, default=0.0)
 

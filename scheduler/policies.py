@@ -204,9 +204,8 @@ class ModelPlan:
 
     def __init__(self, table: ModelTable, max_batch: int, clocks_mhz: list[int], quantile: str):
         self.max_batch = max_batch
-        self.times_ms = np.array(
-            [[0.0] * len(clocks_mhz)]
-            + [[table.predict_ms(c, b) for c in clocks_mhz] for b in range(1, max_batch + 1)]
+        self.times_ms = np.vstack(
+            [np.zeros((1, len(clocks_mhz))), table.predict_grid_ms(clocks_mhz, max_batch)]
         )
         self.work = WorkTable(self.times_ms, max_batch)
         self.margin_ms = table.tail_margin_ms(quantile)

@@ -15,10 +15,13 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 
 FORMAT_VERSION = 1  # one curve per file (Time2ClockTable.save); read by TableSet.load too
 TABLE_FORMAT_VERSION = 2  # a TableSet: every model of one GPU, one curve per batch size
@@ -331,6 +334,49 @@ class ModelTable:
         if math.isinf(t_lo) or math.isinf(t_hi):
             return math.inf
         return t_lo + (t_hi - t_lo) * (batch - lo) / (hi - lo)
+
+    def predict_grid_ms(
+        self, clocks_mhz: Sequence[float], max_batch: int, quantile: str | None = None
+    ) -> npt.NDArray[np.float64]:
+        """:meth:`predict_ms` of every batch from 1 to ``max_batch`` (rows) at every clock
+        (columns): the same floating-point operations in the same order, so the same values,
+        a row at a time instead of one value at a time (a plan needs a few thousand)."""
+        x = np.asarray(clocks_mhz, dtype=np.float64)
+        own: dict[int, npt.NDArray[np.float64]] = {}
+        for b, curve in self.curves.items():
+            fit = curve.fit_for(quantile)
+            denom = fit.m * x + fit.b
+            with np.errstate(divide="ignore"):
+                own[b] = np.where(denom > 0, 1.0 / denom, np.inf)
+        batches = self.batches
+        rows = []
+        for batch in range(1, max_batch + 1):
+            if batch in own:
+                rows.append(own[batch])
+            elif batch < batches[0]:
+                rows.append(own[batches[0]])
+            elif batch > batches[-1]:
+                hi = batches[-1]
+                t_hi = own[hi]
+                if len(batches) == 1:
+                    rows.append(t_hi * batch / hi)
+                    continue
+                lo = batches[-2]
+                t_lo = own[lo]
+                with np.errstate(invalid="ignore"):
+                    slope = np.where(
+                        np.isfinite(t_lo), np.maximum((t_hi - t_lo) / (hi - lo), 0.0), 0.0
+                    )
+                    extended = t_hi + slope * (batch - hi)
+                rows.append(np.where(np.isinf(t_hi), t_hi * batch / hi, extended))
+            else:
+                hi = next(b for b in batches if b > batch)
+                lo = batches[batches.index(hi) - 1]
+                t_lo, t_hi = own[lo], own[hi]
+                with np.errstate(invalid="ignore"):
+                    between = t_lo + (t_hi - t_lo) * (batch - lo) / (hi - lo)
+                rows.append(np.where(np.isinf(t_lo) | np.isinf(t_hi), np.inf, between))
+        return np.array(rows, dtype=np.float64)
 
     def tail_margin_ms(self, quantile: str, batch: int = 1) -> float:
         """How far the ``quantile`` of one execution lies above the mean fit, for ``batch``."""

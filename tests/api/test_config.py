@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from api.config import OPTIONS, GatewayConfig, add_arguments, from_args, from_options
+from api.config import (
+    OPTIONS,
+    GatewayConfig,
+    add_arguments,
+    from_args,
+    from_options,
+    to_flags,
+)
 from scheduler.core import SchedulerConfig
 from simulator.simulate import SimConfig
 
@@ -82,3 +90,28 @@ def test_from_options_uses_flag_names() -> None:
     assert config.scheduler.max_queue == 8 and config.port == 0
     with pytest.raises(TypeError, match="unknown option"):
         from_options(max_qeueu=8)
+
+
+def test_flags_written_for_a_config_rebuild_it(tmp_path: Path) -> None:
+    """What a benchmark hands a sidecar process it starts: every kind of leaf (a bool set and
+    cleared, a tuple, an empty tuple, a path, None, a float, a nested policy parameter)."""
+    config = from_options(
+        state_dir=tmp_path,
+        profile_models=(),
+        table=(tmp_path / "a.json", tmp_path / "b.json"),
+        learn=False,
+        shadow=True,
+        slo_ms=40.0,
+        policy="slack",
+        slack_hold_s=0.125,
+        feedback_setpoint=0.9,
+        feedback_idle_power_w=None,
+        device="sim:v100x2",
+        max_queue=9,
+    )
+    assert parse(to_flags(config)) == config
+    assert to_flags(GatewayConfig(state_dir=tmp_path)) == [f"--state-dir={tmp_path}"]
+    assert parse(to_flags(from_options(admin_token="-x"))).admin_token == "-x"
+    left = to_flags(config, leave_out=("state-dir", "device"))
+    assert not [f for f in left if f.startswith(("--state-dir", "--device"))]
+    assert parse(left) == replace(config, state_dir=GatewayConfig().state_dir, device=None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -69,6 +70,12 @@ def set_clock(sc: LiveSidecar, clock_mhz: int | None) -> None:
 def queue_length(sc: LiveSidecar) -> int:
     r = httpx.get(f"http://{sc.url}/admin/state", headers=ADMIN, timeout=30)
     return int(r.json()["queue_length"])
+
+
+def test_the_start_up_heap_is_out_of_the_collectors_reach(sidecar: LiveSidecar) -> None:
+    """What start-up made (libraries, tables, the app) is frozen: a full collection walking it
+    would stop the event loop, and every request in flight, for tens of milliseconds."""
+    assert gc.get_freeze_count() > 10_000
 
 
 def test_absurd_shape_is_refused_and_triton_lives(sidecar: LiveSidecar) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -135,6 +136,22 @@ def test_prediction_interpolates_and_extrapolates_in_batch() -> None:
     assert table.predict_ms(900, 3, "p99") == pytest.approx((p99[2] + p99[4]) / 2)
     with pytest.raises(ValueError, match="batch must be >= 1"):
         table.predict_ms(900, 0)
+
+
+@pytest.mark.parametrize("batches", [(1,), (1, 2, 4, 8), (2, 8), (1, 2, 8)])
+def test_the_grid_is_predict_ms_value_for_value(batches: tuple[int, ...]) -> None:
+    """A plan's grid of times (every batch to past the largest, every clock) is exactly what
+    predict_ms gives one value at a time, where a fit runs out of speed (infinite) included."""
+    table = exact_table(batches)
+    slow = dict(table.curves)
+    low = slow[batches[-1]]  # the largest batch: no speed below 500 MHz (1/(m·f + b), b < 0)
+    slow[batches[-1]] = replace(low, mean_fit=InverseLinearFit(1.3e-5, -0.0065, 1.0))
+    clocks = [135.0, 300.0, 499.0, 500.0, 501.0, *CLOCKS, 1530.0]
+    for t in (table, ModelTable(gpu=table.gpu, model=table.model, curves=slow)):
+        grid = t.predict_grid_ms(clocks, 40)
+        one_by_one = np.array([[t.predict_ms(c, b) for c in clocks] for b in range(1, 41)])
+        assert np.array_equal(grid, one_by_one)
+        assert np.isinf(grid).any() == (t is not table)
 
 
 def test_curve_lookup_margins_and_clocks() -> None:
