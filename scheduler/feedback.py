@@ -93,6 +93,10 @@ class FeedbackParams:
     batch_hold: float = 0.8
     hold_while_busy: bool = True
     rest_while_holding: bool = True
+    replay_window: int = 2000
+    replay_every_s: float = 2.0
+    replay_goal: float = 0.97
+    replay_mode: str = "set"
 
     def __post_init__(self) -> None:
         if not 0.5 <= self.target < 1.0:
