@@ -43,7 +43,6 @@ import numpy.typing as npt
 
 from scheduler.feedback import FeedbackParams, TailController
 from scheduler.policies import ModelPlan, SlackParams, SlackPolicy
-from scheduler.replay import ClockReplay, replay_tail, spread_draws_ms
 from scheduler.view import QueuedRequest, SchedulerView
 from time2clock.table import ModelTable
 
@@ -189,12 +188,6 @@ class AdaptivePolicy(SlackPolicy):
         self._idle_since_s: float | None = None
         self._idle_gap_s: float | None = None  # mean idle period, decayed
         self._done_s: dict[tuple[str, float], float] = {}  # class -> its last completion
-        self._replays: dict[str, ClockReplay] = {}  # model -> its recent arrivals
-        self._spreads: dict[str, FloatArray] = {}  # model -> its table's spread, drawn
-        self._replayed_s: dict[str, float] = {}  # model -> when its arrivals were last replayed
-        self._arrived_s: dict[str, float] = {}  # model -> its last arrival
-        self._replay_levels = {}
-        self._offsets: dict[str, float] = {}  # model -> measured tail less replayed, decayed
 
     # -- levels, clocks and floors, per model -----------------------------------------------
 
@@ -312,9 +305,6 @@ class AdaptivePolicy(SlackPolicy):
                 self._need_before[model] = _need_ms(plan)
         self._energy.clear()
         self._floors.clear()
-        self._spreads.clear()
-        for replay in self._replays.values():
-            replay.index = None
         super().tables_changed()
 
     def _plan(self, s: SchedulerView, model: str) -> ModelPlan | None:
@@ -513,79 +503,12 @@ class AdaptivePolicy(SlackPolicy):
         )
         latency_ms = (now_s - request.arrival_s) * 1000.0
         rose = controller.observe(now_s, latency_ms, request.slo_ms, floor_level)
-        replayed = self._replayed_level(s, request.model, now_s)
-        if replayed is not None and controller._seen > self.feedback.min_samples:
-            before = controller.level
-            mode = self.feedback.replay_mode
-            if mode in ("set", "calib"):
-                controller.level = max(replayed, min(floor_level, 0.0))
-            elif mode in ("floor", "calibfloor"):
-                controller.level = max(controller.level, replayed)
-            elif mode in ("cap", "calibcap"):
-                controller.level = min(controller.level, replayed)
-            rose = rose or controller.level > before
         if rose or self._resting(s, now_s):  # the base rose, or the GPU rests: plan again
             return self._decide(s, now_s)
         return None
 
-    def _replayed_level(self, s: SchedulerView, model: str, now_s: float) -> float | None:
-        """The level of the lowest clock at which ``model``'s recent arrivals, replayed at one
-        clock, meet the goal; found again every ``replay_every_s`` once a window of arrivals is
-        recorded (None otherwise, or while another model shares the GPU)."""
-        fb = self.feedback
-        replay = self._replays.get(model)
-        if replay is None or len(replay.arrivals_s) < min(fb.replay_window, 200):
-            return None
-        last = self._replayed_s.get(model)
-        if last is not None and now_s - last < fb.replay_every_s:
-            return self._replay_levels.get(model)
-        self._replayed_s[model] = now_s
-        since_s = replay.arrivals_s[0]
-        if any(m != model and t >= since_s for m, t in self._arrived_s.items()):
-            self._replay_levels.pop(model, None)
-            return None
-        plan = self._plan(s, model)
-        levels = self._levels(s, model)
-        table = s.table_for(model)
-        if plan is None or levels is None or table is None:
-            return None
-        spread = self._spreads.get(model)
-        if spread is None:
-            fits = table.curve(1).tail_fits
-            p90 = table.tail_margin_ms("p90") if "p90" in fits else 0.0
-            p99 = table.tail_margin_ms("p99") if "p99" in fits else 0.0
-            spread = self._spreads[model] = spread_draws_ms(p90, p99)
-        instances = s.serving(model).instances
-        goal = fb.replay_goal
-        if fb.replay_mode in ("calib", "calibfloor", "calibcap"):
-            mine = [c for (m, _), c in self.controllers.items() if m == model]
-            measured = max((c.tail_ratio() for c in mine), default=math.nan)
-            level_now = max((c.level for c in mine), default=0.0)
-            if math.isfinite(measured):
-                at = self._clock_at(levels, level_now)
-                arrivals = list(replay.arrivals_s)
-                replayed = replay_tail(
-                    arrivals, list(replay.slos_ms), plan.times_ms[:, at].tolist(),
-                    spread.tolist(), fb.target, instances,
-                )
-                gap = measured - replayed
-                old = self._offsets.get(model)
-                self._offsets[model] = gap if old is None else 0.5 * old + 0.5 * gap
-            goal -= self._offsets.get(model, 0.0)
-        index = replay.lowest_index(plan.times_ms, spread, fb.target, goal, 0, instances)
-        level = self._replay_levels[model] = float(levels[index])
-        return level
-
-    _replay_levels: dict[str, float] = {}
-
     def on_enqueue(self, s: SchedulerView, request: QueuedRequest, now_s: float) -> int | None:
         self._now_s = now_s
-        if self.feedback.replay_window:
-            replay = self._replays.get(request.model)
-            if replay is None:
-                replay = self._replays[request.model] = ClockReplay(self.feedback.replay_window)
-            replay.add(request.arrival_s, request.slo_ms)
-            self._arrived_s[request.model] = request.arrival_s
         if self._idle_since_s is not None:  # an idle period ends: its length, decayed mean
             gap = now_s - self._idle_since_s
             self._idle_gap_s = (

@@ -93,15 +93,6 @@ class FeedbackParams:
     batch_hold: float = 0.8
     hold_while_busy: bool = True
     rest_while_holding: bool = True
-    replay_window: int = 2000
-    replay_every_s: float = 2.0
-    replay_goal: float = 0.97
-    replay_mode: str = "set"
-    budget_high: float = 0.95
-    budget_low: float = 0.95
-    budget_share: float = 0.5
-    budget_min_n: int = 500
-    budget_horizon: float = 20000.0
 
     def __post_init__(self) -> None:
         if not 0.5 <= self.target < 1.0:
@@ -129,23 +120,6 @@ class TailController:
         self.near_misses = 0
         self.completions = 0
         self.rebases = 0
-        self._misses = 0.0  # completions over their SLO, decayed over budget_horizon
-        self._counted = 0.0  # completions, decayed alike
-        self.setpoint = self.params.setpoint
-
-    def _budget_setpoint(self) -> float:
-        """The setpoint, moved by how much of the tail's allowance of misses (``1 − target``
-        of the completions, over ``budget_horizon``) has been used: up to ``budget_high`` while
-        none is, back to ``setpoint`` at ``budget_share`` of it, down to ``budget_low`` once all
-        of it is."""
-        p = self.params
-        if self.completions < p.budget_min_n:
-            return p.setpoint
-        used = self._misses / max(1e-9, (1.0 - p.target) * self._counted)
-        if used <= p.budget_share:
-            return p.budget_high - (p.budget_high - p.setpoint) * used / p.budget_share
-        over = min(1.0, (used - p.budget_share) / max(1e-9, 1.0 - p.budget_share))
-        return p.setpoint - (p.setpoint - p.budget_low) * over
 
     @property
     def scale(self) -> float:
@@ -164,13 +138,9 @@ class TailController:
             self._window.popleft()
         self.completions += 1
         self._seen += 1
-        keep = 1.0 - 1.0 / p.budget_horizon
-        self._misses = self._misses * keep + (ratio > 1.0)
-        self._counted = self._counted * keep + 1.0
-        setpoint = self.setpoint = self._budget_setpoint()
-        near = ratio > setpoint
+        near = ratio > p.setpoint
         self.near_misses += near
-        self._since_high = 0 if ratio > p.far_below * setpoint else self._since_high + 1
+        self._since_high = 0 if ratio > p.far_below * p.setpoint else self._since_high + 1
         if self._seen <= p.min_samples:
             return False
         before = self.level
