@@ -39,7 +39,9 @@ whose mean clocks were nearest ``f``. Before ``min_samples`` streams finished, `
   raises it at once, and it comes down only after the need has stayed lower for ``hold_s``, so
   it does not chase single iterations or a few seconds of noise (a clock change takes from a
   millisecond to hundreds of them to land on an NVIDIA GPU) -- but above the static clock a
-  need is held only ``rise_s``.
+  need is held only ``rise_s``, and not at all once the static clock is *trusted* (judged on
+  ``confident_samples`` streams or more: its p99 then has streams above it, it is not the one
+  worst stream of the window).
 * The *static clock*: the lowest clock that, held through the lives of the streams that ended
   in the last ``static_window_s`` (and at least the last ``static_min_samples`` of them, however
   long ago they ended), would have kept their ``tail_quantile`` TPOT within the budget. Per
@@ -62,7 +64,11 @@ whose mean clocks were nearest ``f``. Before ``min_samples`` streams finished, `
   iteration, each iteration also a decode step), the clock goes to the lowest one that meets
   them, counting the change latency (what is left of it for a change asked for and not yet
   landed), and stays there at least ``boost_hold_s``. The TTFT target
-  is ``SLO × ttft_share × feedback scale``.
+  is ``SLO × ttft_share × feedback scale``. Once the static clock is trusted, a prompt that
+  even the top clock would get late is left out of the plan (its tokens still come before the
+  later prompts'): it is lost to the p99 at any clock, and planning for it ran the top clock
+  for nothing. Before then (a slow engine, few streams a minute) the top clock is kept for it:
+  there a long backlog of late prompts also stretches every running stream's gaps.
 * The feedback closes the loop on the measured token tails: a
   :class:`scheduler.feedback.ScaleController` per SLO, fed every measured TTFT and TPOT. The TTFT
   one moves the boost target both ways (misses cut it, a tail well under the SLO lets it rise
@@ -658,6 +664,7 @@ class TokenPolicy:
         iterations = cums / per_iteration + 1.0
         # The clock asked for last may not have landed yet: only the rest of its latency counts.
         landing_ms = max(0.0, (self._clock_since_s - now_s) * 1000.0 + latency_ms)
+
         def finish_ms(f: int) -> FloatArray:
             done_ms = cums * self._prefill_ms_per_token(f) + iterations * self.steps.predict_ms(
                 f, n
