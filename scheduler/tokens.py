@@ -65,10 +65,11 @@ whose mean clocks were nearest ``f``. Before ``min_samples`` streams finished, `
   them, counting the change latency (what is left of it for a change asked for and not yet
   landed), and stays there at least ``boost_hold_s``. The TTFT target
   is ``SLO × ttft_share × feedback scale``. Once the static clock is trusted, a prompt that
-  even the top clock would get late is left out of the plan (its tokens still come before the
-  later prompts'): it is lost to the p99 at any clock, and planning for it ran the top clock
-  for nothing. Before then (a slow engine, few streams a minute) the top clock is kept for it:
-  there a long backlog of late prompts also stretches every running stream's gaps.
+  even the top clock, were it in force already, would get late is left out of the plan (its
+  tokens still come before the later prompts'): it is lost to the p99 at any clock, and
+  planning for it ran the top clock for nothing. Before then (a slow engine, few streams a
+  minute) the top clock is kept for it: there a long backlog of late prompts also stretches
+  every running stream's gaps.
 * The feedback closes the loop on the measured token tails: a
   :class:`scheduler.feedback.ScaleController` per SLO, fed every measured TTFT and TPOT. The TTFT
   one moves the boost target both ways (misses cut it, a tail well under the SLO lets it rise
@@ -665,18 +666,20 @@ class TokenPolicy:
         # The clock asked for last may not have landed yet: only the rest of its latency counts.
         landing_ms = max(0.0, (self._clock_since_s - now_s) * 1000.0 + latency_ms)
 
-        def finish_ms(f: int) -> FloatArray:
+        def finish_ms(f: int, *, landed: bool = False) -> FloatArray:
             done_ms = cums * self._prefill_ms_per_token(f) + iterations * self.steps.predict_ms(
                 f, n
             )
-            extra = landing_ms if f == self.clock_mhz else latency_ms
+            extra = 0.0 if landed else landing_ms if f == self.clock_mhz else latency_ms
             return np.asarray(waited_ms + extra + done_ms)
 
         savable = np.ones(len(waiting), dtype=bool)
         if self._confident():
-            # A prompt that even the top clock gets late is lost to the p99 whatever the clock:
-            # plan for the others (its tokens still come before theirs).
-            savable = finish_ms(self.clocks[-1]) <= target_ms
+            # A prompt that even the top clock, already landed, gets late is lost to the p99
+            # whatever the clock: plan for the others (its tokens still come before theirs).
+            # Landed: one late only for the change's latency is not given up (where changes
+            # are slow, that would give up a good share of the prompts).
+            savable = finish_ms(self.clocks[-1], landed=True) <= target_ms
             if not np.any(savable):
                 return None
         start = bisect.bisect_left(self.clocks, self.base_mhz)
