@@ -39,7 +39,9 @@ whose mean clocks were nearest ``f``. Before ``min_samples`` streams finished, `
   raises it at once, and it comes down only after the need has stayed lower for ``hold_s``, so
   it does not chase single iterations or a few seconds of noise (a clock change takes from a
   millisecond to hundreds of them to land on an NVIDIA GPU) -- but above the static clock a
-  need is held only ``rise_s``.
+  need is held only ``rise_s``, and not at all once the static clock is *trusted* (judged on
+  ``confident_samples`` streams or more: its p99 then has streams above it, it is not the one
+  worst stream of the window).
 * The *static clock*: the lowest clock that, held through the lives of the streams that ended
   in the last ``static_window_s`` (and at least the last ``static_min_samples`` of them, however
   long ago they ended), would have kept their ``tail_quantile`` TPOT within the budget. Per
@@ -62,7 +64,12 @@ whose mean clocks were nearest ``f``. Before ``min_samples`` streams finished, `
   iteration, each iteration also a decode step), the clock goes to the lowest one that meets
   them, counting the change latency (what is left of it for a change asked for and not yet
   landed), and stays there at least ``boost_hold_s``. The TTFT target
-  is ``SLO × ttft_share × feedback scale``.
+  is ``SLO × ttft_share × feedback scale``. Once the static clock is trusted, a prompt that
+  even the top clock, were it in force already, would get late is left out of the plan (its
+  tokens still come before the later prompts'): it is lost to the p99 at any clock, and
+  planning for it ran the top clock for nothing. Before then (a slow engine, few streams a
+  minute) the top clock is kept for it: there a long backlog of late prompts also stretches
+  every running stream's gaps.
 * The feedback closes the loop on the measured token tails: a
   :class:`scheduler.feedback.ScaleController` per SLO, fed every measured TTFT and TPOT. The TTFT
   one moves the boost target both ways (misses cut it, a tail well under the SLO lets it rise
@@ -182,6 +189,7 @@ class TokenPolicyParams:
     rise_s: float = 1.0  # above the static clock, only a need held this long raises the base
     static_window_s: float = 60.0  # the static clock is judged on the streams that ended here
     static_min_samples: int = 100  # and on at least this many (before, no static clock)
+    confident_samples: int = 200  # a static clock judged on this many streams is trusted
     window_s: float = 20.0  # the prompt rate's window
     short_window_s: float = 5.0  # and its short one: a rising load is seen within it
     tail_quantile: float = 0.99  # the SLOs hold at the p99 of requests
@@ -219,6 +227,8 @@ class TokenPolicyParams:
             raise ValueError("period_s and the windows must be > 0, hold_s >= 0")
         if not 0.5 <= self.tail_quantile < 1:
             raise ValueError(f"tail_quantile must be in [0.5, 1), got {self.tail_quantile}")
+        if self.confident_samples < self.static_min_samples:
+            raise ValueError("confident_samples must be >= static_min_samples")
         if min(self.tail_samples, self.tail_neighbours, self.min_samples, self.max_seqs) < 1:
             raise ValueError("tail_samples, tail_neighbours, min_samples and max_seqs must be >= 1")
         if self.prior_tail < 1:
@@ -369,6 +379,7 @@ class TokenPolicy:
         self._needs: deque[tuple[float, int]] = deque()
         self.static_mhz: int | None = None  # the static clock the recent tails allow
         self._fixed_tpots: deque[tuple[float, FloatArray]] = deque()
+        self._static_samples = 0  # the streams the static clock was judged on
         self._gap_vec = np.zeros(len(self.clocks))  # the model's gap at every clock (ms)
         self._clock_index = {f: i for i, f in enumerate(self.clocks)}
         self._energy_clocks = sorted(
@@ -540,12 +551,19 @@ class TokenPolicy:
         if self.static_mhz is None or held <= self.static_mhz:
             self.base_mhz = held
         else:
-            # Above the static clock the need is held only rise_s: a static clock would have
-            # absorbed a spike's streams too, so the base falls back to it soon.
-            recent = max(need for at, need in self._needs if at >= now_s - p.rise_s)
+            # Above the static clock the need is held only rise_s (not at all once the static
+            # clock is trusted): a static clock would have absorbed a spike's streams too, so
+            # the base falls back to it soon.
+            rise_s = 0.0 if self._confident() else p.rise_s
+            recent = max(need for at, need in self._needs if at >= now_s - rise_s)
             self.base_mhz = max(self.static_mhz, recent)
         self.base_mhz = max(self.base_mhz, self.floor_mhz)
         self.admission_limit = self._limit(self.base_mhz)
+
+    def _confident(self) -> bool:
+        """Whether the static clock is judged on ``confident_samples`` streams or more (a p99
+        with at least two streams above it, not a single worst one)."""
+        return self.static_mhz is not None and self._static_samples >= self.params.confident_samples
 
     def _static_clock(self, now_s: float) -> int | None:
         """The lowest clock that, held through the lives of the streams that ended in the last
@@ -560,6 +578,7 @@ class TokenPolicy:
             and self._fixed_tpots[0][0] < now_s - p.static_window_s
         ):
             self._fixed_tpots.popleft()
+        self._static_samples = len(self._fixed_tpots)
         if len(self._fixed_tpots) < p.static_min_samples:
             return None
         tails = np.quantile(np.stack([v for _, v in self._fixed_tpots]), p.tail_quantile, axis=0)
@@ -646,13 +665,26 @@ class TokenPolicy:
         iterations = cums / per_iteration + 1.0
         # The clock asked for last may not have landed yet: only the rest of its latency counts.
         landing_ms = max(0.0, (self._clock_since_s - now_s) * 1000.0 + latency_ms)
-        start = bisect.bisect_left(self.clocks, self.base_mhz)
-        for f in self.clocks[start:]:
+
+        def finish_ms(f: int, *, landed: bool = False) -> FloatArray:
             done_ms = cums * self._prefill_ms_per_token(f) + iterations * self.steps.predict_ms(
                 f, n
             )
-            extra = landing_ms if f == self.clock_mhz else latency_ms
-            if np.all(waited_ms + extra + done_ms <= target_ms):
+            extra = 0.0 if landed else landing_ms if f == self.clock_mhz else latency_ms
+            return np.asarray(waited_ms + extra + done_ms)
+
+        savable = np.ones(len(waiting), dtype=bool)
+        if self._confident():
+            # A prompt that even the top clock, already landed, gets late is lost to the p99
+            # whatever the clock: plan for the others (its tokens still come before theirs).
+            # Landed: one late only for the change's latency is not given up (where changes
+            # are slow, that would give up a good share of the prompts).
+            savable = finish_ms(self.clocks[-1], landed=True) <= target_ms
+            if not np.any(savable):
+                return None
+        start = bisect.bisect_left(self.clocks, self.base_mhz)
+        for f in self.clocks[start:]:
+            if np.all(finish_ms(f)[savable] <= target_ms):
                 return f
         return self.clocks[-1]
 
@@ -704,6 +736,8 @@ class TokenPolicy:
             "base_clock_mhz": self.base_mhz,
             "need_clock_mhz": self.need_mhz,
             "static_clock_mhz": self.static_mhz,
+            "static_samples": self._static_samples,
+            "static_trusted": self._confident(),
             "energy_floor_mhz": self.floor_mhz,
             "admission_limit": self.admission_limit,
             "running": self.running,

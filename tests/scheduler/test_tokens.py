@@ -248,8 +248,9 @@ def test_a_prompt_that_would_be_late_is_boosted_and_the_boost_ends() -> None:
     base = policy.base_mhz
     assert base < TOP
     t = plant.t + 1.0
-    # A 30,000-token prompt arrives: at the base clock it would miss its first token's target.
-    policy.on_release(10_000, t, t, 30_000)
+    # A 15,000-token prompt arrives: at the base clock it would miss its first token's target
+    # (the top clock makes it).
+    policy.on_release(10_000, t, t, 15_000)
     boosted = policy.decide(t + 0.01)
     assert boosted is not None and boosted > base and policy.boosts == 1
     policy.on_token(10_000, t + 0.2)
@@ -454,3 +455,63 @@ def test_the_static_clocks_gaps_are_at_the_running_count_and_the_long_window_rat
     flat, same = policy._gap_vector(20, long_rate, littles=False)
     assert policy.clock_mhz > CLOCKS[0] and counts[0] > 20 and grown[0] > flat[0]
     assert list(same) == [20.0] * len(CLOCKS)
+
+
+def test_a_trusted_static_clock_is_not_left_for_a_need_above_it_past_its_period() -> None:
+    """Judged on confident_samples streams or more, the static clock is trusted: a need above
+    it raises the base only while it lasts (no rise_s hold); judged on fewer, it is held."""
+    spike = [800] * 4 + [1800] + [800] * 15
+
+    def run(samples: int) -> list[int]:
+        policy = make_policy(hold_s=2.0, rise_s=0.5, static_min_samples=100)
+
+        def static(now_s: float) -> int:
+            policy._static_samples = samples
+            return 1000
+
+        policy._static_clock = static  # type: ignore[method-assign]
+        needs = list(spike)
+        policy._tpot_clock = lambda running, rate: needs.pop(0)  # type: ignore[method-assign]
+        policy._energy_floor = lambda gaps, counts, rate: CLOCKS[0]  # type: ignore[method-assign]
+        bases = []
+        for i in range(len(spike)):
+            policy._period(i * 0.25)
+            bases.append(policy.base_mhz)
+        assert policy.state()["static_trusted"] is (samples >= 200)
+        return bases
+
+    trusted = run(200)
+    assert trusted[4] == 1800  # a need still raises the base at once
+    assert trusted[5:13] == [1000] * 8  # and the next period it is back at the static clock
+    assert trusted[13:] == [800] * 7
+    unsure = run(150)
+    assert unsure[5:7] == [1800, 1800]  # held rise_s, as before the static clock is trusted
+    assert unsure[7:13] == [1000] * 6
+
+
+def test_a_trusted_static_clock_lets_boosts_give_up_on_prompts_no_clock_can_save() -> None:
+    """A prompt that even the top clock would get late is lost to the p99: once the static
+    clock is trusted, a boost plans for the prompts that can still make it (the lost one's
+    tokens still count ahead of theirs), and none at all when none can."""
+
+    def urgent(trusted: bool, lost_only: bool) -> int | None:
+        policy = make_policy()
+        policy.base_mhz = CLOCKS[0]
+        policy.static_mhz = 1000
+        policy._static_samples = 200 if trusted else 150
+        now = 10.0
+        # Waited 1 s already: past the TTFT target (475 ms) whatever the clock.
+        policy.on_release(1, now, now - 1.0, 100)
+        if not lost_only:
+            policy.on_release(2, now, now, 100)  # fresh and short: the bottom clock makes it
+        return policy._urgent_clock(now)
+
+    assert urgent(trusted=False, lost_only=False) == TOP  # before: the top for a lost cause
+    assert urgent(trusted=True, lost_only=False) == CLOCKS[0]
+    assert urgent(trusted=True, lost_only=True) is None
+    assert urgent(trusted=False, lost_only=True) == TOP
+
+
+def test_confident_samples_below_the_static_minimum_is_refused() -> None:
+    with pytest.raises(ValueError, match="confident_samples"):
+        TokenPolicyParams(static_min_samples=100, confident_samples=50)
