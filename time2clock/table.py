@@ -376,7 +376,7 @@ class ModelTable:
                 with np.errstate(invalid="ignore"):
                     between = t_lo + (t_hi - t_lo) * (batch - lo) / (hi - lo)
                 rows.append(np.where(np.isinf(t_lo) | np.isinf(t_hi), np.inf, between))
-        return np.array(rows, dtype=np.float64)
+        return np.array(rows, dtype=np.float64).reshape(len(rows), x.size)  # none: 0 rows
 
     def tail_margin_ms(self, quantile: str, batch: int = 1) -> float:
         """How far the ``quantile`` of one execution lies above the mean fit, for ``batch``."""
