@@ -28,7 +28,7 @@ import numpy as np
 
 from api.config import GatewayConfig, to_flags
 from api.embedded import INPUT_WIDTH, SIMNET
-from benchmarks.sidecar import running
+from benchmarks.sidecar import OWNED_FLAGS, running
 from loadgen.classes import RequestClass
 from loadgen.engine import (
     Recorder,
@@ -148,8 +148,7 @@ def compare_live(
     token = secrets.token_urlsafe(16)
     cfg = config or GatewayConfig()
     cfg = replace(cfg, scheduler=replace(cfg.scheduler, default_slo_ms=slo_ms))
-    owned = ("host", "port", "grpc-port", "state-dir", "admin-token", "admin-token-file")
-    flags = to_flags(cfg, leave_out=owned)
+    flags = to_flags(cfg, leave_out=OWNED_FLAGS)
     send_times = list(schedule(rate_rps, duration_s, "poisson", np.random.default_rng(seed)))
     warmup_times = (
         list(schedule(rate_rps, warmup_s, "poisson", np.random.default_rng(seed + 1)))

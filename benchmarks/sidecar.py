@@ -29,6 +29,8 @@ from typing import Any
 from api.embedded import free_port
 
 HOST = "127.0.0.1"
+#: The ``python -m api serve`` flags :func:`start` sets itself (a caller's must leave them out).
+OWNED_FLAGS = ("host", "port", "grpc-port", "state-dir", "admin-token", "admin-token-file")
 READY_PATH = "/v2/health/ready"
 
 
