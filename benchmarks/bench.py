@@ -149,6 +149,37 @@ def sidecar_process(
         )
 
 
+@contextlib.contextmanager
+def floor_process(triton: Mapping[str, str]) -> Iterator[Endpoints]:
+    """:mod:`benchmarks.floor` (the least a Python proxy of these libraries does) in a process
+    of its own in front of ``triton``; stopped by closing its stdin, killed if it does not."""
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "benchmarks.floor",
+            "--triton-http", triton["http"], "--triton-grpc", triton["grpc"],
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline().split()
+        if len(line) != 3 or line[0] != "ready":
+            raise RuntimeError("the floor proxy (python -m benchmarks.floor) did not start")
+        yield Endpoints(
+            {"http": f"127.0.0.1:{line[1]}", "grpc": f"127.0.0.1:{line[2]}"}, dict(triton), proc.pid
+        )
+    finally:
+        if proc.stdin is not None:
+            proc.stdin.close()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
 def measure(
     url: str,
     concurrency: int,
@@ -258,25 +289,30 @@ def _target(targets: Mapping[tuple[str, int], float], key: tuple[str, int]) -> s
 
 
 def cost_rows(
-    now: list[Cost], before: Mapping[tuple[str, int], Cost] | None
+    now: list[Cost],
+    before: Mapping[tuple[str, int], Cost] | None,
+    floor: Mapping[tuple[str, int], Cost] | None = None,
 ) -> list[tuple[str, ...]]:
     """One row per protocol and concurrency: CPU µs per request, throughput kept, p50 and p99
-    added (µs), each before and now, and the targets."""
+    added (µs), each before and now, the floor's CPU and p50 added, and the targets."""
     rows: list[tuple[str, ...]] = []
     for c in now:
         key = (c.protocol, c.concurrency)
         b = None if before is None else before.get(key)
+        f = None if floor is None else floor.get(key)
         rows.append(
             (
                 c.protocol,
                 str(c.concurrency),
                 _cell(None if b is None else b.sidecar.get("cpu_us"), ".0f"),
                 _cell(c.sidecar.get("cpu_us"), ".0f"),
+                _cell(None if f is None else f.sidecar.get("cpu_us"), ".0f"),
                 _target(CPU_TARGET_US, key),
                 _cell(None if b is None else b.kept, ".0%"),
                 f"{c.kept:.0%}",
                 _cell(None if b is None else b.added_us("p50_us"), "+.0f"),
                 f"{c.added_us('p50_us'):+.0f}",
+                _cell(None if f is None else f.added_us("p50_us"), "+.0f"),
                 _target(P50_ADDED_TARGET_US, key),
                 _cell(None if b is None else b.added_us("p99_us"), "+.0f"),
                 f"{c.added_us('p99_us'):+.0f}",
@@ -290,11 +326,13 @@ COST_HEAD = (
     "concurrency",
     "CPU µs/request before",
     "now",
+    "floor",
     "target",
     "throughput kept before",
     "now",
     "p50 added µs before",
     "now",
+    "floor",
     "target",
     "p99 added µs before",
     "now",
@@ -336,6 +374,7 @@ def _report(
     costs: list[Cost],
     before: Mapping[tuple[str, int], Cost] | None,
     before_label: str,
+    floor: Mapping[tuple[str, int], Cost] | None,
     checks: list[dict[str, float]],
     args: argparse.Namespace,
 ) -> str:
@@ -345,8 +384,15 @@ def _report(
         f"against Triton's own endpoint of the same protocol; closed loops of "
         f"{args.duration_s:g} s, direct and sidecar alternating; medians over rounds "
         f"(rounds: {args.rounds}). CPU: the sidecar process's own user + system time per "
-        f"request answered. Added: sidecar − direct. Before: {before_label}.",
-        markdown_table(COST_HEAD, cost_rows(costs, before)),
+        f"request answered. Added: sidecar − direct. Before: {before_label}. Floor: "
+        + (
+            "the least a Python proxy of the same libraries does (`python -m benchmarks.floor`: "
+            "uvloop and httptools passing bytes through for HTTP, a grpc.aio pass-through for "
+            "gRPC; no admission, queue or scheduling), in its own process in the same rounds."
+            if floor
+            else "not measured."
+        ),
+        markdown_table(COST_HEAD, cost_rows(costs, before, floor)),
     ]
     if checks:
         parts += [
@@ -391,6 +437,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-check", action="store_true", help="skip loadgen's own check")
     parser.add_argument(
+        "--no-floor", action="store_true", help="skip the floor proxy (python -m benchmarks.floor)"
+    )
+    parser.add_argument(
         "--name", default="bench", help="the results files' name (default: bench.md, .json)"
     )
     parser.add_argument(
@@ -403,6 +452,7 @@ def main(argv: list[str] | None = None) -> int:
     levels = [int(c) for c in args.concurrency.split(",")]
     protocols = args.protocols.split(",")
     sides = ["now"] + (["before"] if args.before_tree else [])
+    sides += [] if args.no_floor else ["floor"]
     costs: dict[str, list[Cost]] = {side: [] for side in sides}
     checks: list[dict[str, float]] = []
     no_profiling = "--profile-models="  # policy max needs no table: start in seconds
@@ -419,6 +469,8 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
         triton = ends["now"].triton
+        if not args.no_floor:
+            ends["floor"] = stack.enter_context(floor_process(triton))
         print(
             ", ".join(f"sidecar {s} {ends[s].sidecar}" for s in sides)
             + f" (policy max, 64 in flight) in front of Triton {triton}; model noop"
@@ -474,24 +526,28 @@ def main(argv: list[str] | None = None) -> int:
         before_label = f"{args.before}" + (f", measured as {source}" if source else "")
     elif args.before is not None:
         before_label = f"none ({args.before} does not exist)"
+    floor = {(f.protocol, f.concurrency): f for f in costs["floor"]} if "floor" in costs else None
     print(
         f"\nthe sidecar's cost (medians of {args.rounds} rounds of {args.duration_s:g} s; CPU: "
-        f"its own process, per request; added: sidecar − direct; before: {before_label}):"
+        f"its own process, per request; added: sidecar − direct; before: {before_label}; "
+        f"floor: python -m benchmarks.floor, {'side by side' if floor else 'not measured'}):"
     )
-    for line in text_table(COST_HEAD, cost_rows(costs["now"], before)):
+    for line in text_table(COST_HEAD, cost_rows(costs["now"], before, floor)):
         print("  " + line)
     data: dict[str, Any] = {
         "settings": {**{k: str(v) for k, v in vars(args).items()}, "model": NOOP, "policy": "max"},
         "cost": [c.to_json() for c in costs["now"]],
         "loadgen_check": checks,
     }
+    if floor is not None:
+        data["floor"] = [f.to_json() for f in floor.values()]
     if before is not None:
         data["before"] = [b.to_json() for b in before.values()]
         data["before_source"] = before_label
     md, _ = write_results(
         args.name,
         title="What the sidecar costs (python -m benchmarks.bench)",
-        markdown=_report(costs["now"], before, before_label, checks, args),
+        markdown=_report(costs["now"], before, before_label, floor, checks, args),
         data=data,
         directory=args.results_dir,
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import httpx
 import pytest
 
 from api.server import SidecarServer
+from benchmarks.bench import floor_process, measure
 from loadgen.__main__ import main
 from tests.api.live import embedded_config
 from tests.loadgen.test_units import EXPECTED_HEADER
@@ -168,3 +170,18 @@ def test_grpc_writes_the_same_csv(
     assert "NOT_FOUND" in capsys.readouterr().err
     assert main(["-m", "simnet", "-u", stack.grpc_url, "-i", "grpc", "--collect-metrics"]) == 2
     assert main(["-m", "simnet", "-u", "127.0.0.1:1", "-i", "grpc", "-p", "100"]) == 3
+
+
+def test_the_floor_proxy_passes_http_and_grpc_through_to_triton(stack: SidecarServer) -> None:
+    """``benchmarks.floor`` answers as Triton does over both protocols (bench measures it as
+    the least a proxy costs), and stops when its stdin closes."""
+    gpu = stack.runtime.gpus[0]
+    with floor_process({"http": gpu.url, "grpc": gpu.grpc_url}) as ends:
+        for protocol in ("http", "grpc"):
+            direct = measure(gpu.url if protocol == "http" else gpu.grpc_url, 2, 0.3, "d", protocol)
+            floor = measure(ends.sidecar[protocol], 2, 0.3, "floor", protocol, cpu_of=ends.pid)
+            assert floor.throughput > 10 and direct.throughput > 10
+            assert floor.cpu_us is not None and floor.cpu_us > 0
+        pid = ends.pid
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # stopped and reaped

@@ -143,10 +143,17 @@ def test_bench_report_gives_cpu_ratios_and_added_latency_before_and_now() -> Non
             "tritonclient_mean_us": 1850.0,
         }
     ]
+    floor = {("http", 16): cost("http", 16, 90.0, 4400.0)}
     args = argparse.Namespace(duration_s=5.0, rounds=2)
-    text = bench._report(now, before, "an earlier tree", checks, args)
-    row = "| http | 16 | 340 | 140 | ≤ 150 | 75% | 75% | +2000 | +1000 |  | +3000 | +3000 |"
+    text = bench._report(now, before, "an earlier tree", floor, checks, args)
+    row = (
+        "| http | 16 | 340 | 140 | 90 | ≤ 150 | 75% | 75% | +2000 | +1000 | +400 |  "
+        "| +3000 | +3000 |"
+    )
     assert row in text
+    assert "python -m benchmarks.floor" in text
+    unmeasured = bench._report(now, None, "none given", None, [], args)
+    assert "| http | 16 | — | 140 | — | ≤ 150 |" in unmeasured
     assert "| 1 | 500 | 1900 | 520 | 1850 |" in text
 
 
