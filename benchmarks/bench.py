@@ -37,6 +37,7 @@ import numpy as np
 import tritonclient.http as httpclient
 
 from api.embedded import INPUT_WIDTH, NOOP
+from benchmarks.floor import stop_by_stdin
 from benchmarks.sidecar import running
 from loadgen.classes import RequestClass
 from loadgen.engine import (
@@ -171,13 +172,7 @@ def floor_process(triton: Mapping[str, str]) -> Iterator[Endpoints]:
             {"http": f"127.0.0.1:{line[1]}", "grpc": f"127.0.0.1:{line[2]}"}, dict(triton), proc.pid
         )
     finally:
-        if proc.stdin is not None:
-            proc.stdin.close()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        stop_by_stdin(proc)
 
 
 def measure(

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import subprocess
 import sys
+from collections.abc import Awaitable, Callable
 
 import grpc
 import httptools
@@ -116,6 +118,33 @@ def _host_port(url: str) -> tuple[str, int]:
     return host, int(port)
 
 
+InferHandler = Callable[[bytes, "grpc.aio.ServicerContext[bytes, bytes]"], Awaitable[bytes]]
+
+
+async def model_infer_server(port: int, infer: InferHandler) -> grpc.aio.Server:
+    """A started ``grpc.aio`` server on ``port`` whose one handler, ``infer``, takes and
+    returns ``ModelInfer``'s raw bytes."""
+    server = grpc.aio.server()
+    handler = grpc.unary_unary_rpc_method_handler(infer)
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(SERVICE, {MODEL_INFER: handler}),)
+    )
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    return server
+
+
+def stop_by_stdin(proc: subprocess.Popen[str]) -> None:
+    """Stop a server process of these benchmarks: close its stdin, kill it if it lingers."""
+    if proc.stdin is not None:
+        proc.stdin.close()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
 async def serve(triton_http: str, triton_grpc: str, http_port: int, grpc_port: int) -> None:
     """Both floors until stdin closes."""
     loop = asyncio.get_running_loop()
@@ -128,13 +157,7 @@ async def serve(triton_http: str, triton_grpc: str, http_port: int, grpc_port: i
         reply: bytes = await call(request)
         return reply
 
-    server = grpc.aio.server()
-    handler = grpc.unary_unary_rpc_method_handler(infer)
-    server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler(SERVICE, {MODEL_INFER: handler}),)
-    )
-    server.add_insecure_port(f"127.0.0.1:{grpc_port}")
-    await server.start()
+    server = await model_infer_server(grpc_port, infer)
     sys.stdout.write(f"ready {http_port} {grpc_port}\n")
     sys.stdout.flush()
     await loop.run_in_executor(None, sys.stdin.read)

@@ -17,13 +17,12 @@ import sys
 import time
 from pathlib import Path
 
-import grpc
 import numpy as np
 import uvloop
 
 from api.embedded import INPUT_WIDTH, NOOP, free_port
-from api.grpc_frontend.protocol import MODEL_INFER, SERVICE
 from benchmarks.bench import process_cpu_s
+from benchmarks.floor import model_infer_server, stop_by_stdin
 from loadgen.classes import RequestClass
 from loadgen.engine import InputTensor
 from loadgen.grpc_client import GrpcClient, grpc_payloads
@@ -38,13 +37,7 @@ async def serve(port: int) -> None:
     async def infer(_: bytes, __: object) -> bytes:
         return REPLY
 
-    server = grpc.aio.server()
-    handler = grpc.unary_unary_rpc_method_handler(infer)
-    server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler(SERVICE, {MODEL_INFER: handler}),)
-    )
-    server.add_insecure_port(f"127.0.0.1:{port}")
-    await server.start()
+    server = await model_infer_server(port, infer)
     sys.stdout.write("ready\n")
     sys.stdout.flush()
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
@@ -131,13 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"written to {md} (and .json)")
     finally:
-        if server.stdin is not None:
-            server.stdin.close()
-        try:
-            server.wait(10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(5)
+        stop_by_stdin(server)
     return 0
 
 
