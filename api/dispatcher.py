@@ -349,8 +349,31 @@ class GpuDispatcher:
             log.exception("request to Triton failed")
             error = UnavailableError(f"request to Triton failed: {err}")
         now = self._now()
+        # The reply first: the caller's wake-up is queued before the bookkeeping below, which
+        # runs next in the same turn of the loop (before any other I/O is read), so it is off
+        # the request's own latency and still done before anything else is served.
+        if error is not None or response is None:
+            self._fail(request, error or UnavailableError("no response from Triton"))
+        elif not job.future.done():
+            job.future.set_result(response)
+        asyncio.get_running_loop().call_soon(
+            self._completed, request, response, error is None, sent_s, now, planned_mhz
+        )
+
+    def _completed(
+        self,
+        request: Request[Job],
+        response: Any,
+        answered: bool,
+        sent_s: float,
+        now: float,
+        planned_mhz: int | None,
+    ) -> None:
+        """What a request's answer (or its failure) changes: the scheduler, the clock, the
+        metrics and the shadow ledger; then the next sends."""
+        job = _job(request)
         service_s = now - sent_s
-        served = error is None and response is not None and bool(response.ok)
+        served = answered and response is not None and bool(response.ok)
         # A stream's length is its output's, not an execution time: tables do not learn from it.
         done = self.scheduler.on_complete(
             request, service_s, now, measured=served and not job.stream
@@ -363,9 +386,7 @@ class GpuDispatcher:
             metrics.base_speed.labels(self.gpu, model).set(scale)
         client = metrics.client_label(request.client_id)
         metrics.gpu_time_of(client, str(request.level), str(request.nice)).inc(service_s)
-        if error is not None or response is None:
-            self._fail(request, error or UnavailableError("no response from Triton"))
-        else:
+        if answered and response is not None:
             latency_s = now - request.arrival_s
             metrics.latency_of(model, client).observe(latency_s)
             if response.ok:
@@ -374,8 +395,6 @@ class GpuDispatcher:
                     self.shadow.on_complete(request.model, planned_mhz)
                 met = "true" if latency_s * 1000.0 <= request.slo_ms else "false"
                 metrics.slo_of(model, client, met).inc()
-            if not job.future.done():
-                job.future.set_result(response)
         self._pump()
 
     def _fail(self, request: Request[Job], error: Exception) -> None:
