@@ -47,6 +47,7 @@ from loadgen.engine import (
     build_payloads,
     closed_loop,
     new_session,
+    send_one,
 )
 from loadgen.grpc_client import GrpcClient, grpc_payloads
 from simulator.results import DEFAULT_DIR, markdown_table, write_results
@@ -233,6 +234,53 @@ def measure(
     )
 
 
+def interleaved(
+    urls: Mapping[str, str], duration_s: float, protocol: str = "http", model: str = NOOP
+) -> dict[str, dict[str, float]]:
+    """One client at concurrency 1 sending each request to the next of ``urls`` in turn (the
+    order rotating every round), for ``duration_s`` after half a second's warm-up: every path
+    sees the same moments of the machine, so their latencies compare even where the drift
+    between separate runs is larger than the difference. Each path's ``p50_us``, ``p99_us``
+    and ``requests``."""
+    data = np.ones((1, INPUT_WIDTH), dtype=np.float32)
+    classes = [RequestClass("bench")]
+    labels = list(urls)
+    recs = {label: Recorder() for label in labels}
+
+    async def go() -> None:
+        async with new_session() as session, contextlib.AsyncExitStack() as stack:
+            targets: dict[str, Target] = {}
+            for label, url in urls.items():
+                if protocol == "grpc":
+                    client = await stack.enter_async_context(GrpcClient(url))
+                    tensors = [InputTensor("INPUT0", "FP32", data)]
+                    payloads = grpc_payloads(classes, tensors, model, None)
+                    targets[label] = Target(url, model, payloads, [1.0], grpc=client)
+                else:
+                    targets[label] = Target(url, model, build_payloads(classes, data=data), [1.0])
+            turn = 0
+            for seconds, record in ((0.5, False), (duration_s, True)):
+                stop_at = time.monotonic() + seconds
+                while time.monotonic() < stop_at:
+                    for label in labels[turn:] + labels[:turn]:
+                        rec = recs[label] if record else Recorder()
+                        await send_one(session, targets[label], 0, rec)
+                    turn = (turn + 1) % len(labels)
+
+    asyncio.run(go())
+    out: dict[str, dict[str, float]] = {}
+    for label, rec in recs.items():
+        lat = np.asarray([(s.end_s - s.start_s) * 1e6 for s in rec.samples if s.status == 200])
+        if lat.size == 0:
+            raise RuntimeError(f"no request through {label} ({urls[label]}) was answered")
+        out[label] = {
+            "p50_us": float(np.percentile(lat, 50)),
+            "p99_us": float(np.percentile(lat, 99)),
+            "requests": float(lat.size),
+        }
+    return out
+
+
 def independent(url: str, concurrency: int, duration_s: float) -> tuple[float, float]:
     """The same closed loop with NVIDIA's own tritonclient (threads): throughput, mean µs."""
     x = httpclient.InferInput("INPUT0", [1, INPUT_WIDTH], "FP32")
@@ -334,6 +382,40 @@ COST_HEAD = (
 )
 
 
+PAIRED_HEAD = (
+    "protocol",
+    "requests per path",
+    "direct p50 µs",
+    "p50 added µs before",
+    "now",
+    "floor",
+    "target",
+)
+
+
+def paired_rows(
+    paired: Mapping[str, Mapping[str, Mapping[str, float]]],
+) -> list[tuple[str, ...]]:
+    """One row per protocol of the interleaved run: each path's p50 less direct's."""
+    rows: list[tuple[str, ...]] = []
+    for protocol, paths in paired.items():
+        direct = paths["direct"]["p50_us"]
+        added = [
+            "—" if label not in paths else f"{paths[label]['p50_us'] - direct:+.0f}"
+            for label in ("before", "now", "floor")
+        ]
+        rows.append(
+            (
+                protocol,
+                f"{min(p['requests'] for p in paths.values()):.0f}",
+                f"{direct:.0f}",
+                *added,
+                _target(P50_ADDED_TARGET_US, (protocol, 1)),
+            )
+        )
+    return rows
+
+
 def text_table(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
     """Columns aligned to the right, for the terminal."""
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
@@ -372,8 +454,10 @@ def _report(
     floor: Mapping[tuple[str, int], Cost] | None,
     checks: list[dict[str, float]],
     args: argparse.Namespace,
+    paired: Mapping[str, Mapping[str, Mapping[str, float]]] | None = None,
 ) -> str:
-    """The results file's body: the cost per protocol and concurrency, then loadgen's check."""
+    """The results file's body: the cost per protocol and concurrency, the latency added at
+    concurrency 1 with requests interleaved, then loadgen's check."""
     parts = [
         f"The sidecar (policy max, its own process) in front of the embedded Triton's `noop`, "
         f"against Triton's own endpoint of the same protocol; closed loops of "
@@ -389,6 +473,14 @@ def _report(
         ),
         markdown_table(COST_HEAD, cost_rows(costs, before, floor)),
     ]
+    if paired:
+        parts += [
+            "At concurrency 1, one client sending each request to the next path in turn "
+            f"(direct, then each sidecar; the order rotating every round) for "
+            f"{args.duration_s * args.rounds:g} s: every path sees the same moments of the "
+            "machine, so the p50 added compares where separate runs drift by more than it.",
+            markdown_table(PAIRED_HEAD, paired_rows(paired)),
+        ]
     if checks:
         parts += [
             "loadgen against an independent client (NVIDIA's tritonclient in threads), "
@@ -450,6 +542,7 @@ def main(argv: list[str] | None = None) -> int:
     sides += [] if args.no_floor else ["floor"]
     costs: dict[str, list[Cost]] = {side: [] for side in sides}
     checks: list[dict[str, float]] = []
+    paired: dict[str, dict[str, dict[str, float]]] = {}  # protocol -> path -> p50, p99
     no_profiling = "--profile-models="  # policy max needs no table: start in seconds
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
@@ -490,6 +583,20 @@ def main(argv: list[str] | None = None) -> int:
             direct = _median(runs["direct"])
             for side in sides:
                 costs[side].append(Cost(protocol, c, direct, _median(runs[side])))
+        if 1 in levels:
+            seconds = args.duration_s * args.rounds
+            print(f"\nconcurrency 1, one request to each path in turn for {seconds:g} s:")
+            for protocol in protocols:
+                urls = {"direct": triton[protocol]}
+                urls.update({side: ends[side].sidecar[protocol] for side in sides})
+                paired[protocol] = interleaved(urls, seconds, protocol)
+                print(
+                    f"  {protocol}: "
+                    + ", ".join(
+                        f"{label} p50 {r['p50_us']:.0f} µs" for label, r in paired[protocol].items()
+                    ),
+                    flush=True,
+                )
         if not args.no_check:
             print("\nloadgen against an independent client (tritonclient threads), to Triton:")
             for c in (1, 4):
@@ -529,10 +636,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     for line in text_table(COST_HEAD, cost_rows(costs["now"], before, floor)):
         print("  " + line)
+    if paired:
+        print("\nat concurrency 1, requests interleaved (p50 added µs: path − direct):")
+        for line in text_table(PAIRED_HEAD, paired_rows(paired)):
+            print("  " + line)
     data: dict[str, Any] = {
         "settings": {**{k: str(v) for k, v in vars(args).items()}, "model": NOOP, "policy": "max"},
         "cost": [c.to_json() for c in costs["now"]],
         "loadgen_check": checks,
+        "interleaved": paired,
     }
     if floor is not None:
         data["floor"] = [f.to_json() for f in floor.values()]
@@ -542,7 +654,7 @@ def main(argv: list[str] | None = None) -> int:
     md, _ = write_results(
         args.name,
         title="What the sidecar costs (python -m benchmarks.bench)",
-        markdown=_report(costs["now"], before, before_label, floor, checks, args),
+        markdown=_report(costs["now"], before, before_label, floor, checks, args, paired),
         data=data,
         directory=args.results_dir,
     )

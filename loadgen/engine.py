@@ -139,7 +139,10 @@ def new_session(limit: int = 0, timeout_s: float = 120.0) -> aiohttp.ClientSessi
     )
 
 
-async def _send(session: aiohttp.ClientSession, target: Target, klass: int, rec: Recorder) -> None:
+async def send_one(
+    session: aiohttp.ClientSession, target: Target, klass: int, rec: Recorder
+) -> None:
+    """One request of class ``klass`` to ``target``, its sample added to ``rec``."""
     payload = target.payloads[klass]
     ctx: dict[str, float] = {}
     start = time.monotonic()
@@ -185,7 +188,7 @@ async def closed_loop(
 
     async def worker() -> None:
         while time.monotonic() < stop_at_s:
-            await _send(session, target, next(classes) if classes else 0, rec)
+            await send_one(session, target, next(classes) if classes else 0, rec)
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
 
@@ -237,7 +240,7 @@ async def open_loop(
         delay = start + float(at) - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(_send(session, target, classes[i], rec)))
+        tasks.append(asyncio.create_task(send_one(session, target, classes[i], rec)))
         if on_tick is not None:
             on_tick(i + 1)
     span = time.monotonic() - start

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import aiohttp
 import numpy as np
 
-from loadgen.engine import Recorder, Sample, Target, _send, class_sequence
+from loadgen.engine import Recorder, Sample, Target, class_sequence, send_one
 from loadgen.metrics import ClockSampler, energy_j, model_stats, scrape, stats_counts
 
 
@@ -146,7 +146,7 @@ class Load:
             while self._running:
                 self.sent += 1
                 k = next(classes) if klass is None else klass
-                await _send(self.session, self.target, k, self.rec)
+                await send_one(self.session, self.target, k, self.rec)
 
         if per_class is None:
             self._tasks = [asyncio.create_task(worker(None)) for _ in range(concurrency)]
@@ -167,7 +167,7 @@ class Load:
                     await asyncio.sleep(delay)
                 self.sent += 1
                 task = asyncio.create_task(
-                    _send(self.session, self.target, next(classes), self.rec)
+                    send_one(self.session, self.target, next(classes), self.rec)
                 )
                 self._inflight.add(task)
                 task.add_done_callback(self._inflight.discard)

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from api.server import SidecarServer
-from benchmarks.bench import floor_process, measure
+from benchmarks.bench import floor_process, interleaved, measure
 from loadgen.__main__ import main
 from tests.api.live import embedded_config
 from tests.loadgen.test_units import EXPECTED_HEADER
@@ -182,6 +182,13 @@ def test_the_floor_proxy_passes_http_and_grpc_through_to_triton(stack: SidecarSe
             floor = measure(ends.sidecar[protocol], 2, 0.3, "floor", protocol, cpu_of=ends.pid)
             assert floor.throughput > 10 and direct.throughput > 10
             assert floor.cpu_us is not None and floor.cpu_us > 0
+            direct_url = gpu.url if protocol == "http" else gpu.grpc_url
+            paths = interleaved(
+                {"direct": direct_url, "floor": ends.sidecar[protocol]}, 0.3, protocol
+            )
+            assert set(paths) == {"direct", "floor"}
+            assert abs(paths["direct"]["requests"] - paths["floor"]["requests"]) <= 1
+            assert 0 < paths["floor"]["p50_us"] <= paths["floor"]["p99_us"]
         pid = ends.pid
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # stopped and reaped

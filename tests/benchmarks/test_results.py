@@ -152,9 +152,25 @@ def test_bench_report_gives_cpu_ratios_and_added_latency_before_and_now() -> Non
     )
     assert row in text
     assert "python -m benchmarks.floor" in text
+    assert "| 1 | 500 | 1900 | 520 | 1850 |" in text
     unmeasured = bench._report(now, None, "none given", None, [], args)
     assert "| http | 16 | — | 140 | — | ≤ 150 |" in unmeasured
-    assert "| 1 | 500 | 1900 | 520 | 1850 |" in text
+    assert "interleaved" not in unmeasured
+
+
+def test_bench_report_gives_the_interleaved_p50_added_per_path() -> None:
+    def path(p50_us: float, requests: float) -> dict[str, float]:
+        return {"p50_us": p50_us, "p99_us": 2 * p50_us, "requests": requests}
+
+    paired = {
+        "http": {"direct": path(3000.0, 900), "now": path(3250.0, 899), "floor": path(3100.0, 900)},
+        "grpc": {"direct": path(2000.0, 500), "now": path(2900.0, 500)},
+    }
+    args = argparse.Namespace(duration_s=5.0, rounds=2)
+    text = bench._report([], None, "none given", None, [], args, paired)
+    assert "for 10 s" in text
+    assert "| http | 899 | 3000 | — | +250 | +100 | ≤ 300 |" in text
+    assert "| grpc | 500 | 2000 | — | +900 | — | ≤ 300 |" in text
 
 
 def test_bench_reads_the_before_figures_of_an_earlier_run(tmp_path: Path) -> None:
