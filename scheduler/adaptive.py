@@ -88,7 +88,7 @@ class EnergyModel:
         grid_ms = table.predict_grid_ms(clocks_mhz, tabulated[-1])
         rows = []
         for b in tabulated:
-            energies = [table.energy_per_inference_j(c, b) for c in clocks_mhz]
+            energies = table.energy_per_inference_grid_j(clocks_mhz, b)
             if any(e is None for e in energies):
                 self.known = False
                 return

@@ -611,6 +611,7 @@ class OnlineEnergy:
         if prior is None:
             return None
         ratios = []
+        power_of: dict[int, tuple[list[int], list[float]]] = {}  # batch -> clocks, watts
         for w in windows:
             busy_s = w.busy_s(model)
             if busy_s < 0.25 * w.span_s or w.busy_s() > busy_s:
@@ -618,11 +619,14 @@ class OnlineEnergy:
             predicted = 0.0
             for (_, n), sec in w.busy:
                 for b, share in split_batch(n, prior.batches):
-                    powers = table_power_w(prior, b)
-                    if not powers:
+                    if b not in power_of:
+                        powers = table_power_w(prior, b)
+                        xs = sorted(powers)
+                        power_of[b] = (xs, [powers[c] for c in xs])
+                    xs, ys = power_of[b]
+                    if not xs:
                         return None  # the table has no energy for this batch
-                    xs = sorted(powers)
-                    watts = float(np.interp(w.clock_mhz, xs, [powers[c] for c in xs]))
+                    watts = float(np.interp(w.clock_mhz, xs, ys))
                     predicted += share * sec * watts
             measured = w.energy_j - fit.idle.power_w(w.clock_mhz) * w.idle_s
             if predicted > 0:

@@ -12,6 +12,7 @@ a :class:`ModelTable` holds every curve profiled for one (GPU, model), one per b
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 import math
@@ -384,11 +385,32 @@ class ModelTable:
 
     def energy_per_inference_j(self, clock_mhz: float, batch: int = 1) -> float | None:
         """Measured energy per request at the measured clock nearest ``clock_mhz``, if any."""
-        measured = [p for p in self.curve(batch).points if p.energy_per_inference_j is not None]
-        if not measured:
-            return None
-        nearest = min(measured, key=lambda p: (abs(p.clock_mhz - clock_mhz), p.clock_mhz))
-        return nearest.energy_per_inference_j
+        return self.energy_per_inference_grid_j([clock_mhz], batch)[0]
+
+    def energy_per_inference_grid_j(
+        self, clocks_mhz: Sequence[float], batch: int = 1
+    ) -> list[float | None]:
+        """:meth:`energy_per_inference_j` at each of ``clocks_mhz``: the measured clock nearest
+        each (the lower of two as near; of points at one clock, the first), found by bisection
+        over the measured clocks rather than a pass over every point per clock (a plan's energy
+        model asks at every clock of the ladder)."""
+        first: dict[float, float] = {}
+        for p in self.curve(batch).points:
+            if p.energy_per_inference_j is not None:
+                first.setdefault(p.clock_mhz, p.energy_per_inference_j)
+        if not first:
+            return [None] * len(clocks_mhz)
+        xs = sorted(first)
+        out: list[float | None] = []
+        for clock in clocks_mhz:
+            i = bisect.bisect_left(xs, clock)
+            if i == 0 or i == len(xs):
+                nearest = xs[min(i, len(xs) - 1)]
+            else:
+                lo, hi = xs[i - 1], xs[i]
+                nearest = lo if clock - lo <= hi - clock else hi
+            out.append(first[nearest])
+        return out
 
     def energy_optimal_clock_mhz(self, batch: int = 1) -> int | None:
         """The measured clock with the least energy per request at ``batch``, if measured."""

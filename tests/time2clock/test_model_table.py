@@ -351,3 +351,40 @@ def test_measurements_csv_carries_model_and_batch(tmp_path: Path) -> None:
     path.write_text("batch,clock_mhz,latency_ms\nzero,300,30\n")
     with pytest.raises(TableError, match=r"m.csv:2: batch must be an integer >= 1, got 'zero'"):
         read_measurements(path)
+
+
+def test_the_energy_grid_is_the_nearest_measured_clock_value_for_value() -> None:
+    """``energy_per_inference_grid_j`` (bisection) gives what a scan of every measured point
+    per clock gives: the nearest measured clock, the lower of two as near, the first of two
+    points at one clock; points without energy are not candidates."""
+    rng = np.random.default_rng(7)
+    base = exact_curve(4)
+
+    def point(clock: int, energy: float | None) -> ClockPoint:
+        return replace(base.points[0], clock_mhz=clock, energy_per_inference_j=energy)
+
+    points = [point(900, 0.5), point(300, 0.9), point(700, None), point(1100, 0.4)]
+    points += [point(900, 0.6), point(500, 0.7)]  # a second point at 900: the first counts
+    points += [
+        point(int(c), float(e))
+        for c, e in zip(rng.integers(300, 2000, 40), rng.uniform(0.1, 1.0, 40), strict=True)
+    ]
+    curve = replace(base, points=tuple(points))
+    table = ModelTable(gpu=base.gpu, model=base.model, curves={4: curve})
+    clocks = [100.0, 300.0, 400.0, 600.0, 700.0, 800.0, 1000.0, 2000.0, 2500.0]
+    clocks += [float(c) for c in rng.uniform(100, 2600, 200)]
+
+    def scan(clock: float) -> float | None:
+        measured = [p for p in points if p.energy_per_inference_j is not None]
+        nearest = min(measured, key=lambda p: (abs(p.clock_mhz - clock), p.clock_mhz))
+        return nearest.energy_per_inference_j
+
+    assert table.energy_per_inference_grid_j(clocks, 4) == [scan(c) for c in clocks]
+    fixed = replace(base, points=tuple(points[:6]))
+    few = ModelTable(gpu=base.gpu, model=base.model, curves={4: fixed})
+    assert few.energy_per_inference_j(400.0, 4) == 0.9  # 300 and 500 as near: the lower
+    assert few.energy_per_inference_j(850.0, 4) == 0.5  # 900: its first point
+    assert few.energy_per_inference_j(700.0, 4) == 0.7  # 700 has no energy: 500 (as near as 900)
+    bare = replace(base, points=tuple(point(c, None) for c in (300, 900)))
+    none = ModelTable(gpu=base.gpu, model=base.model, curves={4: bare})
+    assert none.energy_per_inference_grid_j([300.0, 500.0], 4) == [None, None]
