@@ -15,19 +15,61 @@ ENERGY_METRICS = ("sidecar_gpu_energy_joules", "nv_energy_consumption")
 CLOCK_METRICS = ("sidecar_gpu_clock_hertz",)
 
 
+# The samples a family of each type owns beyond its name (prometheus_client's text parser).
+_OWN_SUFFIXES = {"summary": ("_count", "_sum", ""), "histogram": ("_count", "_sum", "_bucket")}
+
+
 def scrape_values(text: str) -> dict[str, float]:
     """Each counter/gauge by family name: the sum of its samples (a sidecar with several GPUs
-    has one per GPU: energy adds up), the mean for the clocks (the node's mean clock)."""
+    has one per GPU: energy adds up), the mean for the clocks (the node's mean clock).
+
+    One pass over the lines rather than prometheus_client's parser, with its rules: the load
+    generator scrapes while it measures, and parsing every sample into objects held its event
+    loop for milliseconds each time, which the replies arriving then were charged. As that
+    parser reads it: a ``# HELP`` or ``# TYPE`` line starts a family; a counter's family is its
+    name without ``_total``, its samples ``name_total``; a sample its family does not own (a
+    counter's ``_created``, say) is a family of its own; a family's value is the sum of the
+    samples named as the family or as the family with ``_total``."""
     out: dict[str, float] = {}
     counts: dict[str, int] = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name in (family.name, family.name + "_total"):
-                out[family.name] = out.get(family.name, 0.0) + s.value
-                counts[family.name] = counts.get(family.name, 0) + 1
-    for name in CLOCK_METRICS:
-        if counts.get(name, 0) > 1:
-            out[name] /= counts[name]
+    name, kind, own = "", "untyped", frozenset[str]()
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line:
+            continue
+        if line[0] == "#":
+            parts = line.split(None, 3)
+            if len(parts) < 3 or parts[1] not in ("HELP", "TYPE"):
+                continue
+            if parts[1] == "HELP":
+                if parts[2] != name:
+                    name, kind, own = parts[2], "untyped", frozenset((parts[2],))
+                continue
+            if len(parts) < 4:
+                raise ValueError(f"a TYPE line without a type: {line!r}")
+            name, kind = parts[2], parts[3]
+            own = frozenset(name + x for x in _OWN_SUFFIXES.get(kind, ("",)))
+            continue
+        brace, space = line.find("{"), line.find(" ")
+        if brace != -1 and (space == -1 or brace < space):
+            sample, rest = line[:brace], line[line.rindex("}") + 1 :]
+        else:
+            sample, rest = line[:space], line[space:]
+        value = float(rest.split()[0])
+        if sample in own:
+            family = name
+            if kind == "counter":
+                family = name.removesuffix("_total")
+                sample = family + "_total"
+        else:  # a family of its own, and the one before it ends
+            name, kind, own = "", "untyped", frozenset()
+            family = sample
+        if sample in (family, family + "_total"):
+            out[family] = out.get(family, 0.0) + value
+            counts[family] = counts.get(family, 0) + 1
+    for clock in CLOCK_METRICS:
+        if counts.get(clock, 0) > 1:
+            out[clock] /= counts[clock]
     return out
 
 
