@@ -78,7 +78,22 @@ class DeviceCollector(Collector):
     def __init__(self, device: Device | None = None, index: str = "0") -> None:
         self.devices: list[tuple[str, Device]] = [] if device is None else [(index, device)]
 
+    def describe(self) -> Iterator[Metric]:
+        """The families it exports, without reading the GPUs: so that a scrape restricted to
+        some families (``/metrics?name[]=…``) knows which collector to ask."""
+        yield from self._families()
+
     def collect(self) -> Iterator[Metric]:
+        clock, power, energy = self._families()
+        for index, device in self.devices:
+            labels = [index, device.identity.name]
+            clock.add_metric(labels, device.clock_mhz() * 1e6)
+            power.add_metric(labels, device.power_w())
+            energy.add_metric(labels, device.energy_j())
+        yield from (clock, power, energy)
+
+    @staticmethod
+    def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, CounterMetricFamily]:
         clock = GaugeMetricFamily(
             "sidecar_gpu_clock_hertz", "Graphics clock read from the GPU.", labels=["gpu", "name"]
         )
@@ -88,12 +103,7 @@ class DeviceCollector(Collector):
         energy = CounterMetricFamily(
             "sidecar_gpu_energy_joules", "Energy the GPU used.", labels=["gpu", "name"]
         )
-        for index, device in self.devices:
-            labels = [index, device.identity.name]
-            clock.add_metric(labels, device.clock_mhz() * 1e6)
-            power.add_metric(labels, device.power_w())
-            energy.add_metric(labels, device.energy_j())
-        yield from (clock, power, energy)
+        return clock, power, energy
 
 
 class GatewayMetrics:

@@ -259,6 +259,10 @@ def test_metrics(sidecar: LiveSidecar) -> None:
     energy = families["sidecar_gpu_energy_joules"].samples[0].value
     assert energy > 0
     assert families["sidecar_gpu_clock_hertz"].samples[0].value >= 135e6
+    # One family asked for (as a sampler does several times a second): that family alone.
+    wanted = "?name[]=sidecar_gpu_clock_hertz&name[]=sidecar_requests_total"
+    only = {f.name for f in text_string_to_metric_families(sidecar.get(f"/metrics{wanted}").text)}
+    assert only == {"sidecar_gpu_clock_hertz", "sidecar_requests"}
 
 
 def test_admin(sidecar: LiveSidecar) -> None:
@@ -315,7 +319,10 @@ def test_the_adaptive_policys_classes_are_in_the_admin_state_and_metrics(
     families = {f.name: f for f in text_string_to_metric_families(sidecar.get("/metrics").text)}
     speeds = {s.labels["model"]: s.value for s in families["sidecar_base_speed"].samples}
     assert 0.0 < speeds["simnet"] <= 1.0
-    assert speeds["simnet"] == pytest.approx(mine["scale"], abs=1e-4)
+    # The model's base speed is its fastest class's (earlier tests' classes may still be kept).
+    fastest = max(c["scale"] for c in classes if c["model"] == "simnet")
+    assert speeds["simnet"] == pytest.approx(fastest, abs=1e-4)
+    assert mine["scale"] <= fastest
 
 
 def test_the_default_policy_moves_the_clock_with_the_queue(sidecar: LiveSidecar) -> None:
