@@ -176,6 +176,20 @@ def floor_process(triton: Mapping[str, str]) -> Iterator[Endpoints]:
         stop_by_stdin(proc)
 
 
+async def noop_target(
+    stack: contextlib.AsyncExitStack, url: str, protocol: str, model: str = NOOP
+) -> Target:
+    """Where the bench's requests go over ``protocol`` (a gRPC client entered on ``stack``),
+    each carrying one row of ones, as ``noop`` takes it."""
+    data = np.ones((1, INPUT_WIDTH), dtype=np.float32)
+    classes = [RequestClass("bench")]
+    if protocol == "grpc":
+        client = await stack.enter_async_context(GrpcClient(url))
+        payloads = grpc_payloads(classes, [InputTensor("INPUT0", "FP32", data)], model, None)
+        return Target(url, model, payloads, [1.0], grpc=client)
+    return Target(url, model, build_payloads(classes, data=data), [1.0])
+
+
 def measure(
     url: str,
     concurrency: int,
@@ -187,20 +201,12 @@ def measure(
 ) -> Run:
     """A closed loop of ``duration_s`` (after half a second's warm-up); with ``cpu_of``, that
     process's CPU over the measured loop per request answered."""
-    data = np.ones((1, INPUT_WIDTH), dtype=np.float32)
-    classes = [RequestClass("bench")]
     cpu_s = [0.0, 0.0]
 
     async def go() -> Recorder:
         rec = Recorder()
         async with new_session() as session, contextlib.AsyncExitStack() as stack:
-            if protocol == "grpc":
-                client = await stack.enter_async_context(GrpcClient(url))
-                tensors = [InputTensor("INPUT0", "FP32", data)]
-                payloads = grpc_payloads(classes, tensors, model, None)
-                target = Target(url, model, payloads, [1.0], grpc=client)
-            else:
-                target = Target(url, model, build_payloads(classes, data=data), [1.0])
+            target = await noop_target(stack, url, protocol, model)
             await closed_loop(
                 session,
                 target,
@@ -242,22 +248,14 @@ def interleaved(
     sees the same moments of the machine, so their latencies compare even where the drift
     between separate runs is larger than the difference. Each path's ``p50_us``, ``p99_us``
     and ``requests``."""
-    data = np.ones((1, INPUT_WIDTH), dtype=np.float32)
-    classes = [RequestClass("bench")]
     labels = list(urls)
     recs = {label: Recorder() for label in labels}
 
     async def go() -> None:
         async with new_session() as session, contextlib.AsyncExitStack() as stack:
-            targets: dict[str, Target] = {}
-            for label, url in urls.items():
-                if protocol == "grpc":
-                    client = await stack.enter_async_context(GrpcClient(url))
-                    tensors = [InputTensor("INPUT0", "FP32", data)]
-                    payloads = grpc_payloads(classes, tensors, model, None)
-                    targets[label] = Target(url, model, payloads, [1.0], grpc=client)
-                else:
-                    targets[label] = Target(url, model, build_payloads(classes, data=data), [1.0])
+            targets = {
+                label: await noop_target(stack, url, protocol, model) for label, url in urls.items()
+            }
             turn = 0
             for seconds, record in ((0.5, False), (duration_s, True)):
                 stop_at = time.monotonic() + seconds
