@@ -60,6 +60,7 @@ bench: setup
 	$(BIN)/python -m benchmarks.bench --before results/bench-before.json
 	$(BIN)/python -m benchmarks.pathbench
 	$(BIN)/python -m benchmarks.grpcfloor
+	$(BIN)/python -m benchmarks.clientcost
 	$(BIN)/python -m benchmarks.batchbench
 	$(BIN)/python -m scheduler bench
 

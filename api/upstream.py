@@ -10,9 +10,11 @@ times that per request, and the request path pays it at every inference.
 from __future__ import annotations
 
 import asyncio
+import math
 import re
+import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import cast
@@ -42,9 +44,15 @@ class _StaleError(UpstreamUnavailableError):
 
 @dataclass(slots=True)  # not frozen: built per request, and cheaper so
 class UpstreamResponse:
+    """A reply: its status, body and the headers kept; when the request was written and when
+    the reply's headers had all come (monotonic seconds; what a load generator reports as the
+    client's send and receive)."""
+
     status: int
     body: bytes
     headers: dict[str, str]
+    sent_s: float = math.nan
+    headers_s: float = math.nan
 
     @property
     def ok(self) -> bool:
@@ -63,8 +71,9 @@ class UpstreamStream:
 class _Connection(asyncio.Protocol):
     """One keep-alive connection to Triton, one request at a time."""
 
-    def __init__(self, generation: int) -> None:
+    def __init__(self, generation: int, keep: frozenset[bytes] = _FORWARD) -> None:
         self.generation = generation
+        self.keep = keep  # the reply's headers kept (lower case)
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.waiter: asyncio.Future[UpstreamResponse] | None = None
@@ -75,6 +84,7 @@ class _Connection(asyncio.Protocol):
     def _reset(self) -> None:
         self._headers: dict[str, str] = {}
         self._body: list[bytes] = []
+        self._sent_s = self._headers_s = math.nan
         self._got_bytes = False
         self._headers_done = False
         self._delimited = False  # the reply says where it ends (a length, or chunks)
@@ -86,6 +96,7 @@ class _Connection(asyncio.Protocol):
             self.transport.writelines((data, body))  # no copy of a large body
         else:
             self.transport.write(data + body)
+        self._sent_s = time.monotonic()
         return self.waiter
 
     def abort(self, error: UpstreamUnavailableError) -> None:
@@ -125,13 +136,14 @@ class _Connection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         name = name.lower()
-        if name in _FORWARD:
+        if name in self.keep:
             self._headers[name.decode("latin-1")] = value.decode("latin-1")
         elif name in (b"content-length", b"transfer-encoding"):
             self._delimited = True
 
     def on_headers_complete(self) -> None:
         self._headers_done = True
+        self._headers_s = time.monotonic()
 
     def on_body(self, body: bytes) -> None:
         self._body.append(body)
@@ -140,7 +152,7 @@ class _Connection(asyncio.Protocol):
         status = self.parser.get_status_code()
         keep_alive = self.parser.should_keep_alive() and not self.closed
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
-        response = UpstreamResponse(status, body, self._headers)
+        response = UpstreamResponse(status, body, self._headers, self._sent_s, self._headers_s)
         self._reset()
         self.used = True
         waiter, self.waiter = self.waiter, None
@@ -156,9 +168,19 @@ class _Connection(asyncio.Protocol):
 
 
 class Upstream:
-    """A Triton server at ``host:port``: up to ``max_connections`` kept-alive connections."""
+    """A Triton server at ``host:port``: up to ``max_connections`` kept-alive connections;
+    of each reply's headers, those named in ``keep_headers`` are kept (the ones the sidecar
+    passes on, by default)."""
 
-    def __init__(self, url: str, *, max_connections: int = 64, timeout_s: float = 300.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        max_connections: int = 64,
+        timeout_s: float = 300.0,
+        keep_headers: Iterable[str] = FORWARD_HEADERS,
+    ) -> None:
+        self._keep = frozenset(h.lower().encode("latin-1") for h in keep_headers)
         self._max_connections = max_connections
         self._timeout_s = timeout_s
         self._idle: list[_Connection] = []
@@ -314,7 +336,7 @@ class Upstream:
         try:
             async with asyncio.timeout(timeout_s):
                 _, conn = await loop.create_connection(
-                    lambda: _Connection(generation), self._host, self._port
+                    lambda: _Connection(generation, self._keep), self._host, self._port
                 )
         except (OSError, TimeoutError) as err:
             self._open_count -= 1

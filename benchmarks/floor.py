@@ -23,7 +23,8 @@ import argparse
 import asyncio
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 
 import grpc
 import httptools
@@ -132,6 +133,26 @@ async def model_infer_server(port: int, infer: InferHandler) -> grpc.aio.Server:
     server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
     return server
+
+
+@contextmanager
+def serving_process(module: str, what: str) -> Iterator[tuple[subprocess.Popen[str], int]]:
+    """``python -m MODULE --serve PORT`` on a free port, once it prints a line starting with
+    ``ready``: the process and its port; stopped (:func:`stop_by_stdin`) on leaving."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", module, "--serve", str(port)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        if not proc.stdout.readline().startswith("ready"):
+            raise RuntimeError(f"{what} did not start")
+        yield proc, port
+    finally:
+        stop_by_stdin(proc)
 
 
 def stop_by_stdin(proc: subprocess.Popen[str]) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -20,9 +19,9 @@ from pathlib import Path
 import numpy as np
 import uvloop
 
-from api.embedded import INPUT_WIDTH, NOOP, free_port
+from api.embedded import INPUT_WIDTH, NOOP
 from benchmarks.bench import process_cpu_s
-from benchmarks.floor import model_infer_server, stop_by_stdin
+from benchmarks.floor import model_infer_server, serving_process
 from loadgen.classes import RequestClass
 from loadgen.engine import InputTensor
 from loadgen.grpc_client import GrpcClient, grpc_payloads
@@ -82,17 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.serve is not None:
         uvloop.run(serve(args.serve))
         return 0
-    port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.grpcfloor", "--serve", str(port)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert server.stdout is not None
-        if server.stdout.readline().strip() != "ready":
-            raise RuntimeError("the fixed gRPC server did not start")
+    with serving_process("benchmarks.grpcfloor", "the fixed gRPC server") as (server, port):
         print("grpc.aio alone, a fixed reply, loopback (the floor of each of the sidecar's hops):")
         rows = []
         for c in (int(x) for x in args.concurrency.split(",")):
@@ -123,8 +112,6 @@ def main(argv: list[str] | None = None) -> int:
             directory=args.results_dir,
         )
         print(f"written to {md} (and .json)")
-    finally:
-        stop_by_stdin(server)
     return 0
 
 

@@ -1,8 +1,12 @@
 """Send load: closed loop (a fixed number in flight) or open loop (requests leave on schedule).
 
 Open loop really is open: each request leaves at its scheduled time as its own task, whether or
-not earlier ones have returned. Everything runs on one asyncio loop over one pooled aiohttp
-session, so the generator costs tens of microseconds per request.
+not earlier ones have returned. Everything runs on one asyncio loop. Inference requests go over
+kept-alive HTTP/1.1 connections with replies parsed by httptools in C (the sidecar's own
+upstream client, :class:`api.upstream.Upstream`), one pool per session and server: a client
+that costs little per request adds little to the latency it measures and takes little of the
+CPU it shares with what it measures. The session's aiohttp side serves everything else (metrics,
+admin calls, streams).
 """
 
 from __future__ import annotations
@@ -11,7 +15,9 @@ import asyncio
 import gc
 import math
 import time
-from collections.abc import Callable, Sequence
+import weakref
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +26,7 @@ import numpy as np
 import numpy.typing as npt
 import tritonclient.http as httpclient
 
+from api.upstream import Upstream, UpstreamUnavailableError
 from loadgen.classes import RequestClass
 
 GPU_HEADER = "x-sidecar-gpu"  # the sidecar's answer to "which GPU served this request"
@@ -119,54 +126,76 @@ class Recorder:
             self.errors[s.status] = self.errors.get(s.status, 0) + 1
 
 
-async def _on_sent(
-    session: aiohttp.ClientSession, ctx: Any, params: aiohttp.TraceRequestChunkSentParams
-) -> None:
-    if ctx.trace_request_ctx is not None:
-        ctx.trace_request_ctx["sent"] = time.monotonic()
+@dataclass(frozen=True, slots=True)
+class _InferPools:
+    """The inference connections of one session: a pool per server."""
+
+    by_url: dict[str, Upstream]
+    max_connections: int
+    timeout_s: float
 
 
-def new_session(limit: int = 0, timeout_s: float = 120.0) -> aiohttp.ClientSession:
-    """A pooled session (``limit`` 0: no cap on connections) whose requests may take up to
-    ``timeout_s`` each, body included."""
-    trace = aiohttp.TraceConfig()
-    trace.on_request_chunk_sent.append(_on_sent)
-    return aiohttp.ClientSession(
+_POOLS: weakref.WeakKeyDictionary[aiohttp.ClientSession, _InferPools] = weakref.WeakKeyDictionary()
+UNLIMITED_CONNECTIONS = 1 << 20  # ``limit`` 0: as many connections as requests in flight
+
+
+@asynccontextmanager
+async def new_session(
+    limit: int = 0, timeout_s: float = 120.0
+) -> AsyncIterator[aiohttp.ClientSession]:
+    """A pooled session (``limit`` 0: no cap on connections per server) whose requests may take
+    up to ``timeout_s`` each, body included; its inference connections close with it."""
+    pools = _InferPools({}, limit or UNLIMITED_CONNECTIONS, timeout_s)
+    async with aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=limit, keepalive_timeout=60),
         timeout=aiohttp.ClientTimeout(total=timeout_s),
-        trace_configs=[trace],
         skip_auto_headers=("Accept-Encoding",),
-    )
+    ) as session:
+        _POOLS[session] = pools
+        try:
+            yield session
+        finally:
+            for pool in pools.by_url.values():
+                await pool.close()
+
+
+async def _pool(session: aiohttp.ClientSession, url: str) -> Upstream:
+    pools = _POOLS.get(session)
+    if pools is None:
+        raise ValueError("load is sent through a session of loadgen.engine.new_session")
+    pool = pools.by_url.get(url)
+    if pool is None:
+        pool = Upstream(
+            url,
+            max_connections=pools.max_connections,
+            timeout_s=pools.timeout_s,
+            keep_headers=(GPU_HEADER,),
+        )
+        await pool.open()
+        pools.by_url[url] = pool
+    return pool
 
 
 async def send_one(
     session: aiohttp.ClientSession, target: Target, klass: int, rec: Recorder
 ) -> None:
-    """One request of class ``klass`` to ``target``, its sample added to ``rec``."""
+    """One request of class ``klass`` to ``target``, its sample added to ``rec`` (status 0:
+    no answer, the connection refused or lost, or ``timeout_s`` passed)."""
     payload = target.payloads[klass]
-    ctx: dict[str, float] = {}
     start = time.monotonic()
     if target.grpc is not None:
         status, end, gpu = await target.grpc.infer(payload.body)
         rec.add(Sample(start, end, klass, status, gpu=gpu))
         return
-    headers_at = math.nan
-    gpu = None
+    pool = await _pool(session, target.url)
     try:
-        async with session.post(
-            f"http://{target.url}{target.path}",
-            data=payload.body,
-            headers=payload.headers,
-            trace_request_ctx=ctx,
-        ) as resp:
-            headers_at = time.monotonic()
-            await resp.read()
-            status = resp.status
-            gpu = resp.headers.get(GPU_HEADER)
-    except (aiohttp.ClientError, TimeoutError):
-        status = 0
-    sent = ctx.get("sent", math.nan)
-    rec.add(Sample(start, time.monotonic(), klass, status, sent, headers_at, gpu))
+        reply = await pool.request("POST", target.path, payload.body, payload.headers)
+    except UpstreamUnavailableError:
+        rec.add(Sample(start, time.monotonic(), klass, 0))
+        return
+    end = time.monotonic()
+    gpu = reply.headers.get(GPU_HEADER)
+    rec.add(Sample(start, end, klass, reply.status, reply.sent_s, reply.headers_s, gpu))
 
 
 def class_sequence(target: Target, n: int, rng: np.random.Generator) -> list[int]:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
@@ -59,11 +61,11 @@ class Server:
 
 
 @asynccontextmanager
-async def serving(answer: Reply) -> AsyncIterator[tuple[Server, Upstream]]:
+async def serving(answer: Reply, **options: Any) -> AsyncIterator[tuple[Server, Upstream]]:
     server = Server(answer)
     tcp = await asyncio.start_server(server.serve, "127.0.0.1", 0)
     port = tcp.sockets[0].getsockname()[1]
-    upstream = Upstream(f"127.0.0.1:{port}", max_connections=2, timeout_s=5.0)
+    upstream = Upstream(f"127.0.0.1:{port}", max_connections=2, timeout_s=5.0, **options)
     await upstream.open()
     try:
         yield server, upstream
@@ -105,6 +107,23 @@ def test_a_chunked_reply_comes_whole_with_only_the_headers_forwarded() -> None:
             return r.status, r.body, r.headers
 
     assert asyncio.run(main()) == (200, b'{"a": 1}', {"content-type": "application/json"})
+
+
+def test_the_headers_asked_for_are_kept_and_the_exchange_is_timed() -> None:
+    answer = reply(b"{}", extra="content-type: application/json\r\nX-Sidecar-GPU: 1\r\n")
+
+    async def main() -> list[tuple[float, float, float, float, dict[str, str]]]:
+        out = []
+        async with serving(lambda head: answer, keep_headers=("x-sidecar-gpu",)) as (_, up):
+            for _ in range(2):  # a fresh connection, then a kept-alive one
+                start = time.monotonic()
+                r = await up.request("POST", "/v2/models/m/infer", b"{}")
+                out.append((start, r.sent_s, r.headers_s, time.monotonic(), r.headers))
+        return out
+
+    for start, sent, headers_at, end, headers in asyncio.run(main()):
+        assert start <= sent <= headers_at <= end
+        assert headers == {"x-sidecar-gpu": "1"}  # content-type is not asked for
 
 
 def test_a_connection_closed_while_idle_is_replaced_without_an_error() -> None:

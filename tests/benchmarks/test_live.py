@@ -61,6 +61,9 @@ def test_concurrency_steps_write_perf_analyzer_csv(
     for r in data:
         assert float(r["Inferences/Second"]) > 10
         assert 0 < float(r["p50 latency"]) <= float(r["p99 latency"])
+        # the client's own send and receive: measured, and a small part of each request
+        client_us = float(r["Client Send"]) + float(r["Client Recv"])
+        assert 0 < client_us < float(r["p50 latency"]) / 2
         assert float(r["Server Compute Infer"]) > 1000  # simnet takes milliseconds
         assert float(r["Energy per Inference (J)"]) > 0
         assert float(r["Avg GPU Clock (MHz)"]) >= 135
