@@ -171,8 +171,8 @@ async def _pool(session: aiohttp.ClientSession, url: str) -> Upstream:
             timeout_s=pools.timeout_s,
             keep_headers=(GPU_HEADER,),
         )
+        pools.by_url[url] = pool  # before any wait: one pool per server, however many ask
         await pool.open()
-        pools.by_url[url] = pool
     return pool
 
 
