@@ -48,6 +48,7 @@ Floats = npt.NDArray[np.float32]
 SIMNET = "simnet"
 SIMBERT = "simbert"
 NOOP = "noop"
+NOOP_MAX_BATCH = 8  # noop's largest batch
 EMULATED = {SIMNET: CNN, SIMBERT: TRANSFORMER}  # Triton's model name -> the simulated model
 INSTANCES = 2
 BATCHER_DELAY_US = 500  # how long Triton's batcher may wait for a fuller batch
@@ -282,7 +283,9 @@ def bind_emulated(triton: Any, state_path: str, instances: int) -> None:
 
     bind_llm(triton, state_path)  # on a GPU with an LLM profile: the generative model too
     # Last: it is the one whose readiness says every model is loaded.
-    triton.bind(NOOP, [noop] * instances, config=ModelConfig(max_batch_size=8), **tensors)
+    triton.bind(
+        NOOP, [noop] * instances, config=ModelConfig(max_batch_size=NOOP_MAX_BATCH), **tensors
+    )
 
 
 def _tail(path: Path, lines: int = 12) -> str:

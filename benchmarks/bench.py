@@ -2,8 +2,11 @@
 over HTTP and over gRPC (each against Triton's own endpoint of the same protocol).
 
 The sidecar runs in its own process (as in production; in-process it would share the load
-generator's GIL) with policy ``max`` and room for everything in flight, in front of the embedded
-Triton's ``noop`` model, so that only the sidecar's own work shows. Direct and sidecar runs
+generator's GIL) with policy ``max`` and room for everything in flight, at the sidecar and at
+Triton (``--triton-batches`` where the tree has it: by default the sidecar keeps one full batch
+of a model at Triton and the rest waiting in its own queue, a choice for priority that the load
+measured here would pay in throughput and latency), in front of the embedded Triton's ``noop``
+model, so that only the sidecar's own work shows. Direct and sidecar runs
 alternate (A B A B …) so the machine's drift hits both alike; the ratios are the result. The
 sidecar's CPU per request is its own process's accounting (user + system time of all its threads,
 from ``/proc``; Triton runs in a process of its own and is not counted) over each measured run,
@@ -36,7 +39,7 @@ from typing import Any
 import numpy as np
 import tritonclient.http as httpclient
 
-from api.embedded import INPUT_WIDTH, NOOP
+from api.embedded import INPUT_WIDTH, NOOP, NOOP_MAX_BATCH
 from benchmarks.floor import stop_by_stdin
 from benchmarks.sidecar import running
 from loadgen.classes import RequestClass
@@ -113,11 +116,31 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+MAX_INFLIGHT = 64  # the sidecar's room for requests at Triton in this benchmark
+
+
+def room_at_triton(source: Path | None) -> list[str]:
+    """The flag that lets ``MAX_INFLIGHT`` requests of ``noop`` be at Triton at once, for the
+    sidecar of ``source`` (None: this tree); none for a tree whose sidecar keeps no release
+    depth (before ``--triton-batches``, it let everything in flight through)."""
+    if source is not None:
+        usage = subprocess.run(
+            [sys.executable, "-m", "api", "serve", "--help"],
+            cwd=source,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        if "--triton-batches" not in usage:
+            return []
+    return [f"--triton-batches={MAX_INFLIGHT // NOOP_MAX_BATCH}"]
+
+
 @contextlib.contextmanager
 def sidecar_process(
     state_dir: Path,
     *extra: str,
-    max_inflight: int = 64,
+    max_inflight: int = MAX_INFLIGHT,
     token: str | None = None,
     start_timeout_s: float = 180.0,
     source: Path | None = None,
@@ -544,13 +567,19 @@ def main(argv: list[str] | None = None) -> int:
     no_profiling = "--profile-models="  # policy max needs no table: start in seconds
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
-        ends = {"now": stack.enter_context(sidecar_process(tmp / "now", no_profiling))}
+        ends = {
+            "now": stack.enter_context(
+                sidecar_process(tmp / "now", no_profiling, *room_at_triton(None))
+            )
+        }
         if args.before_tree:
+            source = args.before_tree.resolve()
             ends["before"] = stack.enter_context(
                 sidecar_process(
                     tmp / "before",
                     no_profiling,
-                    source=args.before_tree.resolve(),
+                    *room_at_triton(source),
+                    source=source,
                     triton=ends["now"].triton,
                 )
             )
@@ -559,7 +588,7 @@ def main(argv: list[str] | None = None) -> int:
             ends["floor"] = stack.enter_context(floor_process(triton))
         print(
             ", ".join(f"sidecar {s} {ends[s].sidecar}" for s in sides)
-            + f" (policy max, 64 in flight) in front of Triton {triton}; model noop"
+            + f" (policy max, {MAX_INFLIGHT} in flight) in front of Triton {triton}; model noop"
         )
         print(
             f"{'proto':>5} {'conc':>4} {'path':>8} {'infer/s':>9} {'p50 µs':>8} {'p99 µs':>8} "
