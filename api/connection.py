@@ -10,7 +10,8 @@ connection opening (or of the request's first byte); then closes.
 
 Inference (``POST /v2/models/<m>[/versions/<v>]/infer``) does not go through ASGI: the protocol
 collects the body (bounded by ``--max-body-bytes``, each chunk due within ``--read-timeout-s``),
-runs :func:`api.routes.inference.infer` in one task, and writes the reply in one write. A client
+runs :func:`api.routes.inference.infer` in one task, and writes the reply in one write; the
+request's clock (its deadline, its latency) starts at its first byte read. A client
 that goes away cancels that task, which takes its request out of the queue. The ASGI layer, with
 its scope, message dicts and three tasks per request, had cost more CPU than the scheduling
 itself. Everything else, and an inference request pipelined behind another on its connection,
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
@@ -50,6 +52,7 @@ class _InferCycle:
     attributes through which uvicorn's protocol looks at its own request cycles."""
 
     __slots__ = (
+        "arrival_s",
         "chunks",
         "disconnected",
         "headers",
@@ -63,10 +66,16 @@ class _InferCycle:
     )
 
     def __init__(
-        self, model: str, version: str | None, headers: dict[str, str], keep_alive: bool
+        self,
+        model: str,
+        version: str | None,
+        headers: dict[str, str],
+        keep_alive: bool,
+        arrival_s: float,
     ) -> None:
         self.model, self.version, self.headers = model, version, headers
         self.keep_alive = keep_alive
+        self.arrival_s = arrival_s  # when its first byte was read
         self.response_complete = False
         self.disconnected = False
         self.chunks: list[bytes] = []
@@ -95,6 +104,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._rejected = False
         self._in_headers = False
         self._infer: _InferCycle | None = None
+        self._begin_s = 0.0  # when the current request's first byte was read
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -160,6 +170,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._reject("400 Bad Request", msg.replace('"', "'"))
 
     def on_message_begin(self) -> None:
+        # The request's clock starts at its first byte read: its parse, body and admission are
+        # the sidecar's time too, and count against its deadline and in its latency.
+        self._begin_s = time.monotonic()
         self._header_bytes = 0
         self._in_headers = True  # the deadline is armed if this chunk ends inside them
         super().on_message_begin()
@@ -233,7 +246,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             return False
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in self.headers}
         keep_alive = self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()
-        cycle = _InferCycle(*target, headers, keep_alive)
+        cycle = _InferCycle(*target, headers, keep_alive, self._begin_s)
         self.cycle = cycle  # type: ignore[assignment]
         self._infer = cycle
         declared = headers.get("content-length", "")
@@ -246,7 +259,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     async def _serve(self, cycle: _InferCycle, body: bytes) -> None:
         assert self.runtime is not None
         try:
-            reply = await infer(self.runtime, cycle.model, cycle.version, body, cycle.headers)
+            reply = await infer(
+                self.runtime, cycle.model, cycle.version, body, cycle.headers, cycle.arrival_s
+            )
         except asyncio.CancelledError:
             if cycle.disconnected:
                 return  # nobody to answer

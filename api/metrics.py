@@ -120,7 +120,8 @@ class GatewayMetrics:
         )
         self.latency = Histogram(
             "sidecar_request_duration_seconds",
-            "End-to-end latency in the sidecar (queue + Triton).",
+            "Latency in the sidecar: from the request's arrival (over HTTP its first byte read) to "
+            "Triton's answer (admission, queue and Triton).",
             ["model", "client"],
             buckets=LATENCY_BUCKETS_S,
             registry=r,

@@ -73,9 +73,15 @@ STATUS = {
 
 
 async def infer(
-    rt: Runtime, model: str, version: str | None, body: bytes, headers: Mapping[str, str]
+    rt: Runtime,
+    model: str,
+    version: str | None,
+    body: bytes,
+    headers: Mapping[str, str],
+    arrival_s: float | None = None,
 ) -> Reply:
-    """Schedule one inference request and return Triton's reply (or the protocol's error)."""
+    """Schedule one inference request and return Triton's reply (or the protocol's error);
+    ``arrival_s``: when its first byte was read (default: now)."""
     path = (
         f"/v2/models/{model}/versions/{version}/infer" if version else f"/v2/models/{model}/infer"
     )
@@ -85,7 +91,7 @@ async def infer(
         model=model,
         body=HttpBody(body, headers),
         headers=headers,
-        arrival_s=time.monotonic(),
+        arrival_s=time.monotonic() if arrival_s is None else arrival_s,
         job=Job(send=post(path, body, forward), at_level=post_at_level(path, body, forward)),
     )
     admission = await admit(rt, inbound)

@@ -204,3 +204,26 @@ def test_a_client_that_leaves_takes_its_request_out_of_the_queue(rt: Runtime) ->
     assert replies[0].startswith(b"HTTP/1.1 200")
     assert rt.dispatcher is not None and rt.dispatcher.scheduler.queue_len == 0
     assert outcomes(rt, "abandoned") == 1 and outcomes(rt, "ok") == 1
+
+
+def test_a_requests_time_counts_from_its_first_byte(rt: Runtime) -> None:
+    """Its parse, body and admission are the sidecar's time: in its latency (and deadline)."""
+    whole = request()
+    split = len(whole) - len(BODY)
+
+    async def test() -> None:
+        conn = Connection(rt, Asgi(), 10.0)
+        conn.send(whole[:split])  # the headers, then the body 50 ms later
+        await asyncio.sleep(0.05)
+        conn.send(whole[split:])
+        await conn.replies(1)
+
+    run(rt, test)
+    latency = {
+        s.name: s.value
+        for metric in rt.metrics.registry.collect()
+        for s in metric.samples
+        if s.name.startswith("sidecar_request_duration_seconds")
+    }
+    assert latency["sidecar_request_duration_seconds_count"] == 1
+    assert latency["sidecar_request_duration_seconds_sum"] >= 0.05
