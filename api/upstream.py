@@ -29,7 +29,6 @@ FORWARD_HEADERS = (
     "content-encoding",
 )
 STREAM_HEADERS = ("content-type", "cache-control")
-_FORWARD = frozenset(h.encode() for h in FORWARD_HEADERS)
 _STREAM_FORWARD = frozenset(h.encode() for h in STREAM_HEADERS)
 _SAFE_TARGET = re.compile(r"[A-Za-z0-9/_.~-]*")  # a path sent as is; anything else is quoted
 
@@ -71,7 +70,7 @@ class UpstreamStream:
 class _Connection(asyncio.Protocol):
     """One keep-alive connection to Triton, one request at a time."""
 
-    def __init__(self, generation: int, keep: frozenset[bytes] = _FORWARD) -> None:
+    def __init__(self, generation: int, keep: frozenset[bytes]) -> None:
         self.generation = generation
         self.keep = keep  # the reply's headers kept (lower case)
         self.transport: asyncio.Transport | None = None

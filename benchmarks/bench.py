@@ -40,7 +40,7 @@ import numpy as np
 import tritonclient.http as httpclient
 
 from api.embedded import INPUT_WIDTH, NOOP, NOOP_MAX_BATCH
-from benchmarks.floor import stop_by_stdin
+from benchmarks.floor import server_process
 from benchmarks.sidecar import running
 from loadgen.classes import RequestClass
 from loadgen.engine import (
@@ -178,25 +178,15 @@ def sidecar_process(
 def floor_process(triton: Mapping[str, str]) -> Iterator[Endpoints]:
     """:mod:`benchmarks.floor` (the least a Python proxy of these libraries does) in a process
     of its own in front of ``triton``; stopped by closing its stdin, killed if it does not."""
-    proc = subprocess.Popen(
-        [
-            sys.executable, "-m", "benchmarks.floor",
-            "--triton-http", triton["http"], "--triton-grpc", triton["grpc"],
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )  # fmt: skip
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline().split()
-        if len(line) != 3 or line[0] != "ready":
-            raise RuntimeError("the floor proxy (python -m benchmarks.floor) did not start")
+    args = ("--triton-http", triton["http"], "--triton-grpc", triton["grpc"])
+    with server_process("the floor proxy", "benchmarks.floor", *args) as (proc, ports):
+        if len(ports) != 2:
+            raise RuntimeError(f"the floor proxy said {ports!r}, not its two ports")
         yield Endpoints(
-            {"http": f"127.0.0.1:{line[1]}", "grpc": f"127.0.0.1:{line[2]}"}, dict(triton), proc.pid
+            {"http": f"127.0.0.1:{ports[0]}", "grpc": f"127.0.0.1:{ports[1]}"},
+            dict(triton),
+            proc.pid,
         )
-    finally:
-        stop_by_stdin(proc)
 
 
 async def noop_target(
@@ -291,7 +281,7 @@ def interleaved(
     asyncio.run(go())
     out: dict[str, dict[str, float]] = {}
     for label, rec in recs.items():
-        lat = np.asarray([(s.end_s - s.start_s) * 1e6 for s in rec.samples if s.status == 200])
+        lat = np.asarray([s.latency_s * 1e6 for s in rec.samples if s.status == 200])
         if lat.size == 0:
             raise RuntimeError(f"no request through {label} ({urls[label]}) was answered")
         out[label] = {

@@ -24,8 +24,8 @@ import httptools
 import numpy as np
 import uvloop
 
-from api.embedded import INPUT_WIDTH
-from benchmarks.floor import serving_process
+from api.embedded import INPUT_WIDTH, free_port
+from benchmarks.floor import server_process
 from loadgen.classes import RequestClass
 from loadgen.engine import Recorder, Sample, Target, build_payloads, new_session, send_one
 from simulator.results import DEFAULT_DIR, markdown_table, write_results
@@ -128,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     rows: list[dict[str, object]] = []
     table: list[tuple[str, int, str, str]] = []
-    with serving_process("benchmarks.clientcost", "the reply server") as (_, port):
+    port = free_port()
+    with server_process("the reply server", "benchmarks.clientcost", "--serve", str(port)):
         for c in (int(x) for x in args.concurrency.split(",")):
             runs: dict[str, list[tuple[float, float]]] = {name: [] for name in CLIENTS}
             for _ in range(args.rounds):

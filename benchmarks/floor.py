@@ -136,21 +136,24 @@ async def model_infer_server(port: int, infer: InferHandler) -> grpc.aio.Server:
 
 
 @contextmanager
-def serving_process(module: str, what: str) -> Iterator[tuple[subprocess.Popen[str], int]]:
-    """``python -m MODULE --serve PORT`` on a free port, once it prints a line starting with
-    ``ready``: the process and its port; stopped (:func:`stop_by_stdin`) on leaving."""
-    port = free_port()
+def server_process(
+    what: str, module: str, *args: str
+) -> Iterator[tuple[subprocess.Popen[str], list[str]]]:
+    """``python -m MODULE ARGS``, once it prints its ready line (``ready`` and what it tells,
+    ports say): the process and the words after ``ready``; stopped (:func:`stop_by_stdin`) on
+    leaving."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", module, "--serve", str(port)],
+        [sys.executable, "-m", module, *args],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
     try:
         assert proc.stdout is not None
-        if not proc.stdout.readline().startswith("ready"):
-            raise RuntimeError(f"{what} did not start")
-        yield proc, port
+        words = proc.stdout.readline().split()
+        if words[:1] != ["ready"]:
+            raise RuntimeError(f"{what} (python -m {module}) did not start")
+        yield proc, words[1:]
     finally:
         stop_by_stdin(proc)
 

@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 import uvloop
 
-from api.embedded import INPUT_WIDTH, NOOP
+from api.embedded import INPUT_WIDTH, NOOP, free_port
 from benchmarks.bench import process_cpu_s
-from benchmarks.floor import model_infer_server, serving_process
+from benchmarks.floor import model_infer_server, server_process
 from loadgen.classes import RequestClass
 from loadgen.engine import InputTensor
 from loadgen.grpc_client import GrpcClient, grpc_payloads
@@ -81,7 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.serve is not None:
         uvloop.run(serve(args.serve))
         return 0
-    with serving_process("benchmarks.grpcfloor", "the fixed gRPC server") as (server, port):
+    port = free_port()
+    what = "the fixed gRPC server"
+    with server_process(what, "benchmarks.grpcfloor", "--serve", str(port)) as (server, _):
         print("grpc.aio alone, a fixed reply, loopback (the floor of each of the sidecar's hops):")
         rows = []
         for c in (int(x) for x in args.concurrency.split(",")):

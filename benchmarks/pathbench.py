@@ -108,7 +108,7 @@ class _FakeTriton:
 class _FakeUpstream(Upstream):
     async def _connect(self, timeout_s: float) -> _Connection:
         self._open_count += 1
-        conn = _Connection(self._generation)
+        conn = _Connection(self._generation, self._keep)
         conn.connection_made(cast(asyncio.Transport, _FakeTriton(conn)))
         return conn
 
