@@ -110,7 +110,8 @@ class Cost:
 
 
 def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` (every thread), from its ``/proc`` stat."""
+    """User + system CPU seconds of process ``pid`` (every thread), from its ``/proc`` stat: to
+    one clock tick (``SC_CLK_TCK``, 10 ms), so a window must hold many ticks' work."""
     stat = Path(f"/proc/{pid}/stat").read_text()
     fields = stat.rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
