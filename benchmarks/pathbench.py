@@ -8,6 +8,10 @@ called with a ``ModelInferRequest`` and a fake Triton channel. CPU per request i
 CPU time over the run: what the code costs, apart from the kernel's share (socket reads and
 writes) and other processes' load, so it moves only when the code does. ``make bench``'s live
 figures (``python -m benchmarks.bench``) add the kernel and the real Triton.
+
+A second table times one HTTP request at a time after the process has slept for an idle gap
+(``--gaps-ms``), as a sidecar between sparse requests does: what the same path costs when it
+starts cold (its code and data out of the core's caches), apart from the sockets and the wake-up.
 """
 
 from __future__ import annotations
@@ -18,8 +22,8 @@ import json
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any, cast
 
@@ -237,14 +241,25 @@ def grpc_client(rt: Runtime) -> Callable[[], Awaitable[None]]:
     return one
 
 
-async def cost_us(protocol: str, concurrency: int, requests: int) -> float:
-    """CPU µs per request of ``requests`` through ``protocol`` at ``concurrency``."""
-    with runtime() as rt:
+@asynccontextmanager
+async def started(**options: Any) -> AsyncIterator[Runtime]:
+    """:func:`runtime`, its dispatcher running and its upstream open (``noop``'s config read
+    from the fake Triton); the dispatcher stopped after."""
+    with runtime(**options) as rt:
         assert rt.dispatcher is not None and rt.upstream is not None
         rt.dispatcher.start()
-        await rt.upstream.open()
-        if await rt.models.limits(NOOP) is None:
-            raise RuntimeError("the fake Triton gave no config")
+        try:
+            await rt.upstream.open()
+            if await rt.models.limits(NOOP) is None:
+                raise RuntimeError("the fake Triton gave no config")
+            yield rt
+        finally:
+            await rt.dispatcher.stop()
+
+
+async def cost_us(protocol: str, concurrency: int, requests: int) -> float:
+    """CPU µs per request of ``requests`` through ``protocol`` at ``concurrency``."""
+    async with started() as rt:
         clients = [
             (http_client if protocol == "http" else grpc_client)(rt) for _ in range(concurrency)
         ]
@@ -260,8 +275,53 @@ async def cost_us(protocol: str, concurrency: int, requests: int) -> float:
         start = time.process_time()
         await asyncio.gather(*(loop(one) for one in clients))
         elapsed = time.process_time() - start
-        await rt.dispatcher.stop()
     return elapsed / (each * concurrency) * 1e6
+
+
+IDLE_BUDGET_S = 4.0  # the idle time one gap's cell spends asleep, at most
+COMPACT_PARSES = 40  # the compact loop's JSON parses: about the path's warm CPU here
+
+
+def after_sleeps(gap_ms: float, requests: int) -> Iterator[None]:
+    """Yields once per round, after the whole process slept ``gap_ms`` (as between sparse
+    requests): ``requests`` rounds, fewer where they would sleep past ``IDLE_BUDGET_S``."""
+    rounds = requests if gap_ms <= 0 else min(requests, int(IDLE_BUDGET_S * 1000.0 / gap_ms))
+    for _ in range(max(20, rounds)):
+        if gap_ms > 0:
+            time.sleep(gap_ms / 1000.0)
+        yield
+
+
+async def cold_cost_us(gap_ms: float, requests: int) -> float:
+    """CPU µs of one HTTP request sent after the process slept ``gap_ms`` (the sleep itself
+    not counted; rounds as :func:`after_sleeps` gives them): the path's cost when it starts
+    cold."""
+    spent_s: list[float] = []
+    async with started() as rt:
+        one = http_client(rt)
+        for _ in range(20):  # first-time paths (labels, caches) out of the count
+            await one()
+        for _ in after_sleeps(gap_ms, requests):
+            start = time.process_time()
+            await one()
+            spent_s.append(time.process_time() - start)
+    return float(np.mean(spent_s)) * 1e6
+
+
+def compact_cost_us(gap_ms: float, requests: int) -> float:
+    """The same measure for a compact loop (the request's JSON header parsed
+    ``COMPACT_PARSES`` times): its code and data fit in a core's caches, so it shows what a
+    sleep costs a small footprint, beside :func:`cold_cost_us`'s wide path."""
+    header = json.dumps(
+        {"inputs": [{"name": "INPUT0", "shape": [1, INPUT_WIDTH], "datatype": "FP32"}]}
+    )
+    spent_s: list[float] = []
+    for _ in after_sleeps(gap_ms, requests):
+        start = time.process_time()
+        for _ in range(COMPACT_PARSES):
+            json.loads(header)
+        spent_s.append(time.process_time() - start)
+    return float(np.mean(spent_s)) * 1e6
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -270,9 +330,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--protocols", default="http,grpc")
     parser.add_argument("--requests", type=int, default=20_000)
     parser.add_argument(
+        "--gaps-ms",
+        default="0,2,20",
+        help="idle gaps before each request of the cold table, ms (empty: no cold table)",
+    )
+    parser.add_argument(
         "--results-dir", type=Path, default=DEFAULT_DIR, help="where pathbench.{md,json} go"
     )
     args = parser.parse_args(argv)
+    try:
+        gaps_ms = [float(g) for g in args.gaps_ms.split(",") if g.strip()]
+    except ValueError:
+        parser.error(f"--gaps-ms takes numbers separated by commas, got {args.gaps_ms!r}")
+    if any(g < 0 for g in gaps_ms):
+        parser.error(f"--gaps-ms must not be negative, got {args.gaps_ms!r}")
     print("the sidecar's own Python per request, in process (no sockets, no Triton):")
     rows = []
     for protocol in args.protocols.split(","):
@@ -280,16 +351,49 @@ def main(argv: list[str] | None = None) -> int:
             us = uvloop.run(cost_us(protocol, c, args.requests))
             rows.append({"protocol": protocol, "concurrency": c, "cpu_us": us})
             print(f"  {protocol:>4} concurrency {c:>2}: {us:6.1f} µs CPU per request", flush=True)
-    md, _ = write_results(
-        "pathbench",
-        title="The sidecar's own Python per request (python -m benchmarks.pathbench)",
-        markdown="In one process, no sockets, a fake Triton that answers at once; policy max; "
+    cold = []
+    if gaps_ms:
+        print("one HTTP request at a time, after the process slept:")
+    for gap in gaps_ms:
+        us = uvloop.run(cold_cost_us(gap, args.requests))
+        compact = compact_cost_us(gap, args.requests)
+        cold.append({"gap_ms": gap, "cpu_us": us, "compact_cpu_us": compact})
+        print(
+            f"  {gap:6g} ms idle before each: {us:6.1f} µs CPU per request "
+            f"(a compact loop: {compact:6.1f} µs)",
+            flush=True,
+        )
+    markdown = (
+        "In one process, no sockets, a fake Triton that answers at once; policy max; "
         f"{args.requests} requests per cell.\n\n"
         + markdown_table(
             ["protocol", "concurrency", "CPU µs per request"],
             [(r["protocol"], r["concurrency"], f"{r['cpu_us']:.1f}") for r in rows],
-        ),
-        data={"settings": {"requests": args.requests, "policy": "max"}, "cost": rows},
+        )
+    )
+    if cold:
+        markdown += (
+            "\n\nOne HTTP request at a time, the whole process asleep for the gap before each "
+            f"(the sleep not counted; at most {IDLE_BUDGET_S:g} s of sleep per gap): the same "
+            "path started cold; beside it, a compact loop (the request's JSON header parsed "
+            f"{COMPACT_PARSES} times) slept and timed the same way.\n\n"
+            + markdown_table(
+                ["idle gap ms", "CPU µs per request", "compact loop CPU µs"],
+                [
+                    (f"{r['gap_ms']:g}", f"{r['cpu_us']:.1f}", f"{r['compact_cpu_us']:.1f}")
+                    for r in cold
+                ],
+            )
+        )
+    md, _ = write_results(
+        "pathbench",
+        title="The sidecar's own Python per request (python -m benchmarks.pathbench)",
+        markdown=markdown,
+        data={
+            "settings": {"requests": args.requests, "policy": "max", "gaps_ms": gaps_ms},
+            "cost": rows,
+            "cold": cold,
+        },
         directory=args.results_dir,
     )
     print(f"written to {md} (and .json)")
