@@ -11,7 +11,8 @@ figures (``python -m benchmarks.bench``) add the kernel and the real Triton.
 
 A second table times one HTTP request at a time after the process has slept for an idle gap
 (``--gaps-ms``), as a sidecar between sparse requests does: what the same path costs when it
-starts cold (its code and data out of the core's caches), apart from the sockets and the wake-up.
+starts cold (its code and data out of the core's caches, the core just woken), still without
+sockets; beside it, a compact loop of about the same warm CPU, slept and timed the same way.
 """
 
 from __future__ import annotations
