@@ -338,13 +338,15 @@ class EmbeddedTriton:
         self.restarts += 1
         self.start()
 
-    def start(self, attempts: int = 3) -> None:
+    def start(self, attempts: int = 5) -> None:
         """Start Triton and wait until it serves; retried on a failed start-up.
 
-        PyTriton's handshake with a model instance occasionally races during model load (the
-        instance's connect is refused, the model fails to load, Triton exits); a fresh start
-        on fresh ports succeeds. Seen about once in twenty starts on a 2-core machine, more
-        often when it is loaded: each retry waits a little longer first.
+        PyTriton's handshake with a model instance occasionally races during model load (a
+        second instance connects to the first one's handshake socket before it listens: the
+        connect is refused, the model fails to load, Triton exits); a fresh start on fresh
+        ports succeeds. Seen about once in twenty starts on a 2-core machine, and three times
+        in a row right after a Triton that had to be killed: each retry waits a little longer
+        first.
         """
         require_embedded()
         for attempt in range(1, attempts + 1):
