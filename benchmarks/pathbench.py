@@ -243,19 +243,27 @@ def grpc_client(rt: Runtime) -> Callable[[], Awaitable[None]]:
 
 
 @asynccontextmanager
+async def serving(rt: Runtime) -> AsyncIterator[Runtime]:
+    """``rt`` (from :func:`runtime`) with its dispatcher running and its upstream open
+    (``noop``'s config read from the fake Triton, as at start-up); the dispatcher stopped
+    after."""
+    assert rt.dispatcher is not None and rt.upstream is not None
+    rt.dispatcher.start()
+    try:
+        await rt.upstream.open()
+        if await rt.models.limits(NOOP) is None:
+            raise RuntimeError("the fake Triton gave no config")
+        yield rt
+    finally:
+        await rt.dispatcher.stop()
+
+
+@asynccontextmanager
 async def started(**options: Any) -> AsyncIterator[Runtime]:
-    """:func:`runtime`, its dispatcher running and its upstream open (``noop``'s config read
-    from the fake Triton); the dispatcher stopped after."""
+    """A :func:`runtime` of ``options``, :func:`serving`."""
     with runtime(**options) as rt:
-        assert rt.dispatcher is not None and rt.upstream is not None
-        rt.dispatcher.start()
-        try:
-            await rt.upstream.open()
-            if await rt.models.limits(NOOP) is None:
-                raise RuntimeError("the fake Triton gave no config")
+        async with serving(rt):
             yield rt
-        finally:
-            await rt.dispatcher.stop()
 
 
 async def cost_us(protocol: str, concurrency: int, requests: int) -> float:

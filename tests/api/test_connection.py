@@ -100,14 +100,8 @@ def rt() -> Iterator[Runtime]:
 
 def run(rt: Runtime, test: Any) -> Any:
     async def main() -> Any:
-        assert rt.dispatcher is not None and rt.upstream is not None
-        rt.dispatcher.start()
-        await rt.upstream.open()
-        assert await rt.models.limits(NOOP) is not None  # read once, as at start-up
-        try:
+        async with pathbench.serving(rt):
             return await test()
-        finally:
-            await rt.dispatcher.stop()
 
     return asyncio.run(main())
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import gzip
 import http.client
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -374,23 +373,34 @@ def test_triton_down_is_503_and_admin_can_be_disabled(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "--policy must be one of" in proc.stderr
 
 
+def triton_processes_on(port: int) -> list[str]:
+    """The pids of running processes whose command line names ``--http-port port``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmd = (entry / "cmdline").read_bytes()
+                state = (entry / "status").read_text()
+            except OSError:
+                continue
+            if f"\0--http-port\0{port}\0".encode() in cmd and "zombie" not in state:
+                found.append(entry.name)
+    return found
+
+
 def test_nothing_is_left_running(tmp_path: Path) -> None:
+    """After the sidecar stops, its Triton and Triton's children are gone within 10 s."""
     with LiveSidecar(embedded_config(tmp_path)) as sc:
         assert sc.runtime.embedded is not None
         proc = sc.runtime.embedded._proc
         assert proc is not None and proc.pid is not None
         pid, port = proc.pid, sc.runtime.embedded.ports.http
+        assert triton_processes_on(port), "the test cannot see Triton's process"
     assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmd = (entry / "cmdline").read_bytes()
-            except OSError:
-                continue
-            assert f"\0--http-port\0{port}\0".encode() not in cmd, (
-                f"tritonserver left running: {entry.name}"
-            )
-    assert os.getpid()
+    deadline = time.monotonic() + 10.0
+    while (left := triton_processes_on(port)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, f"tritonserver left running: {left}"
 
 
 def test_timeout_expired_in_the_queue_is_503(sidecar: LiveSidecar, slow_gpu: None) -> None:
