@@ -9,6 +9,7 @@ joules per output token and the p99 TTFT and TPOT against their SLOs."""
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import tempfile
 from pathlib import Path
@@ -46,6 +47,7 @@ def table(runs: list[PolicyRun]) -> Table:
         "done/s",
         "p50 ms",
         "p99 ms",
+        "p99 95% CI",
         "SLO met",
         "J/inference",
         "vs max",
@@ -62,6 +64,7 @@ def table(runs: list[PolicyRun]) -> Table:
             f"{r.throughput_rps:.1f}",
             f"{r.p50_ms:.1f}",
             p99,
+            "—" if math.isnan(r.p99_low_ms) else f"{r.p99_low_ms:.1f}–{r.p99_high_ms:.1f}",
             f"{r.slo_attainment:.1%}",
             f"{r.energy_per_inference_j:.3f}",
             "—" if r is base else f"{-saving:+.0%}",

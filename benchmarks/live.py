@@ -25,6 +25,7 @@ from pathlib import Path
 
 import aiohttp
 import numpy as np
+from scipy.stats import binom
 
 from api.config import GatewayConfig, to_flags
 from api.embedded import INPUT_WIDTH, SIMNET
@@ -60,12 +61,33 @@ class PolicyRun:
     mean_clock_mhz: float
     clocks_seen: int
     by_gpu: str = ""  # share of the completed requests each GPU served, when several did
+    p99_low_ms: float = math.nan  # a 95% confidence interval of the p99 (percentile_interval_ms)
+    p99_high_ms: float = math.nan
 
 
 def percentile_ms(latencies_s: Sequence[float], q: float) -> float:
     return (
         float(np.percentile(np.asarray(latencies_s) * 1000.0, q)) if len(latencies_s) else math.nan
     )
+
+
+def percentile_interval_ms(
+    latencies_s: Sequence[float], q: float, confidence: float = 0.95
+) -> tuple[float, float]:
+    """A ``confidence`` interval of the ``q``-th percentile from the sample's own order
+    statistics (distribution-free: the number of samples under the true percentile is
+    binomial), in ms; nan where the sample is too small for the interval to have ends.
+
+    A run's p99 is one of its few slowest requests: over a few hundred requests it moves by
+    milliseconds from run to run, which the interval says where a single figure cannot."""
+    n = len(latencies_s)
+    tail = (1.0 - confidence) / 2.0
+    low = int(binom.ppf(tail, n, q / 100.0))  # samples under the low end, at most
+    high = int(binom.ppf(1.0 - tail, n, q / 100.0)) + 1
+    if n == 0 or low < 1 or high > n:
+        return math.nan, math.nan
+    ordered = np.sort(np.asarray(latencies_s, dtype=np.float64)) * 1000.0
+    return float(ordered[low - 1]), float(ordered[high - 1])
 
 
 async def _run_one(
@@ -103,6 +125,7 @@ async def _run_one(
     lat = [s.latency_s for s in ok]
     met = sum(s.latency_s * 1000.0 <= slo_ms for s in ok)
     joules = after - before
+    p99_low_ms, p99_high_ms = percentile_interval_ms(lat, 99)
     return PolicyRun(
         policy=policy,
         rate_rps=rate_rps,
@@ -120,6 +143,8 @@ async def _run_one(
         mean_clock_mhz=clock.mean_mhz or math.nan,
         clocks_seen=len(clock.distinct_mhz),
         by_gpu=gpu_shares(ok),
+        p99_low_ms=p99_low_ms,
+        p99_high_ms=p99_high_ms,
     )
 
 
@@ -199,7 +224,8 @@ def write_csv(runs: Sequence[PolicyRun], path: Path) -> None:
 
 
 def plot(runs: Sequence[PolicyRun], path: Path) -> Path:
-    """Joules per inference and p99 against the SLO, per policy."""
+    """Joules per inference and p99 against the SLO, per policy (the p99 with its 95%
+    confidence interval)."""
     from time2clock.plot import pyplot
 
     plt = pyplot()
@@ -211,7 +237,15 @@ def plot(runs: Sequence[PolicyRun], path: Path) -> Path:
     )
     left.set_ylabel("energy per inference (J)")
     left.set_title("energy (lower is better)")
-    right.bar(names, [r.p99_ms for r in runs], color=[f"C{i}" for i in range(len(runs))])
+    p99 = np.array([r.p99_ms for r in runs])
+    spread = np.array([[r.p99_ms - r.p99_low_ms, r.p99_high_ms - r.p99_ms] for r in runs]).T
+    right.bar(
+        names,
+        p99,
+        yerr=np.nan_to_num(spread),
+        capsize=4,
+        color=[f"C{i}" for i in range(len(runs))],
+    )
     right.axhline(runs[0].slo_ms, color="red", linestyle="--", label=f"SLO {runs[0].slo_ms:g} ms")
     right.set_ylabel("p99 latency (ms)")
     right.set_title("tail latency against the SLO")

@@ -4,9 +4,10 @@ for the batches the load forms, and a deep clock while the GPU is idle.
 Three clocks, one for each thing the GPU does:
 
 * **Busy: a base clock learned from the tail.** Each SLO class (model, SLO) has a
-  :class:`scheduler.feedback.TailController` that holds the class's p99 of ``latency / SLO``
+  :class:`scheduler.feedback.TailController` that aims the class's p99 of ``latency / SLO``
   at 0.95 by moving the class's base speed: a near miss speeds it up at once, completions with
-  room slow it down a little each. The base clock of a model is the fastest its classes ask
+  room slow it down a little each (and fast while far below, which leaves its p99 a little
+  above the aim: ``docs/design.md``). The base clock of a model is the fastest its classes ask
   for. It is what an operator who locks the best single clock in hindsight does, found online
   and followed as the load moves.
 * **Queues: the plan.** Above the base, ``slack``'s plan raises the clock at once when the
