@@ -1,0 +1,61 @@
+"""The live tail trace: a short run on the embedded stack, and its summary on known numbers."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from benchmarks import tailtrace
+from loadgen.engine import schedule
+
+
+def test_a_short_trace_is_written_with_the_controllers_counts(tmp_path: Path) -> None:
+    rate, duration_s, seed = 20.0, 3.0, 4
+    sent = len(schedule(rate, duration_s, "poisson", np.random.default_rng(seed)))
+    argv = ["--rate", str(rate), "--duration-s", str(duration_s), "--warmup-s", "1"]
+    argv += ["--seed", str(seed), "--slo-ms", "200", "-o", str(tmp_path / "out")]
+    assert tailtrace.main([*argv, "--results-dir", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "tailtrace.json").read_text())["results"]
+    s = results["summary"]
+    assert s["requests"] == sent  # every request answered, the warm-up's not counted
+    assert 0 < s["p50_ms"] <= s["p99_ms"] and s["within_slo"] == 1.0
+    assert s["outside_p50_ms"] >= 0
+    # adaptive keeps a controller per SLO class: its counts over the run are there
+    assert s["controller_completions"] > 0
+    assert 0 <= s["controller_near_misses"] <= s["controller_completions"]
+    assert len(results["states"]) >= 2 and all("clock_mhz" in x for x in results["states"])
+    assert (tmp_path / "out" / "tailtrace.png").stat().st_size > 0
+    assert "its budget" in (tmp_path / "tailtrace.md").read_text()
+
+
+def test_the_summary_counts_against_the_setpoint_and_the_budget() -> None:
+    # 100 requests of 10..109 ms, the client's side 1 ms each; the controller saw 3 of 50 over
+    requests = [(i * 0.01, (10 + i) / 1000.0, 0.001) for i in range(100)]
+    t = tailtrace.Trace(requests=requests, states=[], completions=50, near_misses=3)
+    s = tailtrace.summary(t, slo_ms=100.0, setpoint=0.95, target=0.99)
+    assert s["requests"] == 100
+    assert s["within_slo"] == pytest.approx(0.91)  # 10..100 ms of 10..109
+    assert s["over_setpoint"] == pytest.approx(0.14)  # 96..109 ms
+    assert s["controller_over_setpoint"] == pytest.approx(0.06)
+    assert s["budget"] == pytest.approx(0.01)
+    assert s["outside_p99_ms"] == pytest.approx(1.0)
+    assert math.isnan(s["p99_low_ms"])  # 100 requests cannot bound a p99 from above
+
+
+def test_a_policy_without_a_controller_has_no_counts() -> None:
+    t = tailtrace.Trace(
+        requests=[(0.0, 0.02, 0.001)], states=[], completions=None, near_misses=None
+    )
+    s = tailtrace.summary(t, slo_ms=40.0, setpoint=0.95, target=0.99)
+    assert s["controller_over_setpoint"] is None and s["controller_completions"] is None
+
+
+@pytest.mark.parametrize("bad", [["--duration-s", "0"], ["--rate", "-1"], ["--warmup-s", "-2"]])
+def test_bad_arguments_are_refused(bad: list[str], tmp_path: Path) -> None:
+    with pytest.raises(SystemExit) as info:
+        tailtrace.main([*bad, "--results-dir", str(tmp_path)])
+    assert info.value.code == 2
