@@ -274,7 +274,7 @@ _FEEDBACK_HELP = {
     "setpoint": "adaptive: the share of the SLO that quantile is held at",
     "gain": "adaptive: the base speed's step (log) per near miss, times target",
     "far_below": "adaptive: a tail under this share of the setpoint walks down faster",
-    "fast_descent": "adaptive: how many times faster the base walks down far below it",
+    "fast_descent": "adaptive: times faster the base walks down far below it (1: no faster)",
     "min_samples": "adaptive: completions of a class before its base moves",
     "window_s": "adaptive: seconds of completions the reported tail is measured over",
     "max_samples": "adaptive: most completions kept per window",

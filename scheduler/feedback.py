@@ -19,9 +19,10 @@ estimate a p99 from a handful of samples.
 * **Up fast, down slowly.** With the defaults a near miss speeds the class up by 5%, and 99
   completions inside the setpoint slow it by as much: a run of near misses is answered within
   that run, while a class with room walks its clock down a few percent a second at a hundred
-  requests a second. While a hundred completions in a row stay under ``far_below`` (0.8) of
-  the setpoint, the class walks down ``fast_descent`` (10) times faster: far from the
-  setpoint a step costs nothing.
+  requests a second. ``fast_descent`` (off, 1, by default): while a hundred completions in a
+  row stay under ``far_below`` (0.8) of the setpoint, the class walks down that many times
+  faster. Those extra steps down are paid for by extra near misses, so with it more than
+  ``1 − target`` of completions pass the setpoint (the tail for some energy).
 * **No wind-up.** The policy passes the lowest level worth running at (its energy floor): the
   level never sinks below it, so a class that sat at the floor with room to spare has no
   credit to lose when the load comes back.
@@ -78,7 +79,7 @@ class FeedbackParams:
     setpoint: float = 0.95
     gain: float = 0.05
     far_below: float = 0.8
-    fast_descent: float = 10.0
+    fast_descent: float = 1.0
     min_samples: int = 20
     window_s: float = 10.0
     max_samples: int = 2000
