@@ -27,9 +27,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import numpy as np
 
+from benchmarks.live import set_policy
 from benchmarks.sidecar import running
 from loadgen.engine import new_session, schedule
 from loadgen.generative import TokenSloSpec
@@ -133,16 +133,6 @@ def policy_run(
     )
 
 
-async def _set_policy(session: aiohttp.ClientSession, url: str, token: str, policy: str) -> None:
-    async with session.put(
-        f"http://{url}/admin/policy",
-        json={"policy": policy},
-        headers={"Authorization": f"Bearer {token}"},
-    ) as resp:
-        if resp.status != 200:
-            raise RuntimeError(f"policy {policy!r}: HTTP {resp.status}: {await resp.text()}")
-
-
 async def run_policies(
     url: str,
     admin_token: str,
@@ -158,7 +148,7 @@ async def run_policies(
     runs = []
     async with new_session(timeout_s=600.0) as session:
         for policy in policies:
-            await _set_policy(session, url, admin_token, policy)
+            await set_policy(session, url, admin_token, policy)
             await asyncio.sleep(0.5)  # let the clock settle
             clock = ClockSampler(session, metrics_url, period_s=0.2)
             marks: dict[str, float | None] = {}

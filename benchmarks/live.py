@@ -90,6 +90,18 @@ def percentile_interval_ms(
     return float(ordered[low - 1]), float(ordered[high - 1])
 
 
+async def set_policy(session: aiohttp.ClientSession, url: str, token: str, policy: str) -> None:
+    """Switch the sidecar at ``url`` to ``policy`` (``PUT /admin/policy`` with the admin token);
+    RuntimeError with the sidecar's answer where it refuses."""
+    async with session.put(
+        f"http://{url}/admin/policy",
+        json={"policy": policy},
+        headers={"Authorization": f"Bearer {token}"},
+    ) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"policy {policy!r}: HTTP {resp.status}: {await resp.text()}")
+
+
 async def _run_one(
     session: aiohttp.ClientSession,
     sidecar_url: str,
@@ -103,11 +115,7 @@ async def _run_one(
     progress: Callable[[int], None] | None,
     warmup_times: Sequence[float] = (),
 ) -> PolicyRun:
-    headers = {"Authorization": f"Bearer {token}"}
-    async with session.put(
-        f"http://{sidecar_url}/admin/policy", json={"policy": policy}, headers=headers
-    ) as resp:
-        resp.raise_for_status()
+    await set_policy(session, sidecar_url, token, policy)
     if warmup_times:  # the same load, other arrivals, not measured
         await open_loop(session, target, warmup_times, Recorder(), np.random.default_rng(seed + 1))
     await asyncio.sleep(0.5)  # let the clock settle

@@ -30,7 +30,7 @@ import numpy as np
 
 from api.config import GatewayConfig, from_options, to_flags
 from api.embedded import INPUT_WIDTH, SIMNET
-from benchmarks.live import percentile_interval_ms
+from benchmarks.live import percentile_interval_ms, percentile_ms, set_policy
 from benchmarks.sidecar import OWNED_FLAGS, running
 from loadgen.classes import RequestClass
 from loadgen.engine import Recorder, Target, build_payloads, new_session, open_loop, schedule
@@ -94,12 +94,7 @@ def trace(
         async def main() -> Trace:
             target = Target(sc.url, SIMNET, payloads, [1.0])
             async with new_session() as session:
-                async with session.put(
-                    f"http://{sc.url}/admin/policy",
-                    json={"policy": policy},
-                    headers={"Authorization": f"Bearer {token}"},
-                ) as resp:
-                    resp.raise_for_status()
+                await set_policy(session, sc.url, token, policy)
                 if warm:
                     await open_loop(session, target, warm, Recorder(), np.random.default_rng(1))
                 states: list[dict[str, Any]] = []
@@ -148,7 +143,7 @@ def trace(
 def summary(t: Trace, slo_ms: float, setpoint: float, target: float) -> dict[str, Any]:
     """The figures the results file gives for a trace."""
     latency_s = [r[1] for r in t.requests]
-    outside_ms = np.array([r[2] for r in t.requests if math.isfinite(r[2])]) * 1000.0
+    outside_s = [r[2] for r in t.requests if math.isfinite(r[2])]
     low, high = percentile_interval_ms(latency_s, 99)
     over = None
     if t.completions:
@@ -156,14 +151,14 @@ def summary(t: Trace, slo_ms: float, setpoint: float, target: float) -> dict[str
     lat_ms = np.asarray(latency_s) * 1000.0
     return {
         "requests": len(t.requests),
-        "p50_ms": float(np.percentile(lat_ms, 50)) if len(lat_ms) else math.nan,
-        "p99_ms": float(np.percentile(lat_ms, 99)) if len(lat_ms) else math.nan,
+        "p50_ms": percentile_ms(latency_s, 50),
+        "p99_ms": percentile_ms(latency_s, 99),
         "p99_low_ms": low,
         "p99_high_ms": high,
         "within_slo": float(np.mean(lat_ms <= slo_ms)) if len(lat_ms) else math.nan,
         "over_setpoint": float(np.mean(lat_ms > setpoint * slo_ms)) if len(lat_ms) else math.nan,
-        "outside_p50_ms": float(np.percentile(outside_ms, 50)) if len(outside_ms) else math.nan,
-        "outside_p99_ms": float(np.percentile(outside_ms, 99)) if len(outside_ms) else math.nan,
+        "outside_p50_ms": percentile_ms(outside_s, 50),
+        "outside_p99_ms": percentile_ms(outside_s, 99),
         "controller_completions": t.completions,
         "controller_near_misses": t.near_misses,
         "controller_over_setpoint": over,
