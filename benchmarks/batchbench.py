@@ -28,6 +28,7 @@ import numpy as np
 from api.config import default_state_dir
 from api.embedded import EMULATED, INPUT_WIDTH, SIMBERT, SIMNET
 from benchmarks.bench import Run, measure, sidecar_process
+from benchmarks.live import set_policy
 from dvfs.profiles import get_profile
 from loadgen.classes import RequestClass
 from loadgen.engine import Recorder, Target, build_payloads, new_session, open_loop, schedule
@@ -57,15 +58,11 @@ def full_batch_ms(gpu: str, model: str) -> float:
 async def _policy_run(
     url: str, token: str, policy: str, model: str, send_times: list[float], slo_ms: float
 ) -> EnergyRun:
-    headers = {"Authorization": f"Bearer {token}"}
     data = np.ones((1, INPUT_WIDTH), dtype=np.float32)
     classes = [RequestClass("bench", slo_ms=slo_ms)]
     target = Target(url, model, build_payloads(classes, data=data), [1.0])
     async with new_session() as session:
-        async with session.put(
-            f"http://{url}/admin/policy", json={"policy": policy}, headers=headers
-        ) as resp:
-            resp.raise_for_status()
+        await set_policy(session, url, token, policy)
         await asyncio.sleep(0.5)
         metrics_url = f"http://{url}/metrics"
         before = energy_j(await scrape(session, metrics_url)) or 0.0

@@ -22,6 +22,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import numpy as np
@@ -100,6 +101,17 @@ async def set_policy(session: aiohttp.ClientSession, url: str, token: str, polic
     ) as resp:
         if resp.status != 200:
             raise RuntimeError(f"policy {policy!r}: HTTP {resp.status}: {await resp.text()}")
+
+
+async def admin_state(session: aiohttp.ClientSession, url: str, token: str) -> dict[str, Any]:
+    """The sidecar's ``GET /admin/state`` at ``url`` with the admin token, without stalling the
+    caller's event loop (a load generator may be sending on it)."""
+    async with session.get(
+        f"http://{url}/admin/state", headers={"Authorization": f"Bearer {token}"}
+    ) as resp:
+        resp.raise_for_status()
+        state: dict[str, Any] = await resp.json()
+        return state
 
 
 async def _run_one(

@@ -50,6 +50,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from api.config import default_state_dir
 from api.embedded import INPUT_WIDTH, SIMNET
 from benchmarks.bench import sidecar_process
+from benchmarks.live import admin_state
 from dvfs.profiles import get_profile
 from loadgen.classes import RequestClass
 from loadgen.engine import (
@@ -83,10 +84,8 @@ def _pct_ms(samples: Sequence[Sample], q: float) -> float:
 async def _idle(session: aiohttp.ClientSession, url: str, token: str, limit_s: float) -> None:
     """Wait until the sidecar has nothing queued and nothing in flight."""
     deadline = time.monotonic() + limit_s
-    headers = {"Authorization": f"Bearer {token}"}
     while time.monotonic() < deadline:
-        async with session.get(f"http://{url}/admin/state", headers=headers) as resp:
-            state = await resp.json()
+        state = await admin_state(session, url, token)
         if not state["queue_length"] and not state["inflight"]:
             return
         await asyncio.sleep(0.1)
@@ -205,13 +204,11 @@ async def priority_check(
 async def _queue_lengths(url: str, token: str, start_s: float, stop_s: float) -> list[int]:
     """The sidecar's queue length every 0.25 s from ``start_s`` to ``stop_s`` (monotonic):
     weights decide only among requests that wait there."""
-    headers = {"Authorization": f"Bearer {token}"}
     lengths: list[int] = []
     async with new_session() as session:
         await asyncio.sleep(max(0.0, start_s - time.monotonic()))
         while time.monotonic() < stop_s:
-            async with session.get(f"http://{url}/admin/state", headers=headers) as resp:
-                lengths.append(int((await resp.json())["queue_length"]))
+            lengths.append(int((await admin_state(session, url, token))["queue_length"]))
             await asyncio.sleep(0.25)
     return lengths
 

@@ -46,6 +46,7 @@ from api.embedded import INPUT_WIDTH, SIMNET
 from api.learning import learned_path
 from api.runtime import TABLES_VERSION
 from api.server import SidecarServer
+from benchmarks.live import admin_state
 from dvfs.profiles import get_profile
 from loadgen.classes import RequestClass
 from loadgen.engine import Recorder, Target, build_payloads, new_session, open_loop, schedule
@@ -162,9 +163,7 @@ async def _load(
         task = asyncio.create_task(scraper())
         await open_loop(session, target, send_times, rec, np.random.default_rng(seed))
         await task
-        headers = {"Authorization": f"Bearer {token}"}
-        async with session.get(f"http://{url}/admin/state", headers=headers) as resp:
-            state = await resp.json()
+        state = await admin_state(session, url, token)
         await scrape(session, metrics_url)
     out = []
     for k in range(windows):

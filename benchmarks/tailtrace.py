@@ -25,12 +25,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import numpy as np
 
 from api.config import GatewayConfig, from_options, to_flags
 from api.embedded import INPUT_WIDTH, SIMNET
-from benchmarks.live import percentile_interval_ms, percentile_ms, set_policy
+from benchmarks.live import admin_state, percentile_interval_ms, percentile_ms, set_policy
 from benchmarks.sidecar import OWNED_FLAGS, running
 from loadgen.classes import RequestClass
 from loadgen.engine import Recorder, Target, build_payloads, new_session, open_loop, schedule
@@ -57,15 +56,6 @@ def _feedback(state: dict[str, Any], slo_ms: float) -> dict[str, Any] | None:
         if entry.get("model") == SIMNET and math.isclose(entry.get("slo_ms", -1.0), slo_ms):
             return dict(entry)
     return None
-
-
-async def _state(session: aiohttp.ClientSession, url: str, token: str) -> dict[str, Any]:
-    async with session.get(
-        f"http://{url}/admin/state", headers={"Authorization": f"Bearer {token}"}
-    ) as resp:
-        resp.raise_for_status()
-        state: dict[str, Any] = await resp.json()
-        return state
 
 
 def trace(
@@ -100,11 +90,11 @@ def trace(
                 states: list[dict[str, Any]] = []
                 running_run = True
                 started = time.monotonic()
-                before = _feedback(await _state(session, sc.url, token), slo_ms)
+                before = _feedback(await admin_state(session, sc.url, token), slo_ms)
 
                 async def poll() -> None:
                     while running_run:
-                        state = await _state(session, sc.url, token)
+                        state = await admin_state(session, sc.url, token)
                         kept = {k: state.get(k) for k in KEPT}
                         states.append({"t_s": round(time.monotonic() - started, 3), **kept})
                         await asyncio.sleep(POLL_S)
@@ -116,7 +106,7 @@ def trace(
                 finally:
                     running_run = False
                     await poller
-                after = _feedback(await _state(session, sc.url, token), slo_ms)
+                after = _feedback(await admin_state(session, sc.url, token), slo_ms)
             requests = [
                 (
                     s.start_s - started,
