@@ -6,6 +6,10 @@ parsing, no scheduling, no Triton), and this process calls it in a closed loop o
 server's CPU per call (its own ``/proc`` accounting) and the client's (this process's CPU time).
 The sidecar's gRPC path pays both per request, on top of its own work, so neither its CPU nor
 its added latency can go below their sum with this library.
+
+Beside it, the same fixed reply from grpcio's synchronous server (a thread pool): what a front
+end on it would pay in the library, before the hand-off of each call to the sidecar's event loop
+and back that such a front end would add (its handlers here return at once).
 """
 
 from __future__ import annotations
@@ -14,12 +18,15 @@ import argparse
 import asyncio
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import grpc
 import numpy as np
 import uvloop
 
 from api.embedded import INPUT_WIDTH, NOOP, free_port
+from api.grpc_frontend.protocol import MODEL_INFER, SERVICE
 from benchmarks.bench import process_cpu_s
 from benchmarks.floor import model_infer_server, server_process
 from loadgen.classes import RequestClass
@@ -28,6 +35,8 @@ from loadgen.grpc_client import GrpcClient, grpc_payloads
 from simulator.results import DEFAULT_DIR, markdown_table, write_results
 
 REPLY = b"\n\x04noop\x12\x011"
+SERVERS = ("aio", "sync")  # grpc.aio's server; grpcio's synchronous one on a thread pool
+SYNC_WORKERS = 32
 
 
 async def serve(port: int) -> None:
@@ -41,6 +50,25 @@ async def serve(port: int) -> None:
     sys.stdout.flush()
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
     await server.stop(0)
+
+
+def serve_sync(port: int) -> None:
+    """The same fixed reply from grpcio's synchronous server, until stdin closes."""
+
+    def infer(_: bytes, __: object) -> bytes:
+        return REPLY
+
+    server = grpc.server(ThreadPoolExecutor(max_workers=SYNC_WORKERS))
+    handler = grpc.unary_unary_rpc_method_handler(infer)
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(SERVICE, {MODEL_INFER: handler}),)
+    )
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    sys.stdin.read()
+    server.stop(0)
 
 
 async def load(url: str, concurrency: int, duration_s: float, server_pid: int) -> dict[str, float]:
@@ -77,43 +105,54 @@ def main(argv: list[str] | None = None) -> int:
         "--results-dir", type=Path, default=DEFAULT_DIR, help="where grpcfloor.{md,json} go"
     )
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)  # the server process
+    parser.add_argument("--server", choices=SERVERS, default="aio", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    concurrencies = [int(x) for x in args.concurrency.split(",")]
     if args.serve is not None:
-        uvloop.run(serve(args.serve))
+        if args.server == "sync":
+            serve_sync(args.serve)
+        else:
+            uvloop.run(serve(args.serve))
         return 0
-    port = free_port()
-    what = "the fixed gRPC server"
-    with server_process(what, "benchmarks.grpcfloor", "--serve", str(port)) as (server, _):
-        print("grpc.aio alone, a fixed reply, loopback (the floor of each of the sidecar's hops):")
-        rows = []
-        for c in (int(x) for x in args.concurrency.split(",")):
-            r = uvloop.run(load(f"127.0.0.1:{port}", c, args.duration_s, server.pid))
-            rows.append({"concurrency": c, **r})
-            print(
-                f"  concurrency {c:>2}: {r['calls_per_s']:.0f} calls/s; CPU per call: server "
-                f"{r['server_cpu_us']:.0f} µs, client {r['client_cpu_us']:.0f} µs"
-            )
-        md, _ = write_results(
-            "grpcfloor",
-            title="What gRPC costs alone (python -m benchmarks.grpcfloor)",
-            markdown="A grpc.aio server answering a fixed reply, called over one grpc.aio "
-            f"channel in closed loops of {args.duration_s:g} s; CPU per call of each side.\n\n"
-            + markdown_table(
-                ["concurrency", "calls/s", "server CPU µs/call", "client CPU µs/call"],
-                [
-                    (
-                        r["concurrency"],
-                        f"{r['calls_per_s']:.0f}",
-                        f"{r['server_cpu_us']:.0f}",
-                        f"{r['client_cpu_us']:.0f}",
-                    )
-                    for r in rows
-                ],
-            ),
-            data={"settings": {"duration_s": args.duration_s}, "cost": rows},
-            directory=args.results_dir,
-        )
-        print(f"written to {md} (and .json)")
+    print("gRPC alone, a fixed reply, loopback (the floor of each of the sidecar's hops):")
+    rows = []
+    for kind in SERVERS:
+        port = free_port()
+        what = f"the fixed gRPC server ({kind})"
+        args_ = ("--serve", str(port), "--server", kind)
+        with server_process(what, "benchmarks.grpcfloor", *args_) as (server, _):
+            for c in concurrencies:
+                r = uvloop.run(load(f"127.0.0.1:{port}", c, args.duration_s, server.pid))
+                rows.append({"server": kind, "concurrency": c, **r})
+                print(
+                    f"  {kind:>4} server, concurrency {c:>2}: {r['calls_per_s']:.0f} calls/s; "
+                    f"CPU per call: server {r['server_cpu_us']:.0f} µs, "
+                    f"client {r['client_cpu_us']:.0f} µs"
+                )
+    md, _ = write_results(
+        "grpcfloor",
+        title="What gRPC costs alone (python -m benchmarks.grpcfloor)",
+        markdown="A server answering a fixed reply (`aio`: grpc.aio's; `sync`: grpcio's "
+        f"synchronous server on {SYNC_WORKERS} threads, its handler returning at once), called "
+        f"over one grpc.aio channel in closed loops of {args.duration_s:g} s; CPU per call of "
+        "each side.\n\n"
+        + markdown_table(
+            ["server", "concurrency", "calls/s", "server CPU µs/call", "client CPU µs/call"],
+            [
+                (
+                    r["server"],
+                    r["concurrency"],
+                    f"{r['calls_per_s']:.0f}",
+                    f"{r['server_cpu_us']:.0f}",
+                    f"{r['client_cpu_us']:.0f}",
+                )
+                for r in rows
+            ],
+        ),
+        data={"settings": {"duration_s": args.duration_s}, "cost": rows},
+        directory=args.results_dir,
+    )
+    print(f"written to {md} (and .json)")
     return 0
 
 
