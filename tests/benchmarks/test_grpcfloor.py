@@ -4,15 +4,24 @@ no server process left behind."""
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
+from api.embedded import free_port
 from benchmarks import grpcfloor
+from benchmarks.floor import server_process
+from benchmarks.sidecar import processes
 
 
-def _servers_running() -> list[str]:
-    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True)
-    return [line for line in out.stdout.splitlines() if "benchmarks.grpcfloor --serve" in line]
+def _servers_running() -> list[int]:
+    return [p.pid for p in processes().values() if b"benchmarks.grpcfloor\0--serve" in p.cmdline]
+
+
+def test_a_running_server_is_seen() -> None:
+    """What the check below looks for is there while a server runs, and gone after."""
+    args = ("--serve", str(free_port()), "--server", "sync")
+    with server_process("the fixed gRPC server", "benchmarks.grpcfloor", *args) as (proc, _):
+        assert _servers_running() == [proc.pid]
+    assert _servers_running() == []
 
 
 def test_both_servers_are_measured_and_written(tmp_path: Path) -> None:
