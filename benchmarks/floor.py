@@ -120,17 +120,26 @@ def _host_port(url: str) -> tuple[str, int]:
 
 
 InferHandler = Callable[[bytes, "grpc.aio.ServicerContext[bytes, bytes]"], Awaitable[bytes]]
+SyncInferHandler = Callable[[bytes, "grpc.ServicerContext"], bytes]
+
+
+def serve_model_infer(
+    server: grpc.Server | grpc.aio.Server, port: int, infer: InferHandler | SyncInferHandler
+) -> None:
+    """Give ``server`` (grpcio's or grpc.aio's, not started) one handler, ``infer``, taking and
+    returning ``ModelInfer``'s raw bytes, on ``port`` of the loopback."""
+    handler = grpc.unary_unary_rpc_method_handler(infer)
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(SERVICE, {MODEL_INFER: handler}),)
+    )
+    server.add_insecure_port(f"127.0.0.1:{port}")
 
 
 async def model_infer_server(port: int, infer: InferHandler) -> grpc.aio.Server:
     """A started ``grpc.aio`` server on ``port`` whose one handler, ``infer``, takes and
     returns ``ModelInfer``'s raw bytes."""
     server = grpc.aio.server()
-    handler = grpc.unary_unary_rpc_method_handler(infer)
-    server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler(SERVICE, {MODEL_INFER: handler}),)
-    )
-    server.add_insecure_port(f"127.0.0.1:{port}")
+    serve_model_infer(server, port, infer)
     await server.start()
     return server
 

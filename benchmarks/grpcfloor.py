@@ -26,9 +26,8 @@ import numpy as np
 import uvloop
 
 from api.embedded import INPUT_WIDTH, NOOP, free_port
-from api.grpc_frontend.protocol import MODEL_INFER, SERVICE
 from benchmarks.bench import process_cpu_s
-from benchmarks.floor import model_infer_server, server_process
+from benchmarks.floor import model_infer_server, serve_model_infer, server_process
 from loadgen.classes import RequestClass
 from loadgen.engine import InputTensor
 from loadgen.grpc_client import GrpcClient, grpc_payloads
@@ -55,15 +54,11 @@ async def serve(port: int) -> None:
 def serve_sync(port: int) -> None:
     """The same fixed reply from grpcio's synchronous server, until stdin closes."""
 
-    def infer(_: bytes, __: object) -> bytes:
+    def infer(_: bytes, __: grpc.ServicerContext) -> bytes:
         return REPLY
 
     server = grpc.server(ThreadPoolExecutor(max_workers=SYNC_WORKERS))
-    handler = grpc.unary_unary_rpc_method_handler(infer)
-    server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler(SERVICE, {MODEL_INFER: handler}),)
-    )
-    server.add_insecure_port(f"127.0.0.1:{port}")
+    serve_model_infer(server, port, infer)
     server.start()
     sys.stdout.write("ready\n")
     sys.stdout.flush()
