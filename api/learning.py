@@ -272,7 +272,7 @@ class LearningCollector(Collector):
         attributed = CounterMetricFamily(
             "sidecar_energy_attributed_seconds",
             "Time of the GPU's energy counter attributed to clock windows (kept), or not (dropped: "
-            "a clock change inside, or a clock the sidecar did not set).",
+            "under a clock the sidecar did not set).",
             labels=["gpu", "outcome"],
         )
         probes = CounterMetricFamily(

@@ -5,17 +5,20 @@ energy per inference per clock refitted from them (no I/O, time injected).
 the clock target and how many requests of each model are at Triton) and every new value of the
 GPU's cumulative energy counter (:meth:`ClockWindows.reading`, a
 :class:`dvfs.energy.EnergyReading`: the value and the time it became current). The time between
-two counter values is a **window** when the clock target was the same over all of it and for
-``settle_s`` before (a change takes time to land), and it spans at least ``min_window_s`` and
-``MIN_INTERVALS`` of the counter's refresh interval (a shorter one is not trusted; see
-:mod:`dvfs.energy`); otherwise it is merged with the next one or, across a clock change, dropped.
-A window holds its energy, its clock, its idle seconds (nothing at Triton) and, per (model,
-requests of it at Triton), its busy seconds; time with several models at Triton is shared among
-them equally (they time-share the GPU).
+two counter values is a **window** when it spans at least ``min_window_s`` and ``MIN_INTERVALS``
+of the counter's refresh interval (a shorter one is not trusted; see :mod:`dvfs.energy`);
+otherwise it is merged with the next one. A window may span clock changes: it holds its energy
+and, per clock (a :class:`ClockSpan`), its idle seconds (nothing at Triton) and, per (model,
+requests of it at Triton), its busy seconds; time with several models at Triton is shared
+among them equally (they time-share the GPU). A change takes ``settle_s`` to land (the clock
+controller's own delay): until then the time counts at the clock before. So a GPU that drops
+to an idle clock between requests and rises at the next still measures both clocks, idle and
+busy, in every window. A window with time under a clock the sidecar did not set (the GPU's
+own) is dropped.
 
-**The power model.** Over a window at clock ``f`` (``x = f / f_max``)::
+**The power model.** Over a window, summed over its clocks ``f`` (``x = f / f_max``)::
 
-    E = P_idle(x)·t_idle + Σ_(model, batch) P_(model, batch)(x)·t_(model, batch)
+    E = Σ_f [ P_idle(x)·t_idle(f) + Σ_(model, batch) P_(model, batch)(x)·t_(model, batch)(f) ]
 
 with every power on the law ``P(x) = a + c·x^k`` (``a, c >= 0``; ``k`` = ``power_exponent``, 3:
 dynamic power goes as ``C·V²·f`` and voltage rises about linearly with the clock over the DVFS
@@ -81,7 +84,7 @@ class EnergyParams:
     window_s: float = 120.0
     max_windows: int = 3000
     min_window_s: float = 0.05
-    settle_s: float = 0.02
+    settle_s: float = 0.005  # a clock target lands this long after it is set (NVML: a few ms)
     min_live_s: float = 2.0
     min_curve_s: float = 0.5
     min_busy_share: float = 0.25
@@ -115,26 +118,66 @@ class EnergyParams:
             raise ValueError("max_windows must be >= 1 and probe_clocks >= 2")
 
 
+Busy = tuple[tuple[tuple[str, int], float], ...]  # ((model, requests at Triton), seconds)
+
+
+@dataclass(frozen=True, slots=True)
+class ClockSpan:
+    """The seconds of a window at ``clock_mhz``: ``idle_s`` with nothing at Triton, and
+    ``busy[(model, n)]`` with ``n`` requests of ``model`` there."""
+
+    clock_mhz: int
+    idle_s: float
+    busy: Busy
+
+
 @dataclass(frozen=True, slots=True)
 class EnergyWindow:
-    """``energy_j`` used from ``start_s`` to ``end_s`` at ``clock_mhz``: ``idle_s`` with nothing
-    at Triton, and ``busy[(model, n)]`` seconds with ``n`` requests of ``model`` there (time
-    with several models there shared among them)."""
+    """``energy_j`` used from ``start_s`` to ``end_s``, its time split by clock (``spans``,
+    one per clock in force; time with several models at Triton shared among them)."""
 
     start_s: float
     end_s: float
-    clock_mhz: int
     energy_j: float
-    idle_s: float
-    busy: tuple[tuple[tuple[str, int], float], ...]
+    spans: tuple[ClockSpan, ...]
+
+    @classmethod
+    def at_clock(
+        cls,
+        start_s: float,
+        end_s: float,
+        clock_mhz: int,
+        energy_j: float,
+        idle_s: float,
+        busy: Busy,
+    ) -> EnergyWindow:
+        """A window at one clock throughout."""
+        return cls(start_s, end_s, energy_j, (ClockSpan(clock_mhz, idle_s, busy),))
 
     @property
     def span_s(self) -> float:
         return self.end_s - self.start_s
 
+    @property
+    def idle_s(self) -> float:
+        return sum(c.idle_s for c in self.spans)
+
+    @property
+    def clocks_mhz(self) -> list[int]:
+        return [c.clock_mhz for c in self.spans]
+
     def busy_s(self, model: str | None = None) -> float:
         """Busy seconds of ``model`` (all models: None)."""
-        return sum(s for (m, _), s in self.busy if model is None or m == model)
+        return sum(s for c in self.spans for (m, _), s in c.busy if model is None or m == model)
+
+    @property
+    def busy(self) -> Busy:
+        """Busy seconds per (model, requests at Triton), over every clock."""
+        total: dict[tuple[str, int], float] = {}
+        for c in self.spans:
+            for key, sec in c.busy:
+                total[key] = total.get(key, 0.0) + sec
+        return tuple(sorted(total.items()))
 
 
 Composition = tuple[tuple[str, int], ...]
@@ -150,7 +193,7 @@ class ClockWindows:
         self._busy: deque[tuple[float, Composition]] = deque()  # (since_s, what is at Triton)
         self._start: EnergyReading | None = None
         self.kept_s = 0.0  # counter time attributed to windows
-        self.dropped_s = 0.0  # and lost: a clock change inside, or a clock not known
+        self.dropped_s = 0.0  # and lost: time under a clock not known
 
     def occupancy(self, now_s: float, clock_mhz: int | None, inflight: Mapping[str, Sized]) -> None:
         """From ``now_s`` the clock target is ``clock_mhz`` (None: the GPU's own) and
@@ -190,8 +233,8 @@ class ClockWindows:
         end_s = reading.as_of_s
         if end_s <= start.as_of_s:
             return None
-        clock = self._steady_clock(start.as_of_s - self.params.settle_s, end_s)
-        if clock is None:
+        clocks = self._clocks_between(start.as_of_s, end_s)
+        if clocks is None:
             self.dropped_s += end_s - start.as_of_s
             self._restart(reading)
             return None
@@ -201,7 +244,7 @@ class ClockWindows:
         shortest = max(shortest, MIN_INTERVALS * update_interval_s)
         if end_s - start.as_of_s < shortest:
             return None
-        window = self._window(start, reading, clock)
+        window = self._window(start, reading, clocks)
         self.kept_s += window.span_s
         self._restart(reading)
         return window
@@ -213,41 +256,55 @@ class ClockWindows:
             while len(log) > 1 and log[1][0] <= horizon:
                 log.popleft()
 
-    def _steady_clock(self, from_s: float, to_s: float) -> int | None:
-        """The clock target in force over all of ``[from_s, to_s]``, if one was, and known."""
-        clock: int | None = None
-        known = False
-        for since_s, c in self._clocks:
-            if since_s <= from_s:
-                clock, known = c, True
-            elif since_s <= to_s:
+    def _clocks_between(self, from_s: float, to_s: float) -> list[tuple[float, float, int]] | None:
+        """The clocks in force over ``[from_s, to_s]``, as ``(from_s, to_s, clock)``, each
+        target counted from ``settle_s`` after it was set; None when one is not known (the
+        GPU's own, or none reported yet)."""
+        settle = self.params.settle_s
+        changes = [(since_s + settle, c) for since_s, c in self._clocks]
+        if not changes or changes[0][0] > from_s:
+            return None
+        out = []
+        for i, (since_s, clock) in enumerate(changes):
+            until_s = changes[i + 1][0] if i + 1 < len(changes) else to_s
+            lo, hi = max(since_s, from_s), min(until_s, to_s)
+            if hi <= lo:
+                continue
+            if clock is None:
                 return None
-        return clock if known else None
+            out.append((lo, hi, clock))
+        return out
 
-    def _window(self, start: EnergyReading, end: EnergyReading, clock_mhz: int) -> EnergyWindow:
-        a, b = start.as_of_s, end.as_of_s
-        idle = 0.0
-        busy: dict[tuple[str, int], float] = {}
-        changes = list(self._busy)
+    def _occupancy_between(
+        self, from_s: float, to_s: float, idle_s: float, busy: dict[tuple[str, int], float]
+    ) -> float:
+        """Adds to ``busy`` the busy seconds in ``[from_s, to_s]``; returns ``idle_s`` plus
+        the idle ones."""
+        changes = self._busy
+        if not changes or changes[0][0] > from_s:  # before the first change nothing was there
+            idle_s += min(changes[0][0], to_s) - from_s if changes else to_s - from_s
         for i, (since_s, composition) in enumerate(changes):
-            until_s = changes[i + 1][0] if i + 1 < len(changes) else b
-            dt = min(until_s, b) - max(since_s, a)
+            until_s = changes[i + 1][0] if i + 1 < len(changes) else to_s
+            dt = min(until_s, to_s) - max(since_s, from_s)
             if dt <= 0:
                 continue
             if not composition:
-                idle += dt
+                idle_s += dt
             for m, n in composition:
                 busy[m, n] = busy.get((m, n), 0.0) + dt / len(composition)
-        if changes and changes[0][0] > a:  # before the first change nothing was reported
-            idle += min(changes[0][0], b) - a
-        return EnergyWindow(
-            start_s=a,
-            end_s=b,
-            clock_mhz=clock_mhz,
-            energy_j=end.energy_j - start.energy_j,
-            idle_s=idle,
-            busy=tuple(sorted(busy.items())),
-        )
+        return idle_s
+
+    def _window(
+        self, start: EnergyReading, end: EnergyReading, clocks: Sequence[tuple[float, float, int]]
+    ) -> EnergyWindow:
+        idle: dict[int, float] = {}
+        busy: dict[int, dict[tuple[str, int], float]] = {}
+        for lo, hi, clock in clocks:
+            idle[clock] = self._occupancy_between(
+                lo, hi, idle.get(clock, 0.0), busy.setdefault(clock, {})
+            )
+        spans = tuple(ClockSpan(c, idle[c], tuple(sorted(busy[c].items()))) for c in sorted(idle))
+        return EnergyWindow(start.as_of_s, end.as_of_s, end.energy_j - start.energy_j, spans)
 
 
 # -- the power law ------------------------------------------------------------------------
@@ -379,6 +436,7 @@ class OnlineEnergy:
         # each window's row of the least squares (parallel to _windows, a prefix of it), for
         # the components of _layout: built once, not at every refit
         self._rows: deque[npt.NDArray[np.float64]] = deque()
+        self._live: deque[npt.NDArray[np.float64]] = deque()  # (component, clock, busy s) rows
         self._layout: tuple[tuple[str, int], ...] = ()
 
     # -- measurements ---------------------------------------------------------------------
@@ -400,8 +458,9 @@ class OnlineEnergy:
         self.windows_total += 1
         for model in {m for (m, _), _s in window.busy}:
             self._models.setdefault(model, _ModelEnergy()).windows_total += 1
-        bucket = self._bucket(window.clock_mhz)
-        self._evidence[bucket] = self._evidence.get(bucket, 0.0) + window.busy_s()
+        for span in window.spans:
+            bucket = self._bucket(span.clock_mhz)
+            self._evidence[bucket] = self._evidence.get(bucket, 0.0) + _busy_s(span.busy)
         while len(self._windows) > self.params.max_windows:
             self._pop()
         del self._new[: -self.params.max_windows]
@@ -417,8 +476,10 @@ class OnlineEnergy:
         window = self._windows.popleft()
         if self._rows:
             self._rows.popleft()
-        bucket = self._bucket(window.clock_mhz)
-        self._evidence[bucket] = max(0.0, self._evidence.get(bucket, 0.0) - window.busy_s())
+            self._live.popleft()
+        for span in window.spans:
+            bucket = self._bucket(span.clock_mhz)
+            self._evidence[bucket] = max(0.0, self._evidence.get(bucket, 0.0) - _busy_s(span.busy))
 
     def pending(self) -> bool:
         """Whether windows came since the last refit."""
@@ -483,33 +544,35 @@ class OnlineEnergy:
         if tuple(comps) != self._layout:
             self._layout = tuple(comps)
             self._rows.clear()
+            self._live.clear()
         windows = list(self._windows)
         for w in windows[len(self._rows) :]:
-            x = (w.clock_mhz / f_max) ** k
             row = np.zeros(width)
-            span = w.span_s
-            row[0], row[1] = w.idle_s / span, w.idle_s * x / span
-            for (m, n), sec in w.busy:
-                table = tables.get(m)
-                shares = split_batch(n, table.batches) if table else [(UNKNOWN_BATCH, 1.0)]
-                for b, share in shares:
-                    j = index[m, b]
-                    row[j] += share * sec / span
-                    row[j + 1] += share * sec * x / span
-            self._rows.append(row)
+            live_rows: list[tuple[float, float, float]] = []
+            for span in w.spans:
+                x = (span.clock_mhz / f_max) ** k
+                row[0] += span.idle_s
+                row[1] += span.idle_s * x
+                for (m, n), sec in span.busy:
+                    table = tables.get(m)
+                    shares = split_batch(n, table.batches) if table else [(UNKNOWN_BATCH, 1.0)]
+                    for b, share in shares:
+                        j = index[m, b]
+                        row[j] += share * sec
+                        row[j + 1] += share * sec * x
+                        live_rows.append((j, span.clock_mhz, share * sec))
+            self._rows.append(row / w.span_s)
+            self._live.append(np.array(live_rows, dtype=float).reshape(-1, 3))
         windows_a = np.vstack(self._rows)
         spans = np.array([w.span_s for w in windows])
-        clocks = np.array([w.clock_mhz for w in windows])
         windows_y = np.array([w.energy_j for w in windows]) / spans
         busy_s = windows_a[:, 2::2] * spans[:, None]  # per window, per component
         live = {c: float(busy_s[:, i].sum()) for i, c in enumerate(comps)}
         clock_live: dict[tuple[str, int], dict[int, float]] = {}
-        for i, c in enumerate(comps):
-            at = busy_s[:, i] > 0
-            if at.any():
-                seen, where = np.unique(clocks[at], return_inverse=True)
-                sums = np.bincount(where, weights=busy_s[at, i])
-                clock_live[c] = {int(f): float(v) for f, v in zip(seen, sums, strict=True)}
+        at = np.vstack(self._live)
+        for (column, clock), sec in _sum_by(at[:, :2], at[:, 2]).items():
+            comp = comps[(int(column) - 2) // 2]
+            clock_live.setdefault(comp, {})[int(clock)] = sec
         prior_rows = []  # (row, target watts)
         ladder = self._probe_ladder
         for c in comps:
@@ -617,18 +680,20 @@ class OnlineEnergy:
             if busy_s < 0.25 * w.span_s or w.busy_s() > busy_s:
                 continue
             predicted = 0.0
-            for (_, n), sec in w.busy:
-                for b, share in split_batch(n, prior.batches):
-                    if b not in power_of:
-                        powers = table_power_w(prior, b)
-                        xs = sorted(powers)
-                        power_of[b] = (xs, [powers[c] for c in xs])
-                    xs, ys = power_of[b]
-                    if not xs:
-                        return None  # the table has no energy for this batch
-                    watts = float(np.interp(w.clock_mhz, xs, ys))
-                    predicted += share * sec * watts
-            measured = w.energy_j - fit.idle.power_w(w.clock_mhz) * w.idle_s
+            measured = w.energy_j
+            for span in w.spans:
+                measured -= fit.idle.power_w(span.clock_mhz) * span.idle_s
+                for (_, n), sec in span.busy:
+                    for b, share in split_batch(n, prior.batches):
+                        if b not in power_of:
+                            powers = table_power_w(prior, b)
+                            xs = sorted(powers)
+                            power_of[b] = (xs, [powers[c] for c in xs])
+                        xs, ys = power_of[b]
+                        if not xs:
+                            return None  # the table has no energy for this batch
+                        watts = float(np.interp(span.clock_mhz, xs, ys))
+                        predicted += share * sec * watts
             if predicted > 0:
                 ratios.append(measured / predicted - 1.0)
         return float(np.median(np.abs(ratios))) if ratios else None
@@ -695,6 +760,21 @@ class OnlineEnergy:
                 else {b: table.energy_optimal_clock_mhz(b) for b in table.batches}
             ),
         }
+
+
+def _busy_s(busy: Busy) -> float:
+    return sum(sec for _, sec in busy)
+
+
+def _sum_by(
+    keys: npt.NDArray[np.float64], values: npt.NDArray[np.float64]
+) -> dict[tuple[float, ...], float]:
+    """``values`` summed per distinct row of ``keys``."""
+    if not len(keys):
+        return {}
+    seen, where = np.unique(keys, axis=0, return_inverse=True)
+    sums = np.bincount(where.ravel(), weights=values)
+    return {tuple(float(k) for k in key): float(v) for key, v in zip(seen, sums, strict=True)}
 
 
 def _solve(

@@ -17,6 +17,7 @@ from simulator.simulate import SimConfig, profiled_tables, simulate
 from tests.time2clock.test_online import V100_CLOCKS
 from time2clock.online import OnlineTables
 from time2clock.online_energy import (
+    ClockSpan,
     ClockWindows,
     EnergyParams,
     EnergyWindow,
@@ -92,14 +93,14 @@ def test_a_window_holds_its_energy_idle_and_busy_seconds_per_model_and_count() -
     meter.advance(0.07, 50.0)
     window = windows.reading(meter.advance(0.10), 0.01)
     assert window is not None
-    assert window.clock_mhz == 900 and window.span_s == pytest.approx(0.10)
+    assert window.clocks_mhz == [900] and window.span_s == pytest.approx(0.10)
     assert window.energy_j == pytest.approx(0.03 * 50 + 0.02 * 100 + 0.02 * 150 + 0.03 * 50)
     assert window.idle_s == pytest.approx(0.06)
     assert dict(window.busy) == pytest.approx({("a", 1): 0.03, ("b", 2): 0.01})
     assert window.busy_s("a") == pytest.approx(0.03) and window.busy_s() == pytest.approx(0.04)
 
 
-def test_windows_span_two_counter_refreshes_and_never_a_clock_change() -> None:
+def test_windows_span_two_counter_refreshes_and_split_their_time_by_clock() -> None:
     params = EnergyParams(min_window_s=0.05, settle_s=0.02)
     windows = ClockWindows(params)
     meter = Meter()
@@ -109,17 +110,29 @@ def test_windows_span_two_counter_refreshes_and_never_a_clock_change() -> None:
     assert windows.reading(meter.advance(0.08), 0.045) is None  # 0.08 s < 2 refreshes of 0.045
     window = windows.reading(meter.advance(0.09), 0.045)
     assert window is not None and window.span_s == pytest.approx(0.09)  # merged, from 0
-    # a clock change inside a window drops it, and so does one within settle_s before its start
-    windows.occupancy(0.12, 1200, {})
-    assert windows.reading(meter.advance(0.20), 0.04) is None
-    assert windows.dropped_s == pytest.approx(0.11) and windows.kept_s == pytest.approx(0.09)
-    windows.occupancy(0.21, 1500, {})
-    assert windows.reading(meter.advance(0.30), 0.04) is None  # started 0.01 s after a change
-    assert windows.dropped_s == pytest.approx(0.21)
-    window = windows.reading(meter.advance(0.40), 0.04)
-    assert window is not None and window.clock_mhz == 1500
+    # a change inside a window splits its time: the old clock until settle_s after the request
+    windows.occupancy(0.12, 1200, {"a": [1]})
+    windows.occupancy(0.16, 1200, {})
+    window = windows.reading(meter.advance(0.20), 0.04)
+    assert window is not None and window.clocks_mhz == [900, 1200]
+    at_900, at_1200 = window.spans
+    assert at_900.idle_s == pytest.approx(0.03) and dict(at_900.busy) == pytest.approx(
+        {("a", 1): 0.02}
+    )
+    assert at_1200.idle_s == pytest.approx(0.04) and dict(at_1200.busy) == pytest.approx(
+        {("a", 1): 0.02}
+    )
+    assert window.busy_s("a") == pytest.approx(0.04) and window.idle_s == pytest.approx(0.07)
+    # back and forth: one span per clock
+    windows.occupancy(0.22, 900, {})
+    windows.occupancy(0.25, 1200, {})
+    window = windows.reading(meter.advance(0.30), 0.04)
+    assert window is not None and window.clocks_mhz == [900, 1200]
+    assert [c.idle_s for c in window.spans] == pytest.approx([0.03, 0.07])
+    assert windows.dropped_s == 0.0 and windows.kept_s == pytest.approx(0.30)
     windows.occupancy(0.45, None, {})  # the clock left to the GPU: not known, no window
-    windows.reading(meter.advance(0.50), 0.04)
+    assert windows.reading(meter.advance(0.50), 0.04) is None
+    assert windows.dropped_s == pytest.approx(0.20)
     assert windows.reading(meter.advance(0.60), 0.04) is None
     # a counter that goes back (a driver reset) starts over without a window
     windows.occupancy(0.6, 900, {})
@@ -159,9 +172,11 @@ def synthetic_windows(
     noise_w: float = 1.0,
     seed: int = 0,
     start_s: float = 0.0,
+    idle_clock: int | None = None,
 ) -> list[EnergyWindow]:
     """Windows of 0.1 s at each clock, busy a random share with a random batch, their energy
-    from the true laws plus noise (``noise_w`` of mean power)."""
+    from the true laws plus noise (``noise_w`` of mean power); idle at ``idle_clock`` when one
+    is given (a GPU dropping its clock between requests), else at the window's clock."""
     rng = np.random.default_rng(seed)
     out = []
     t = start_s
@@ -173,11 +188,17 @@ def synthetic_windows(
                 s = float(rng.uniform(0, 0.1 / len(batches)))
                 busy[model, b] = s
                 left -= s
-            energy = IDLE.power_w(clock) * left + sum(
+            resting = clock if idle_clock is None else idle_clock
+            energy = IDLE.power_w(resting) * left + sum(
                 busy_law(b).power_w(clock) * s for (_, b), s in busy.items()
             )
             energy += float(rng.normal(0, noise_w)) * 0.1
-            out.append(EnergyWindow(t, t + 0.1, clock, energy, left, tuple(sorted(busy.items()))))
+            busy_s = tuple(sorted(busy.items()))
+            if idle_clock is None:
+                out.append(EnergyWindow.at_clock(t, t + 0.1, clock, energy, left, busy_s))
+            else:
+                spans = (ClockSpan(idle_clock, left, ()), ClockSpan(clock, 0.0, busy_s))
+                out.append(EnergyWindow(t, t + 0.1, energy, spans))
             t += 0.1
     return out
 
@@ -217,6 +238,26 @@ def test_the_refit_learns_each_batchs_power_at_every_clock_from_two_measured() -
     assert energy.refits(CNN) == 1
     error = energy.error(CNN)
     assert error is not None and error > 0.05  # the wrong table, against what was measured
+
+
+def test_the_refit_learns_from_windows_that_idle_at_a_lower_clock() -> None:
+    """A GPU that drops to its lowest clock between requests: no window is at one clock, and
+    the fit still tells the busy power at the two busy clocks from the idle power at the idle
+    one, and heals the wrong curve as from windows of one clock."""
+    clean = TableSet([cnn_table()])
+    wrong = wrong_energy(clean)
+    lowest = V100_CLOCKS[0]
+    windows = synthetic_windows([1200, 1530], 300, idle_clock=lowest)
+    assert all(len(w.spans) == 2 for w in windows)
+    energy, table = refit_with(wrong, windows)
+    for b in (1, 2):
+        for clock in (600, 1200, 1530):
+            learned = energy_at(table, clock, b)
+            assert learned == pytest.approx(true_energy_j(table, b, clock), rel=0.03)
+    truth = min(table.curves[1].clocks_mhz, key=lambda c: true_energy_j(table, 1, c))
+    assert abs(floor_of(table, 1) - truth) <= 30
+    assert energy.idle is not None
+    assert energy.idle.power_w(lowest) == pytest.approx(IDLE.power_w(lowest), rel=0.05)
 
 
 def test_the_refit_is_robust_to_outlier_windows() -> None:
@@ -308,8 +349,8 @@ def test_requests_waiting_with_the_gpu_idle_are_not_taken_for_cheap_executions()
     diluted = [
         replace(
             w,
-            energy_j=IDLE.power_w(w.clock_mhz) * w.span_s
-            + 0.1 * (w.energy_j - IDLE.power_w(w.clock_mhz) * w.span_s),
+            energy_j=IDLE.power_w(w.clocks_mhz[0]) * w.span_s
+            + 0.1 * (w.energy_j - IDLE.power_w(w.clocks_mhz[0]) * w.span_s),
         )
         for w in honest
     ]
