@@ -278,7 +278,10 @@ _FEEDBACK_HELP = {
     "min_samples": "adaptive: completions of a class before its base moves",
     "window_s": "adaptive: seconds of completions the reported tail is measured over",
     "max_samples": "adaptive: most completions kept per window",
-    "idle_depth": "adaptive: the share of the tightest SLO a wake-up from the idle clock may cost",
+    "idle_depth": (
+        "adaptive: the share of the room under the tightest SLO a wake-up from the idle clock "
+        "may cost"
+    ),
     "idle_power_w": "adaptive: the GPU's idle power at its lowest clock (none: read at start)",
     "idle_power_top_w": "adaptive: the GPU's idle power at its top clock (none: unknown)",
     "floor_tolerance": "adaptive: the energy floor is the lowest clock within this share of the "

@@ -21,10 +21,12 @@ Three clocks, one for each thing the GPU does:
   forms bigger batches costs less per request; one that only stretches a lone request costs
   more. The controller's level never sinks below the floor (no wind-up).
 * **Idle: deep.** When nothing is queued or at Triton the clock drops at once to the lowest
-  clock from which the next request, arriving now, loses at most ``idle_depth`` (a fifth) of
-  the tightest SLO to the clock change (it runs at the idle clock until the raise lands). An
-  idle GPU locked high draws more than one locked low; the base clock is back at the next
-  arrival.
+  clock from which the next request, arriving now, loses at most ``idle_depth`` (by default
+  all) of the room its classes' base speed leaves under the tightest SLO to the clock change
+  (it runs at the idle clock until the raise lands), weighed against what idling there saves.
+  An idle GPU locked high draws more than one locked low; the base clock is back at the next
+  arrival, and the tail controller, which measures the wake-ups, holds the base where they
+  leave the tail room.
 
 The knobs are :class:`scheduler.feedback.FeedbackParams`; ``docs/design.md`` ("The adaptive
 policy") describes them and ``docs/simulator.md`` what the policy is worth on the simulator's

@@ -83,7 +83,7 @@ class FeedbackParams:
     min_samples: int = 20
     window_s: float = 10.0
     max_samples: int = 2000
-    idle_depth: float = 0.2
+    idle_depth: float = 1.0
     idle_power_w: float | None = None
     idle_power_top_w: float | None = None
     floor_tolerance: float = 0.02
