@@ -273,6 +273,8 @@ _FEEDBACK_HELP = {
     "target": "adaptive: the quantile of latency/SLO each SLO class holds at the setpoint",
     "setpoint": "adaptive: the share of the SLO that quantile is held at",
     "gain": "adaptive: the base speed's step (log) per near miss, times target",
+    "settled_gain": "adaptive: the smallest step (the step shrinks as 1/sqrt(completions))",
+    "settle_completions": "adaptive: the class's completion at which the step is gain",
     "far_below": "adaptive: a tail under this share of the setpoint walks down faster",
     "fast_descent": "adaptive: times faster the base walks down far below it (1: no faster)",
     "min_samples": "adaptive: completions of a class before its base moves",

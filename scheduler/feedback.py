@@ -9,20 +9,29 @@ speed** of the class: the clock below which it never runs the class's requests, 
 relative to the top clock's (``exp(level)``, 1 = the top clock). The plan still raises the
 clock above the base at once when a queue needs it.
 
-What it holds: the ``target`` quantile (0.99) of ``latency / SLO`` at ``setpoint`` (0.95). It is
+What it holds: the ``target`` quantile (0.99) of ``latency / SLO`` at ``setpoint`` (0.97). It is
 a stochastic-approximation quantile tracker (Robbins-Monro): every completion over the setpoint
 (a *near miss*) raises the level by ``gain · target``, every other completion lowers it by
 ``gain · (1 − target)``. The level stands still exactly where near misses are ``1 − target``
 of the completions, whatever the load, the GPU's spread or the table's errors; no window to
 estimate a p99 from a handful of samples.
 
-* **Up fast, down slowly.** With the defaults a near miss speeds the class up by 5%, and 99
-  completions inside the setpoint slow it by as much: a run of near misses is answered within
-  that run, while a class with room walks its clock down a few percent a second at a hundred
-  requests a second. ``fast_descent`` (off, 1, by default): while a hundred completions in a
-  row stay under ``far_below`` (0.8) of the setpoint, the class walks down that many times
-  faster. Those extra steps down are paid for by extra near misses, so with it more than
-  ``1 − target`` of completions pass the setpoint (the tail for some energy).
+* **Up fast, down slowly.** With the defaults (at the 1,000th completion) a near miss speeds
+  the class up by 5%, and 99 completions inside the setpoint slow it by as much: a run of near
+  misses is answered within that run, while a class with room walks its clock down a few
+  percent a second at a hundred requests a second. ``fast_descent`` (off, 1, by default):
+  while a hundred completions in a row stay under ``far_below`` (0.8) of the setpoint, the
+  class walks down that many times faster. Those extra steps down are paid for by extra near
+  misses, so with it more than ``1 − target`` of completions pass the setpoint (the tail for
+  some energy).
+* **A gain that settles.** At a class's ``n``-th completion (rebases included) the step is
+  ``gain · √(settle_completions / n)``, the step size of a converging Robbins-Monro tracker,
+  and never under ``settled_gain``: ``gain`` (0.05) at the 1,000th, ``settled_gain`` (0.025)
+  from the 4,000th on, and larger before (seven times at the first step, the 21st): a new
+  class's first near misses take it up at once (the level stops at the top clock), and a
+  settled class dithers half as far around its clock, so its tail sits nearer the setpoint
+  and the setpoint nearer the SLO (a settled step still answers a run of near misses within
+  the run, 2.5% of speed each).
 * **No wind-up.** The policy passes the lowest level worth running at (its energy floor): the
   level never sinks below it, so a class that sat at the floor with room to spare has no
   credit to lose when the load comes back.
@@ -76,8 +85,10 @@ class FeedbackParams:
     """
 
     target: float = 0.99
-    setpoint: float = 0.95
+    setpoint: float = 0.97
     gain: float = 0.05
+    settled_gain: float = 0.025
+    settle_completions: int = 1000
     far_below: float = 0.8
     fast_descent: float = 1.0
     min_samples: int = 20
@@ -102,10 +113,21 @@ class FeedbackParams:
             raise ValueError(f"setpoint must be in (0, 1], got {self.setpoint}")
         if not 0.0 < self.gain < 1.0:
             raise ValueError(f"gain must be in (0, 1), got {self.gain}")
+        if not 0.0 < self.settled_gain <= self.gain:
+            raise ValueError(
+                f"settled_gain must be in (0, gain], got {self.settled_gain} (gain {self.gain})"
+            )
+        if self.settle_completions < 1:
+            raise ValueError(f"settle_completions must be >= 1, got {self.settle_completions}")
         if not 0.0 <= self.idle_depth <= 1.0:
             raise ValueError(f"idle_depth must be in [0, 1], got {self.idle_depth}")
         if self.min_samples < 0 or self.phantoms < 0:
             raise ValueError("min_samples and phantoms must be >= 0")
+
+    def gain_at(self, completions: int) -> float:
+        """The controller's step at a class's ``completions``-th completion (see the module
+        docstring: ``gain · √(settle_completions / n)``, never under ``settled_gain``)."""
+        return max(self.settled_gain, self.gain * math.sqrt(self.settle_completions / completions))
 
 
 class TailController:
@@ -145,13 +167,14 @@ class TailController:
         if self._seen <= p.min_samples:
             return False
         before = self.level
+        gain = p.gain_at(self.completions)
         if near:
-            self.level += p.gain * p.target
+            self.level += gain * p.target
         else:
             # Far below the setpoint for as many completions as the target quantile needs
             # to see one past it: the tail has room to spare, walk down faster.
             far = self._since_high >= 1.0 / (1.0 - p.target)
-            self.level -= p.gain * (1.0 - p.target) * (p.fast_descent if far else 1.0)
+            self.level -= gain * (1.0 - p.target) * (p.fast_descent if far else 1.0)
         self.level = min(p.overshoot, max(self.level, min(floor_level, 0.0)))
         return self.level > before
 

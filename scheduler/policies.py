@@ -273,6 +273,7 @@ class SlackPolicy(ClockPolicy):
         # Whether deadlines are moved (_slo_scale overridden); if not, each is the request's own.
         self._scaled = type(self)._slo_scale is not SlackPolicy._slo_scale
         self._holds: dict[str, float] = {}  # model -> when to look again at requests held
+        self._now_s = 0.0  # the time of the last decision
         self._held_head: dict[str, int] = {}  # model -> the first request of its hold
         self._released_upto: dict[str, int] = {}  # model -> the last request of a batch let go
         # The j-th of a Poisson stream's next arrivals comes after Gamma(j, 1/λ); plan for it
@@ -666,6 +667,7 @@ class SlackPolicy(ClockPolicy):
         return constraints
 
     def _decide(self, s: SchedulerView, now_s: float) -> int | None:
+        self._now_s = now_s
         target = self.target_mhz(s, now_s)
         if target > self.current_mhz:
             self._lower_since_s = None
@@ -699,7 +701,10 @@ class SlackPolicy(ClockPolicy):
         return self._decide(s, now_s)
 
     def wake_at_s(self) -> float | None:
-        times = list(self._holds.values())
+        # A hold already due that the last decision did not let go (its requests wait behind
+        # others the queue serves first) goes at the next event that frees them: asked for
+        # now, a poll would find the same and ask again at the same instant, for ever.
+        times = [t for t in self._holds.values() if t > self._now_s]
         if self._lower_since_s is not None:
             times.append(self._lower_since_s + self.params.hold_s)
         return min(times, default=None)

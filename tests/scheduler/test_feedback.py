@@ -46,18 +46,21 @@ def test_settles_where_the_target_quantile_meets_the_setpoint(fast_descent: floa
     trace = drive(c, 0.0, 200.0, 200.0, 0.4, np.random.default_rng(1))
     levels = np.array([lv for _, lv, _ in trace])
     ratios = np.array([r for _, _, r in trace])
-    # Slowing down is gradual: one step of gain·(1 − target) per completion, fast_descent
-    # of them while the tail stays far below the setpoint (from the top clock, at first).
-    step = p.gain * (1 - p.target)
-    downs = -np.diff(levels)[np.diff(levels) < 0]
-    assert downs.max() <= p.fast_descent * step + 1e-12
-    assert np.allclose(downs[:50], step)  # a hundred completions before it is sure
+    # Slowing down is gradual: one step of gain_at(n)·(1 − target) at the n-th completion,
+    # fast_descent of them while the tail stays far below the setpoint (from the top clock,
+    # at first); the step shrinks as the class settles.
+    changes = np.diff(levels)  # the i-th is the (i + 2)-th completion's
+    steps = np.array([p.gain_at(i + 2) for i in range(len(changes))]) * (1 - p.target)
+    down = changes < 0
+    downs, down_steps = -changes[down], steps[down]
+    assert np.all(downs <= p.fast_descent * down_steps + 1e-12)
+    assert np.allclose(downs[:50], down_steps[:50])  # a hundred completions before it is sure
     if p.fast_descent > 1:
-        fast = np.isclose(downs, p.fast_descent * step)
+        fast = np.isclose(downs, p.fast_descent * down_steps)
         assert fast.sum() >= 20 and not fast[-5000:].any()  # far from the setpoint only
     else:
-        assert np.allclose(downs, step)
-    assert np.median(downs[-5000:]) == pytest.approx(step)
+        assert np.allclose(downs, down_steps)
+    assert np.median(downs[-5000:]) == pytest.approx(p.settled_gain * (1 - p.target))
     # Where the plant's p99 (0.4/scale·(1 + 2.33·0.05)) meets the setpoint.
     expected = -math.log(p.setpoint / (0.4 * (1 + 2.33 * 0.05)))
     settled = levels[-10_000:]
@@ -78,7 +81,23 @@ def test_the_first_completions_move_nothing() -> None:
     assert c.level == 0.0 and c.near_misses == 20
     c.level = -1.0
     assert c.observe(1.0, 2.0 * SLO_MS, SLO_MS)  # the 21st counts: faster at once
-    assert c.level == pytest.approx(-1.0 + p.gain * p.target)
+    assert c.level == pytest.approx(-1.0 + p.gain_at(21) * p.target)
+
+
+def test_the_step_is_large_for_a_new_class_and_settles() -> None:
+    """``gain · √(settle_completions / n)``: about seven times ``gain`` at the first step,
+    ``gain`` at the 1,000th completion, ``settled_gain`` from the 4,000th on."""
+    p = FeedbackParams(gain=0.05, settled_gain=0.025, settle_completions=1000)
+    assert p.gain_at(21) == pytest.approx(0.05 * math.sqrt(1000 / 21))
+    assert p.gain_at(1000) == pytest.approx(0.05)
+    assert p.gain_at(4000) == pytest.approx(0.025)
+    assert p.gain_at(10**6) == pytest.approx(0.025)
+    steps = [p.gain_at(n) for n in range(21, 5000)]
+    assert all(a >= b for a, b in itertools.pairwise(steps))
+    with pytest.raises(ValueError, match="settled_gain"):
+        FeedbackParams(gain=0.05, settled_gain=0.06)
+    with pytest.raises(ValueError, match="settle_completions"):
+        FeedbackParams(settle_completions=0)
 
 
 def test_a_run_of_near_misses_speeds_up_within_the_run() -> None:
@@ -92,7 +111,7 @@ def test_a_run_of_near_misses_speeds_up_within_the_run() -> None:
     first_up = next(t for t, lv, _ in trace if lv > low)
     assert first_up < 60.0 + 0.02  # the first near miss is answered
     ups = [b - a for (_, a, _), (_, b, _) in itertools.pairwise(trace) if b > a]
-    assert max(ups) <= p.gain * p.target + 1e-12  # each at most one step
+    assert max(ups) <= p.settled_gain * p.target + 1e-12  # each one settled step
     # It ends where the tail is back at the setpoint, never past the top clock.
     assert max(lv for _, lv, _ in trace) <= 0.0
     tail = [r for t, _, r in trace if t > 80.0]
@@ -119,7 +138,7 @@ def test_never_winds_up_below_the_floor() -> None:
     drive(c, 0.0, 60.0, 100.0, 0.1, np.random.default_rng(7), floor_level=floor)
     assert c.level == pytest.approx(floor)
     c.observe(60.0, 2.0 * SLO_MS, SLO_MS, floor)
-    assert c.level == pytest.approx(floor + p.gain * p.target)
+    assert c.level == pytest.approx(floor + p.gain_at(c.completions) * p.target)
 
 
 def test_quiet_class_keeps_its_level() -> None:
@@ -129,7 +148,8 @@ def test_quiet_class_keeps_its_level() -> None:
     assert math.isfinite(c.tail_ratio())
     # Nothing for a long time: nothing moves, and the window forgets the old completions.
     c.observe(500.0, 0.4 * SLO_MS, SLO_MS)
-    assert c.level == pytest.approx(kept - c.params.gain * (1 - c.params.target))
+    step = c.params.gain_at(c.completions) * (1 - c.params.target)
+    assert c.level == pytest.approx(kept - step)
     assert math.isnan(c.tail_ratio())  # one completion: too few to judge
 
 
