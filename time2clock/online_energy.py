@@ -60,7 +60,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import deque
-from collections.abc import Mapping, Sequence, Sized
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Sized
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
@@ -261,15 +261,10 @@ class ClockWindows:
         target counted from ``settle_s`` after it was set; None when one is not known (the
         GPU's own, or none reported yet)."""
         settle = self.params.settle_s
-        changes = [(since_s + settle, c) for since_s, c in self._clocks]
-        if not changes or changes[0][0] > from_s:
+        if not self._clocks or self._clocks[0][0] + settle > from_s:
             return None
         out = []
-        for i, (since_s, clock) in enumerate(changes):
-            until_s = changes[i + 1][0] if i + 1 < len(changes) else to_s
-            lo, hi = max(since_s, from_s), min(until_s, to_s)
-            if hi <= lo:
-                continue
+        for lo, hi, clock in _pieces(self._clocks, from_s, to_s, settle):
             if clock is None:
                 return None
             out.append((lo, hi, clock))
@@ -283,11 +278,8 @@ class ClockWindows:
         changes = self._busy
         if not changes or changes[0][0] > from_s:  # before the first change nothing was there
             idle_s += min(changes[0][0], to_s) - from_s if changes else to_s - from_s
-        for i, (since_s, composition) in enumerate(changes):
-            until_s = changes[i + 1][0] if i + 1 < len(changes) else to_s
-            dt = min(until_s, to_s) - max(since_s, from_s)
-            if dt <= 0:
-                continue
+        for lo, hi, composition in _pieces(changes, from_s, to_s):
+            dt = hi - lo
             if not composition:
                 idle_s += dt
             for m, n in composition:
@@ -305,6 +297,19 @@ class ClockWindows:
             )
         spans = tuple(ClockSpan(c, idle[c], tuple(sorted(busy[c].items()))) for c in sorted(idle))
         return EnergyWindow(start.as_of_s, end.as_of_s, end.energy_j - start.energy_j, spans)
+
+
+def _pieces(
+    log: Iterable[tuple[float, _T]], from_s: float, to_s: float, shift_s: float = 0.0
+) -> Iterator[tuple[float, float, _T]]:
+    """The stretches of a change log (``(since_s, value)`` in order, each change counted from
+    ``shift_s`` after it) that overlap ``[from_s, to_s]``, cut to it: ``(lo, hi, value)``."""
+    changes = [(since_s + shift_s, value) for since_s, value in log]
+    for i, (since_s, value) in enumerate(changes):
+        until_s = changes[i + 1][0] if i + 1 < len(changes) else to_s
+        lo, hi = max(since_s, from_s), min(until_s, to_s)
+        if hi > lo:
+            yield lo, hi, value
 
 
 # -- the power law ------------------------------------------------------------------------
