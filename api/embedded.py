@@ -346,7 +346,8 @@ class EmbeddedTriton:
         connect is refused, the model fails to load, Triton exits); a fresh start on fresh
         ports succeeds. Seen about once in twenty starts on a 2-core machine, and three times
         in a row right after a Triton that had to be killed: each retry waits a little longer
-        first.
+        first. A start that never becomes ready (a stub stuck in the same handshake, Triton
+        alive but the model never loaded) is stopped and retried the same way.
         """
         require_embedded()
         for attempt in range(1, attempts + 1):
@@ -355,7 +356,7 @@ class EmbeddedTriton:
             try:
                 self._start_once()
                 return
-            except RuntimeError as err:
+            except (RuntimeError, TimeoutError) as err:
                 if attempt == attempts:
                     raise
                 log.warning("embedded Triton failed to start (%s); retrying", err)
@@ -397,7 +398,11 @@ class EmbeddedTriton:
                 if httpx.get(url, timeout=2.0).status_code == 200:
                     return
             time.sleep(0.2)
-        raise TimeoutError(f"embedded Triton not ready after {self.start_timeout_s:.0f} s")
+        log_path = Path(self.state_path).with_suffix(".triton.log")
+        raise TimeoutError(
+            f"embedded Triton not ready after {self.start_timeout_s:.0f} s; "
+            f"the end of its log ({log_path}):\n{_tail(log_path)}"
+        )
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """Stop Triton and wait for it; escalates to SIGKILL if it will not go."""

@@ -340,6 +340,18 @@ def test_an_external_triton_that_returns_is_served_again(tmp_path: Path) -> None
             assert sc.get("/v2/health/ready").status_code == 200
 
 
+def test_a_start_that_never_becomes_ready_is_retried_then_reported(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A model that never loads stands for a start-up stuck in PyTriton's handshake.
+    triton = EmbeddedTriton(tmp_path / "gpu.state", start_timeout_s=2.0, ready_model="absent")
+    with pytest.raises(TimeoutError, match=r"not ready after 2 s; the end of its log"):
+        triton.start(attempts=2)
+    assert [r.getMessage() for r in caplog.records if "retrying" in r.getMessage()], caplog.text
+    assert triton._proc is None  # each attempt's child stopped, none left behind
+    triton.close()
+
+
 def test_grpc_refuses_an_absurd_shape_and_a_message_over_the_limit(
     sidecar: LiveSidecar, tmp_path: Path
 ) -> None:
