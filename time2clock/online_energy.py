@@ -130,6 +130,11 @@ class ClockSpan:
     idle_s: float
     busy: Busy
 
+    @property
+    def busy_s(self) -> float:
+        """Busy seconds at this clock, every model's."""
+        return sum(sec for _, sec in self.busy)
+
 
 @dataclass(frozen=True, slots=True)
 class EnergyWindow:
@@ -438,10 +443,10 @@ class OnlineEnergy:
         self.probes = 0
         self._probe_ladder = select_clocks(self.clocks_mhz, self.params.probe_clocks)
         self._evidence: dict[int, float] = {}  # busy seconds in the window, per probe clock
-        # each window's row of the least squares (parallel to _windows, a prefix of it), for
-        # the components of _layout: built once, not at every refit
-        self._rows: deque[npt.NDArray[np.float64]] = deque()
-        self._live: deque[npt.NDArray[np.float64]] = deque()  # (component, clock, busy s) rows
+        # each window's row of the least squares and its (column, clock, busy s) rows, for the
+        # components of _layout (parallel to _windows, a prefix of it): built once, not at
+        # every refit
+        self._rows: deque[tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]] = deque()
         self._layout: tuple[tuple[str, int], ...] = ()
 
     # -- measurements ---------------------------------------------------------------------
@@ -465,7 +470,7 @@ class OnlineEnergy:
             self._models.setdefault(model, _ModelEnergy()).windows_total += 1
         for span in window.spans:
             bucket = self._bucket(span.clock_mhz)
-            self._evidence[bucket] = self._evidence.get(bucket, 0.0) + _busy_s(span.busy)
+            self._evidence[bucket] = self._evidence.get(bucket, 0.0) + span.busy_s
         while len(self._windows) > self.params.max_windows:
             self._pop()
         del self._new[: -self.params.max_windows]
@@ -481,10 +486,9 @@ class OnlineEnergy:
         window = self._windows.popleft()
         if self._rows:
             self._rows.popleft()
-            self._live.popleft()
         for span in window.spans:
             bucket = self._bucket(span.clock_mhz)
-            self._evidence[bucket] = max(0.0, self._evidence.get(bucket, 0.0) - _busy_s(span.busy))
+            self._evidence[bucket] = max(0.0, self._evidence.get(bucket, 0.0) - span.busy_s)
 
     def pending(self) -> bool:
         """Whether windows came since the last refit."""
@@ -549,7 +553,6 @@ class OnlineEnergy:
         if tuple(comps) != self._layout:
             self._layout = tuple(comps)
             self._rows.clear()
-            self._live.clear()
         windows = list(self._windows)
         for w in windows[len(self._rows) :]:
             row = np.zeros(width)
@@ -566,15 +569,14 @@ class OnlineEnergy:
                         row[j] += share * sec
                         row[j + 1] += share * sec * x
                         live_rows.append((j, span.clock_mhz, share * sec))
-            self._rows.append(row / w.span_s)
-            self._live.append(np.array(live_rows, dtype=float).reshape(-1, 3))
-        windows_a = np.vstack(self._rows)
+            self._rows.append((row / w.span_s, np.array(live_rows, dtype=float).reshape(-1, 3)))
+        windows_a = np.vstack([row for row, _ in self._rows])
         spans = np.array([w.span_s for w in windows])
         windows_y = np.array([w.energy_j for w in windows]) / spans
         busy_s = windows_a[:, 2::2] * spans[:, None]  # per window, per component
         live = {c: float(busy_s[:, i].sum()) for i, c in enumerate(comps)}
         clock_live: dict[tuple[str, int], dict[int, float]] = {}
-        at = np.vstack(self._live)
+        at = np.vstack([live_rows for _, live_rows in self._rows])
         for (column, clock), sec in _sum_by(at[:, :2], at[:, 2]).items():
             comp = comps[(int(column) - 2) // 2]
             clock_live.setdefault(comp, {})[int(clock)] = sec
@@ -765,10 +767,6 @@ class OnlineEnergy:
                 else {b: table.energy_optimal_clock_mhz(b) for b in table.batches}
             ),
         }
-
-
-def _busy_s(busy: Busy) -> float:
-    return sum(sec for _, sec in busy)
 
 
 def _sum_by(
