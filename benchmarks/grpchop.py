@@ -1,0 +1,255 @@
+"""The sidecar's second gRPC hop: to Triton over gRPC (as it is) or over HTTP (translated).
+
+The sidecar passes a gRPC ``ModelInfer`` on to Triton over a ``grpc.aio`` channel, the client's
+bytes as they came, and returns Triton's reply as Triton encoded it. Its own HTTP client to
+Triton costs a fraction of a ``grpc.aio`` client's CPU per call, so the second hop could go
+over HTTP instead, at the price of translating every request and reply (the byte-for-byte
+passthrough and Triton's own gRPC statuses and messages given up). This measures what that
+would save before anyone builds it.
+
+``python -m benchmarks.grpchop`` starts the embedded Triton and, in a process of its own, a
+``grpc.aio`` front end whose one handler sends each ``ModelInfer`` to Triton's ``noop`` either
+as the sidecar does (``grpc``: the bytes over one ``grpc.aio`` channel) or translated
+(``http``: the request decoded, sent with the binary tensor extension through the sidecar's own
+HTTP client, :class:`api.upstream.Upstream`, and the reply encoded back into a
+``ModelInferResponse``). Closed loops of one ``grpc.aio`` client against each in turn; printed:
+the front end's CPU per call (its own ``/proc`` accounting) and its calls per second. The
+translation covers what the measurement sends (raw input tensors, every output in binary): it
+is the least a full one would cost, not a full one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import uvloop
+from tritonclient.grpc import service_pb2
+
+from api.embedded import INPUT_WIDTH, NOOP, EmbeddedTriton, free_port, require_embedded
+from api.grpc_frontend.protocol import MODEL_INFER, method_path
+from api.hints import HEADER_LENGTH
+from api.upstream import Upstream
+from benchmarks.bench import process_cpu_s
+from benchmarks.floor import model_infer_server, server_process
+from dvfs.simulated import SimulatedDevice
+from loadgen.classes import RequestClass
+from loadgen.engine import InputTensor
+from loadgen.grpc_client import GrpcClient, grpc_payloads
+from simulator.results import DEFAULT_DIR, markdown_table, write_results
+
+HOPS = ("grpc", "http")
+Infer = Callable[[bytes, Any], Awaitable[bytes]]
+COLUMNS = [
+    "concurrency",
+    "front end CPU µs/call, gRPC hop",
+    "HTTP hop",
+    "saved",
+    "calls/s, gRPC hop",
+    "HTTP hop",
+]
+
+
+def http_request(request: Any) -> tuple[str, bytes, dict[str, str]]:
+    """A ``ModelInferRequest`` with raw input tensors as Triton's HTTP binary extension sends
+    it: the path, the body (JSON header, then the tensors' bytes) and its headers."""
+    inputs = [
+        {
+            "name": t.name,
+            "shape": list(t.shape),
+            "datatype": t.datatype,
+            "parameters": {"binary_data_size": len(raw)},
+        }
+        for t, raw in zip(request.inputs, request.raw_input_contents, strict=True)
+    ]
+    head: dict[str, Any] = {"inputs": inputs, "parameters": {"binary_data_output": True}}
+    if request.id:
+        head["id"] = request.id
+    if request.outputs:
+        head["outputs"] = [
+            {"name": o.name, "parameters": {"binary_data": True}} for o in request.outputs
+        ]
+    header = json.dumps(head, separators=(",", ":")).encode()
+    headers = {HEADER_LENGTH: str(len(header)), "content-type": "application/octet-stream"}
+    body = b"".join([header, *request.raw_input_contents])
+    return f"/v2/models/{request.model_name}/infer", body, headers
+
+
+def grpc_reply(body: bytes, header_length: int) -> bytes:
+    """Triton's HTTP reply (JSON header, then every output's bytes) as a ``ModelInferResponse``."""
+    head = json.loads(body[:header_length])
+    reply = service_pb2.ModelInferResponse(
+        model_name=head["model_name"],
+        model_version=head.get("model_version", ""),
+        id=head.get("id", ""),
+    )
+    offset = header_length
+    for out in head["outputs"]:
+        size = out["parameters"]["binary_data_size"]
+        tensor = reply.outputs.add(name=out["name"], datatype=out["datatype"])
+        tensor.shape.extend(out["shape"])
+        reply.raw_output_contents.append(body[offset : offset + size])
+        offset += size
+    return bytes(reply.SerializeToString())
+
+
+async def handler(hop: str, triton_http: str, triton_grpc: str) -> tuple[Infer, Any]:
+    """The front end's ``ModelInfer`` for ``hop``, and what to close after."""
+    if hop == "http":
+        upstream = Upstream(triton_http, keep_headers=(HEADER_LENGTH,))
+        await upstream.open()
+
+        async def translated(raw: bytes, _: Any) -> bytes:
+            path, body, headers = http_request(service_pb2.ModelInferRequest.FromString(raw))
+            reply = await upstream.request("POST", path, body, headers)
+            if reply.status != 200:
+                raise RuntimeError(f"Triton answered {reply.status}: {reply.body[:200]!r}")
+            return grpc_reply(reply.body, int(reply.headers.get(HEADER_LENGTH, len(reply.body))))
+
+        return translated, upstream
+
+    channel = grpc.aio.insecure_channel(triton_grpc)
+    call = channel.unary_unary(method_path(MODEL_INFER))
+
+    async def passed(raw: bytes, _: Any) -> bytes:
+        reply: bytes = await call(raw)
+        return reply
+
+    return passed, channel
+
+
+async def serve(hop: str, port: int, triton_http: str, triton_grpc: str) -> None:
+    """The front end, until stdin closes."""
+    infer, upstream = await handler(hop, triton_http, triton_grpc)
+    server = await model_infer_server(port, infer)
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    await server.stop(0)
+    await upstream.close()
+
+
+async def load(url: str, concurrency: int, duration_s: float, server_pid: int) -> dict[str, float]:
+    tensors = [InputTensor("INPUT0", "FP32", np.ones((1, INPUT_WIDTH), dtype=np.float32))]
+    raw = grpc_payloads([RequestClass("bench")], tensors, NOOP, None)[0].body
+    calls = 0
+    async with GrpcClient(url) as client:
+
+        async def loop(until: float, count: bool) -> None:
+            nonlocal calls
+            while time.monotonic() < until:
+                status, *_ = await client.infer(raw)
+                if status != 200:
+                    raise RuntimeError(f"the front end answered {status}")
+                calls += count
+
+        await asyncio.gather(*(loop(time.monotonic() + 0.5, False) for _ in range(concurrency)))
+        server0 = process_cpu_s(server_pid)
+        start = time.monotonic()
+        await asyncio.gather(*(loop(start + duration_s, True) for _ in range(concurrency)))
+        server_s = process_cpu_s(server_pid) - server0
+    return {"calls_per_s": calls / duration_s, "front_cpu_us": server_s / calls * 1e6}
+
+
+def measure(
+    concurrencies: list[int], duration_s: float, rounds: int, triton: EmbeddedTriton
+) -> list[dict[str, Any]]:
+    """Each hop at each concurrency, ``rounds`` times in alternation; medians per cell."""
+    runs: dict[tuple[str, int], list[dict[str, float]]] = {}
+    for r in range(rounds):
+        for hop in HOPS if r % 2 == 0 else HOPS[::-1]:
+            port = free_port()
+            args = ("--serve", str(port), "--hop", hop, triton.url, triton.ports.grpc_url)
+            with server_process(f"the {hop} front end", "benchmarks.grpchop", *args) as (p, _):
+                for c in concurrencies:
+                    got = uvloop.run(load(f"127.0.0.1:{port}", c, duration_s, p.pid))
+                    runs.setdefault((hop, c), []).append(got)
+                    print(
+                        f"  round {r + 1}, Triton over {hop:>4}, concurrency {c:>2}: "
+                        f"{got['calls_per_s']:.0f} calls/s, front end CPU "
+                        f"{got['front_cpu_us']:.0f} µs per call",
+                        flush=True,
+                    )
+    return [
+        {
+            "hop": hop,
+            "concurrency": c,
+            **{k: float(np.median([g[k] for g in got])) for k in ("calls_per_s", "front_cpu_us")},
+        }
+        for (hop, c), got in sorted(runs.items(), key=lambda kv: (kv[0][1], kv[0][0]))
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.grpchop", description=__doc__)
+    parser.add_argument("--concurrency", default="1,16")
+    parser.add_argument("--duration-s", type=float, default=5.0)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--results-dir", type=Path, default=DEFAULT_DIR, help="where grpchop.{md,json} go"
+    )
+    parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)  # the front end's process
+    parser.add_argument("--hop", choices=HOPS, default="grpc", help=argparse.SUPPRESS)
+    parser.add_argument("triton", nargs="*", help=argparse.SUPPRESS)  # its Triton: HTTP, gRPC
+    args = parser.parse_args(argv)
+    if args.serve is not None:
+        uvloop.run(serve(args.hop, args.serve, *args.triton))
+        return 0
+    if args.rounds < 1 or args.duration_s <= 0:
+        parser.error("--rounds must be >= 1 and --duration-s > 0")
+    concurrencies = [int(x) for x in args.concurrency.split(",")]
+    require_embedded()
+    print("The second hop to Triton's noop: over gRPC (passed on) or over HTTP (translated):")
+    with tempfile.TemporaryDirectory() as tmp:
+        state = Path(tmp) / "gpu.state"
+        device = SimulatedDevice("v100", state_path=state)
+        try:
+            with EmbeddedTriton(state) as triton:
+                rows = measure(concurrencies, args.duration_s, args.rounds, triton)
+        finally:
+            device.close()
+    by = {(r["hop"], r["concurrency"]): r for r in rows}
+    md, _ = write_results(
+        "grpchop",
+        title="The second gRPC hop: Triton over gRPC or over HTTP (python -m benchmarks.grpchop)",
+        markdown="A grpc.aio front end (its own process) sending each `ModelInfer` to the "
+        "embedded Triton's `noop` over gRPC (the bytes passed on, as the sidecar does) or over "
+        "HTTP (translated to the binary tensor extension and back, through the sidecar's HTTP "
+        f"client); one grpc.aio client in closed loops of {args.duration_s:g} s, the two "
+        f"alternating, medians over {args.rounds} rounds. CPU: the front end's own per call. "
+        "*Saved*: what the HTTP hop saves per call.\n\n"
+        + markdown_table(
+            COLUMNS,
+            [
+                (
+                    c,
+                    f"{by['grpc', c]['front_cpu_us']:.0f}",
+                    f"{by['http', c]['front_cpu_us']:.0f}",
+                    f"{by['grpc', c]['front_cpu_us'] - by['http', c]['front_cpu_us']:.0f}",
+                    f"{by['grpc', c]['calls_per_s']:.0f}",
+                    f"{by['http', c]['calls_per_s']:.0f}",
+                )
+                for c in concurrencies
+            ],
+        ),
+        data={
+            "settings": {"duration_s": args.duration_s, "rounds": args.rounds},
+            "cost": rows,
+        },
+        directory=args.results_dir,
+    )
+    print(f"written to {md} (and .json)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
