@@ -54,12 +54,13 @@ compare-varying: setup
 
 # The sidecar's cost now against results/bench-before.json (the code before the cheaper data
 # path, measured side by side with it: python -m benchmarks.bench --before-tree DIR --name
-# bench-before); the same code's Python alone, without sockets; gRPC's own floor; then
-# batching and the core.
+# bench-before); the same code's Python alone, without sockets; gRPC's own floor and its second
+# hop; then batching and the core.
 bench: setup
 	$(BIN)/python -m benchmarks.bench --before results/bench-before.json
 	$(BIN)/python -m benchmarks.pathbench
 	$(BIN)/python -m benchmarks.grpcfloor
+	$(BIN)/python -m benchmarks.grpchop
 	$(BIN)/python -m benchmarks.clientcost
 	$(BIN)/python -m benchmarks.batchbench
 	$(BIN)/python -m scheduler bench
