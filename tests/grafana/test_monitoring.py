@@ -168,16 +168,32 @@ def monitored(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 driver.start()
             for driver in drivers:
                 driver.join()
-            yield f"http://127.0.0.1:{port}"
+            stop = threading.Event()
+            trickle = threading.Thread(
+                target=_trickle, args=([sc.url, shadow_sc.url], llm_sc.url, stop)
+            )
+            trickle.start()
+            try:
+                yield f"http://127.0.0.1:{port}"
+            finally:
+                stop.set()
+                trickle.join(60)
         finally:
             prom.terminate()
             prom.wait(30)
 
 
+CLASSES = (RequestClass("gold", 0.5, 1, -5, 60.0), RequestClass("bulk", 0.5, 0, 5, 60.0))
+STREAM = {  # a stream of tokens with token SLOs (one in three missed)
+    "text_input": "a b c d",
+    "max_tokens": 24,
+    "parameters": {"ttft_ms": 1000, "tpot_ms": 8},
+}
+
+
 def _drive(url: str, seconds: float, rate_rps: float) -> None:
-    classes = [RequestClass("gold", 0.5, 1, -5, 60.0), RequestClass("bulk", 0.5, 0, 5, 60.0)]
     data = np.ones((1, INPUT_WIDTH), dtype=np.float32)
-    target = Target(url, SIMNET, build_payloads(classes, data=data), [0.5, 0.5])
+    target = Target(url, SIMNET, build_payloads(CLASSES, data=data), [0.5, 0.5])
     # Requests that are not served: a bad hint (400) and an unknown model (404).
     httpx.post(
         f"http://{url}/v2/models/simnet/infer", json={"inputs": [], "parameters": {"nice": 99}}
@@ -195,16 +211,26 @@ def _drive(url: str, seconds: float, rate_rps: float) -> None:
 
 
 def _stream(url: str, seconds: float) -> None:
-    """Streams of tokens, one after another, with token SLOs (one in three missed)."""
-    body = {
-        "text_input": "a b c d",
-        "max_tokens": 24,
-        "parameters": {"ttft_ms": 1000, "tpot_ms": 8},
-    }
+    """Streams of tokens, one after another."""
     end = time.monotonic() + seconds
     with httpx.Client(timeout=30) as client:
         while time.monotonic() < end:
-            client.post(f"http://{url}/v2/models/simllm/generate_stream", json=body)
+            client.post(f"http://{url}/v2/models/simllm/generate_stream", json=STREAM)
+
+
+def _trickle(urls: list[str], llm_url: str, stop: threading.Event) -> None:
+    """After the load, a request of each class to each sidecar and a stream to the LLM's every
+    half second, until ``stop``: a rule that keeps only what was served in the last minute
+    (``> 0`` on a rate) keeps every client however long the tests take to reach it."""
+    payloads = build_payloads(CLASSES, data=np.ones((1, INPUT_WIDTH), dtype=np.float32))
+    with httpx.Client(timeout=30) as client:
+        while not stop.wait(0.5):
+            for url in urls:
+                for p in payloads:
+                    client.post(
+                        f"http://{url}/v2/models/{SIMNET}/infer", content=p.body, headers=p.headers
+                    )
+            client.post(f"http://{llm_url}/v2/models/simllm/generate_stream", json=STREAM)
 
 
 def query(prom: str, expr: str) -> list[object]:
