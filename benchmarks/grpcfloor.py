@@ -77,7 +77,7 @@ async def load(url: str, concurrency: int, duration_s: float, server_pid: int) -
             while time.monotonic() < until:
                 status, *_ = await client.infer(raw)
                 if status != 200:
-                    raise RuntimeError(f"the fixed server answered {status}")
+                    raise RuntimeError(f"the server answered {status}")
                 calls += count
 
         await asyncio.gather(*(loop(time.monotonic() + 0.5, False) for _ in range(concurrency)))

@@ -25,7 +25,6 @@ import asyncio
 import json
 import sys
 import tempfile
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -35,16 +34,13 @@ import numpy as np
 import uvloop
 from tritonclient.grpc import service_pb2
 
-from api.embedded import INPUT_WIDTH, NOOP, EmbeddedTriton, free_port, require_embedded
+from api.embedded import EmbeddedTriton, free_port, require_embedded
 from api.grpc_frontend.protocol import MODEL_INFER, method_path
 from api.hints import HEADER_LENGTH
 from api.upstream import Upstream
-from benchmarks.bench import process_cpu_s
 from benchmarks.floor import model_infer_server, server_process
+from benchmarks.grpcfloor import load
 from dvfs.simulated import SimulatedDevice
-from loadgen.classes import RequestClass
-from loadgen.engine import InputTensor
-from loadgen.grpc_client import GrpcClient, grpc_payloads
 from simulator.results import DEFAULT_DIR, markdown_table, write_results
 
 HOPS = ("grpc", "http")
@@ -138,28 +134,6 @@ async def serve(hop: str, port: int, triton_http: str, triton_grpc: str) -> None
     await upstream.close()
 
 
-async def load(url: str, concurrency: int, duration_s: float, server_pid: int) -> dict[str, float]:
-    tensors = [InputTensor("INPUT0", "FP32", np.ones((1, INPUT_WIDTH), dtype=np.float32))]
-    raw = grpc_payloads([RequestClass("bench")], tensors, NOOP, None)[0].body
-    calls = 0
-    async with GrpcClient(url) as client:
-
-        async def loop(until: float, count: bool) -> None:
-            nonlocal calls
-            while time.monotonic() < until:
-                status, *_ = await client.infer(raw)
-                if status != 200:
-                    raise RuntimeError(f"the front end answered {status}")
-                calls += count
-
-        await asyncio.gather(*(loop(time.monotonic() + 0.5, False) for _ in range(concurrency)))
-        server0 = process_cpu_s(server_pid)
-        start = time.monotonic()
-        await asyncio.gather(*(loop(start + duration_s, True) for _ in range(concurrency)))
-        server_s = process_cpu_s(server_pid) - server0
-    return {"calls_per_s": calls / duration_s, "front_cpu_us": server_s / calls * 1e6}
-
-
 def measure(
     concurrencies: list[int], duration_s: float, rounds: int, triton: EmbeddedTriton
 ) -> list[dict[str, Any]]:
@@ -171,19 +145,20 @@ def measure(
             args = ("--serve", str(port), "--hop", hop, triton.url, triton.ports.grpc_url)
             with server_process(f"the {hop} front end", "benchmarks.grpchop", *args) as (p, _):
                 for c in concurrencies:
+                    # the front end is load's server: its CPU is server_cpu_us
                     got = uvloop.run(load(f"127.0.0.1:{port}", c, duration_s, p.pid))
                     runs.setdefault((hop, c), []).append(got)
                     print(
                         f"  round {r + 1}, Triton over {hop:>4}, concurrency {c:>2}: "
                         f"{got['calls_per_s']:.0f} calls/s, front end CPU "
-                        f"{got['front_cpu_us']:.0f} µs per call",
+                        f"{got['server_cpu_us']:.0f} µs per call",
                         flush=True,
                     )
     return [
         {
             "hop": hop,
             "concurrency": c,
-            **{k: float(np.median([g[k] for g in got])) for k in ("calls_per_s", "front_cpu_us")},
+            **{k: float(np.median([g[k] for g in got])) for k in ("calls_per_s", "server_cpu_us")},
         }
         for (hop, c), got in sorted(runs.items(), key=lambda kv: (kv[0][1], kv[0][0]))
     ]
@@ -232,9 +207,9 @@ def main(argv: list[str] | None = None) -> int:
             [
                 (
                     c,
-                    f"{by['grpc', c]['front_cpu_us']:.0f}",
-                    f"{by['http', c]['front_cpu_us']:.0f}",
-                    f"{by['grpc', c]['front_cpu_us'] - by['http', c]['front_cpu_us']:.0f}",
+                    f"{by['grpc', c]['server_cpu_us']:.0f}",
+                    f"{by['http', c]['server_cpu_us']:.0f}",
+                    f"{by['grpc', c]['server_cpu_us'] - by['http', c]['server_cpu_us']:.0f}",
                     f"{by['grpc', c]['calls_per_s']:.0f}",
                     f"{by['http', c]['calls_per_s']:.0f}",
                 )

@@ -53,7 +53,7 @@ def test_both_hops_are_measured_and_written(tmp_path: Path) -> None:
     rows = json.loads((tmp_path / "grpchop.json").read_text())["results"]["cost"]
     assert [(r["hop"], r["concurrency"]) for r in rows] == [("grpc", 1), ("http", 1)]
     for r in rows:
-        assert r["calls_per_s"] > 0 and r["front_cpu_us"] > 0
+        assert r["calls_per_s"] > 0 and r["server_cpu_us"] > 0
     assert "| concurrency | front end CPU" in (tmp_path / "grpchop.md").read_text()
     left = [p.pid for p in processes().values() if b"benchmarks.grpchop\0--serve" in p.cmdline]
     assert left == []
