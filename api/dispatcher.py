@@ -10,6 +10,7 @@ reply, or an error (Triton unreachable, timeout expired in the queue, shutting d
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -61,7 +62,8 @@ Send = Callable[[Upstream], Awaitable[Answer]]
 @dataclass(slots=True)
 class Job:
     """One request as the dispatcher sends it: ``send`` carries it to the upstream (each
-    protocol brings its own) and returns the answer. A cancelled ``future`` (the client went
+    protocol brings its own), started as far as it goes without waiting (an HTTP request is
+    written at once over an idle connection), and returns the answer to await. A cancelled ``future`` (the client went
     away) is never sent. ``at_level(p)``, where the protocol can, is the same request with
     Triton's ``priority`` set to ``p`` (sent instead when the model has priority levels)."""
 
@@ -78,11 +80,15 @@ class Job:
     at_level: Callable[[int], Send] | None = None
 
 
+async def _raise(error: Exception) -> Answer:
+    raise error
+
+
 def post(path: str, body: bytes, headers: dict[str, str]) -> Send:
     """A ``send`` that POSTs ``body`` to ``path`` on the upstream's HTTP endpoint."""
 
     def send(upstream: Upstream) -> Awaitable[Answer]:
-        return upstream.request("POST", path, body, headers)
+        return upstream.begin("POST", path, body, headers)
 
     return send
 
@@ -164,7 +170,8 @@ class GpuDispatcher:
                 gpu=gpu, device=device, tables=lambda: scheduler.tables, metrics=metrics
             )
         self._served = metrics.gpu_requests.labels(gpu)
-        self._sends: set[asyncio.Task[None]] = set()
+        # Each send's task, with what it awaits (closed if the task is cancelled unstarted).
+        self._sends: dict[asyncio.Task[None], Awaitable[Answer]] = {}
         self._streams: dict[int, asyncio.Task[None]] = {}  # in-flight streams by request seq
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
@@ -303,12 +310,17 @@ class GpuDispatcher:
                 self._apply(self.scheduler.on_complete(request, 0.0, now, measured=False).clock_mhz)
                 self._fail(request, UnavailableError("Request timeout expired"))
                 continue
+            # Started here (over HTTP, written to Triton) before the task that awaits the
+            # answer first runs: that turn of the loop is not on the request's latency.
+            answer = self._start(request, job)
+            task = asyncio.create_task(
+                self._send(request, answer, now, self.scheduler.clock_target_mhz)
+            )
+            self._sends[task] = answer
+            task.add_done_callback(self._sent)
             self.metrics.queue_delay_of(self.metrics.model_label(request.model)).observe(
                 now - request.arrival_s
             )
-            task = asyncio.create_task(self._send(request, now))
-            self._sends.add(task)
-            task.add_done_callback(self._sends.discard)
             if job.tokens is not None:
                 job.tokens.listen(partial(self._token, request))
             if job.stream:
@@ -323,16 +335,36 @@ class GpuDispatcher:
     def _stream_done(self, seq: int, _: asyncio.Task[None]) -> None:
         self._streams.pop(seq, None)
 
-    async def _send(self, request: Request[Job], sent_s: float) -> None:
-        job = _job(request)
-        planned_mhz = self.scheduler.clock_target_mhz  # what it runs at (shadow mode's ledger)
-        error: Exception | None = None
-        response: Any = None
+    def _start(self, request: Request[Job], job: Job) -> Awaitable[Answer]:
+        """``job`` sent to the upstream, as far as its protocol starts it before it is awaited
+        (an error raised on the way is raised where it is awaited)."""
         try:
             # priority: the sidecar's level carried to Triton's priority queue (docs/priority.md)
             level = self.scheduler.serving(request.model).triton_priority(request.level)
             send = job.send if level is None or job.at_level is None else job.at_level(level)
-            response = await send(self.upstream)
+            return send(self.upstream)
+        except Exception as err:
+            return _raise(err)
+
+    def _sent(self, task: asyncio.Task[None]) -> None:
+        answer = self._sends.pop(task, None)
+        if task.cancelled() and inspect.iscoroutine(answer):
+            answer.close()  # cancelled before it first ran: nobody awaits what was started
+
+    async def _send(
+        self,
+        request: Request[Job],
+        answer: Awaitable[Answer],
+        sent_s: float,
+        planned_mhz: int | None,
+    ) -> None:
+        """Await ``request``'s answer and hand it to its client; ``planned_mhz``: the clock it
+        was sent at (shadow mode's ledger)."""
+        job = _job(request)
+        error: Exception | None = None
+        response: Any = None
+        try:
+            response = await answer
         except asyncio.CancelledError:
             if self._closed:  # shutting down with Triton not answering
                 self._fail(request, UnavailableError("the sidecar is shutting down"))

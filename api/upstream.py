@@ -14,9 +14,10 @@ import math
 import re
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import cast
 from urllib.parse import quote, urlsplit
 
@@ -233,21 +234,59 @@ class Upstream:
     ) -> UpstreamResponse:
         """Send one request; :class:`UpstreamUnavailableError` when Triton cannot be reached
         (or does not answer within ``timeout_s``, default the client's)."""
-        if self._closed:
-            raise UpstreamUnavailableError("the connection to Triton is closed")
+        return await self.begin(method, path, body, headers, timeout_s=timeout_s)
+
+    def begin(
+        self,
+        method: str,
+        path: str,
+        body: bytes = b"",
+        headers: dict[str, str] | None = None,
+        *,
+        timeout_s: float | None = None,
+    ) -> Awaitable[UpstreamResponse]:
+        """Start one request and return its reply to await, as :meth:`request` answers it.
+
+        When a kept-alive connection is idle the request is written before this returns, so
+        that a caller which awaits the reply in a task of its own has it on its way to Triton
+        before that task first runs (one turn of the event loop, on every request's latency);
+        otherwise it is written once a connection is open, while the reply is awaited. A
+        header that cannot be sent raises :class:`UpstreamUnavailableError` here."""
         head = self._head(method, path, body, headers)
         timeout = self._timeout_s if timeout_s is None else timeout_s
+        conn = None if self._closed else self._take_idle()
+        if conn is None:
+            return self._connected(head, body, timeout)
+        return self._reply(conn.used, self._start(conn, head, body, timeout), head, body, timeout)
+
+    async def _reply(
+        self,
+        reused: bool,
+        reply: asyncio.Future[UpstreamResponse],
+        head: bytes,
+        body: bytes,
+        timeout_s: float,
+    ) -> UpstreamResponse:
+        try:
+            return await reply
+        except _StaleError:
+            if not reused:
+                raise
+        # Triton closed it while it sat idle; nothing was read: send on a fresh one.
+        return await self._connected(head, body, timeout_s)
+
+    async def _connected(self, head: bytes, body: bytes, timeout_s: float) -> UpstreamResponse:
+        if self._closed:
+            raise UpstreamUnavailableError("the connection to Triton is closed")
         while True:
-            conn = await self._acquire(timeout)
+            conn = await self._acquire(timeout_s)
             reused = conn.used
             try:
-                return await self._exchange(conn, head, body, timeout)
+                return await self._start(conn, head, body, timeout_s)
             except _StaleError:
                 if not reused:
                     raise
                 # Triton closed it while it sat idle; nothing was read: send on a fresh one.
-            finally:
-                self._release(conn)
 
     @asynccontextmanager
     async def stream(
@@ -292,9 +331,12 @@ class Upstream:
         lines.append("\r\n")
         return "".join(lines).encode("latin-1")
 
-    async def _exchange(
+    def _start(
         self, conn: _Connection, head: bytes, body: bytes, timeout_s: float
-    ) -> UpstreamResponse:
+    ) -> asyncio.Future[UpstreamResponse]:
+        """Write one request on ``conn``; the connection goes back to the pool (or is closed)
+        when its reply has come, failed, or been given up on (a cancelled reply: what comes
+        after belongs to no one, so the connection is closed)."""
         reply = conn.send(head, body)
         timer = asyncio.get_running_loop().call_later(
             timeout_s,
@@ -303,21 +345,31 @@ class Upstream:
                 f"Triton at {self.url} is unavailable: no answer in {timeout_s:g} s"
             ),
         )
-        try:
-            return await reply
-        except asyncio.CancelledError:
-            conn.close()  # its reply, if one comes, belongs to no one
-            raise
-        finally:
-            timer.cancel()
+        reply.add_done_callback(partial(self._ended, conn, timer))
+        return reply
+
+    def _ended(
+        self,
+        conn: _Connection,
+        timer: asyncio.TimerHandle,
+        _: asyncio.Future[UpstreamResponse],
+    ) -> None:
+        timer.cancel()
+        self._release(conn)
+
+    def _take_idle(self) -> _Connection | None:
+        while self._idle:
+            conn = self._idle.pop()
+            if not conn.closed:
+                return conn
+            self._open_count -= 1
+        return None
 
     async def _acquire(self, timeout_s: float) -> _Connection:
         while True:
-            while self._idle:
-                conn = self._idle.pop()
-                if not conn.closed:
-                    return conn
-                self._open_count -= 1
+            conn = self._take_idle()
+            if conn is not None:
+                return conn
             if self._open_count < self._max_connections:
                 return await self._connect(timeout_s)
             waiter = asyncio.get_running_loop().create_future()

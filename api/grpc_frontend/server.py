@@ -245,16 +245,13 @@ class GrpcFrontend:
             if task is not None:
                 rt.pending.discard(task)
 
-    async def _upstream_infer(
+    def _upstream_infer(
         self, raw: bytes, metadata: Metadata, deadline_s: float | None, triton: _TritonChannel
-    ) -> GrpcAnswer:
-        """Send to ``triton`` with what is left of the client's deadline after the queue."""
+    ) -> Awaitable[GrpcAnswer]:
+        """Send to ``triton`` with what is left of the client's deadline after the queue: the
+        call starts now, in the dispatch pass, and its answer is awaited after."""
         timeout_s = None if deadline_s is None else max(0.0, deadline_s - time.monotonic())
-        try:
-            body: bytes = await triton.unary[MODEL_INFER](raw, metadata=metadata, timeout=timeout_s)
-        except grpc.aio.AioRpcError as err:
-            return _failed(err)
-        return GrpcAnswer(grpc.StatusCode.OK, body=body)
+        return _answer(triton.unary[MODEL_INFER](raw, metadata=metadata, timeout=timeout_s))
 
     async def _stream_infer(
         self, requests: AsyncIterator[bytes], context: Context
@@ -340,6 +337,15 @@ class GrpcFrontend:
         if ok:
             meter.finish()
         return GrpcAnswer(grpc.StatusCode.OK if ok else grpc.StatusCode.UNKNOWN)
+
+
+async def _answer(call: Awaitable[bytes]) -> GrpcAnswer:
+    """A unary call's reply, or Triton's error, as an answer."""
+    try:
+        body = await call
+    except grpc.aio.AioRpcError as err:
+        return _failed(err)
+    return GrpcAnswer(grpc.StatusCode.OK, body=body)
 
 
 def _failed(err: Any) -> GrpcAnswer:

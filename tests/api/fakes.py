@@ -175,7 +175,7 @@ class FakeUpstream(Upstream):
     def open_calls(self) -> list[Call]:
         return [c for c in self.calls if c.open]
 
-    async def request(
+    def begin(
         self,
         method: str,
         path: str,
@@ -183,13 +183,19 @@ class FakeUpstream(Upstream):
         headers: dict[str, str] | None = None,
         *,
         timeout_s: float | None = None,
-    ) -> UpstreamResponse:
+    ) -> Awaitable[UpstreamResponse]:
+        """Sent at once, as the real one does over an idle connection: the call is recorded
+        before this returns."""
         loop = asyncio.get_running_loop()
         call = Call(method, path, body, loop.time(), loop.create_future())
         self.calls.append(call)
         self.most_at_once = max(self.most_at_once, len(self.open_calls))
         if self.service_s is not None:
             loop.call_later(self.service_s, _reply_if_open, call)
+        return self._answer(call)
+
+    @staticmethod
+    async def _answer(call: Call) -> UpstreamResponse:
         try:
             return await call.answer
         finally:

@@ -309,6 +309,20 @@ class GrpcLikeAnswer:
     status: str
 
 
+def test_a_request_is_written_to_triton_in_the_dispatch_pass_itself() -> None:
+    async def main(clock: VirtualTime) -> None:
+        async with gateway(clock, MaxPolicy) as gw:
+            client = gw.submit(tag="now")
+            await asyncio.sleep(0)  # one turn of the loop: the client's own step, no other
+            # Sent before the task that awaits Triton's answer has run at all.
+            assert [c.body for c in gw.upstream.calls] == [b"now"]
+            gw.upstream.calls[0].reply()
+            await idle()
+            assert outcome(client) == "ok 200" and gw.dispatcher.idle
+
+    run_virtual(main)
+
+
 def test_a_protocol_s_own_send_is_answered_whatever_it_returns_or_raises() -> None:
     async def main(clock: VirtualTime) -> None:
         async def refused(_: Upstream) -> GrpcLikeAnswer:
@@ -320,13 +334,17 @@ def test_a_protocol_s_own_send_is_answered_whatever_it_returns_or_raises() -> No
         async def nothing(_: Upstream) -> Any:
             return None
 
+        def unsendable(_: Upstream) -> Any:  # fails while it starts, before anything awaits
+            raise ValueError("header cannot be sent")
+
         async with gateway(clock, MaxPolicy, max_inflight=4) as gw:
-            answers = [gw.submit(send=f) for f in (refused, broken, nothing)]
+            answers = [gw.submit(send=f) for f in (refused, broken, nothing, unsendable)]
             await idle()
             assert [outcome(t) for t in answers] == [
                 "ok INVALID_ARGUMENT",
                 "UnavailableError: request to Triton failed: stream reset",
                 "UnavailableError: no response from Triton",
+                "UnavailableError: request to Triton failed: header cannot be sent",
             ]
             assert gw.upstream.calls == [] and gw.dispatcher.idle
 

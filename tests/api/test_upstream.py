@@ -139,6 +139,42 @@ def test_a_connection_closed_while_idle_is_replaced_without_an_error() -> None:
     assert asyncio.run(main()) == (200, 2)
 
 
+def test_begin_writes_on_an_idle_connection_before_the_reply_is_awaited() -> None:
+    async def main() -> tuple[int, int, int, int]:
+        async with serving(lambda head: reply(b"ok")) as (server, upstream):
+            assert (await upstream.request("GET", "/warm")).ok  # one kept-alive connection
+            pending = upstream.begin("POST", "/v2/models/m/infer", b"{}")
+            for _ in range(100):  # the server reads it though nobody awaits the reply yet
+                if len(server.requests) == 2:
+                    break
+                await asyncio.sleep(0.01)
+            seen = len(server.requests)
+            status = (await pending).status
+            return seen, status, len(server.requests), server.connections
+
+    assert asyncio.run(main()) == (2, 200, 2, 1)
+
+
+def test_a_reply_given_up_on_closes_its_connection_and_frees_its_place() -> None:
+    async def main() -> tuple[int, int, int]:
+        async with serving(lambda head: None if b"/hang" in head else reply(b"ok")) as (
+            server,
+            upstream,
+        ):
+            for _ in range(3):  # each waiter cancelled: max_connections is 2
+                waiter = asyncio.ensure_future(upstream.begin("GET", "/hang"))
+                await asyncio.sleep(0.02)
+                waiter.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await waiter
+            status = (await upstream.request("GET", "/after", timeout_s=1.0)).status
+            await asyncio.sleep(0.05)
+            return status, server.connections, server.open_now
+
+    # every hung connection was closed (the next request needed a fresh one and got it)
+    assert asyncio.run(main()) == (200, 4, 1)
+
+
 def test_no_answer_in_time_and_nobody_listening_are_unavailable() -> None:
     async def main() -> None:
         async with serving(lambda head: None) as (_, upstream):

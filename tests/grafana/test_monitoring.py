@@ -24,7 +24,15 @@ from api.config import GatewayConfig
 from api.embedded import INPUT_WIDTH, SIMNET, free_port
 from api.server import SidecarServer
 from loadgen.classes import RequestClass
-from loadgen.engine import Recorder, Target, build_payloads, new_session, open_loop, schedule
+from loadgen.engine import (
+    Payload,
+    Recorder,
+    Target,
+    build_payloads,
+    new_session,
+    open_loop,
+    schedule,
+)
 from tests.api.live import embedded_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -191,9 +199,13 @@ STREAM = {  # a stream of tokens with token SLOs (one in three missed)
 }
 
 
+def _payloads() -> list[Payload]:
+    """One inference request of each class, as the load generator sends it."""
+    return build_payloads(CLASSES, data=np.ones((1, INPUT_WIDTH), dtype=np.float32))
+
+
 def _drive(url: str, seconds: float, rate_rps: float) -> None:
-    data = np.ones((1, INPUT_WIDTH), dtype=np.float32)
-    target = Target(url, SIMNET, build_payloads(CLASSES, data=data), [0.5, 0.5])
+    target = Target(url, SIMNET, _payloads(), [0.5, 0.5])
     # Requests that are not served: a bad hint (400) and an unknown model (404).
     httpx.post(
         f"http://{url}/v2/models/simnet/infer", json={"inputs": [], "parameters": {"nice": 99}}
@@ -222,7 +234,7 @@ def _trickle(urls: list[str], llm_url: str, stop: threading.Event) -> None:
     """After the load, a request of each class to each sidecar and a stream to the LLM's every
     half second, until ``stop``: a rule that keeps only what was served in the last minute
     (``> 0`` on a rate) keeps every client however long the tests take to reach it."""
-    payloads = build_payloads(CLASSES, data=np.ones((1, INPUT_WIDTH), dtype=np.float32))
+    payloads = _payloads()
     with httpx.Client(timeout=30) as client:
         while not stop.wait(0.5):
             for url in urls:
