@@ -63,9 +63,10 @@ Send = Callable[[Upstream], Awaitable[Answer]]
 class Job:
     """One request as the dispatcher sends it: ``send`` carries it to the upstream (each
     protocol brings its own), started as far as it goes without waiting (an HTTP request is
-    written at once over an idle connection), and returns the answer to await. A cancelled ``future`` (the client went
-    away) is never sent. ``at_level(p)``, where the protocol can, is the same request with
-    Triton's ``priority`` set to ``p`` (sent instead when the model has priority levels)."""
+    written at once over an idle connection), and returns the answer to await. A cancelled
+    ``future`` (the client went away) is never sent. ``at_level(p)``, where the protocol can,
+    is the same request with Triton's ``priority`` set to ``p`` (sent instead when the model
+    has priority levels)."""
 
     send: Send
     timeout_us: int | None = None
