@@ -141,7 +141,7 @@ def _serve(
     ).start()
     # Triton, its backend stubs and PyTriton talk a lot, at shutdown most of all: their output
     # goes to the log beside the state file, not to the sidecar's console.
-    log_path = Path(state_path).with_suffix(".triton.log")
+    log_path = _log_path(state_path)
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
@@ -288,13 +288,20 @@ def bind_emulated(triton: Any, state_path: str, instances: int) -> None:
     )
 
 
-def _tail(path: Path, lines: int = 12) -> str:
-    """The last ``lines`` lines of a log (what says why a start failed), or why there are none."""
+def _log_path(state_path: str | Path) -> Path:
+    """Where Triton's output goes: the log beside the state file."""
+    return Path(state_path).with_suffix(".triton.log")
+
+
+def _log_end(state_path: str | Path, lines: int = 12) -> str:
+    """The last ``lines`` lines of Triton's log (what says why a start failed), named, or why
+    there are none."""
+    path = _log_path(state_path)
     try:
-        text = path.read_text(errors="replace")
+        text = "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError as err:
-        return f"(unreadable: {err})"
-    return "\n".join(text.splitlines()[-lines:])
+        text = f"(unreadable: {err})"
+    return f"the end of its log ({path}):\n{text}"
 
 
 class EmbeddedTriton:
@@ -389,19 +396,17 @@ class EmbeddedTriton:
         while time.monotonic() < deadline:
             assert self._proc is not None
             if not self._proc.is_alive():
-                log_path = Path(self.state_path).with_suffix(".triton.log")
                 raise RuntimeError(
                     f"embedded Triton exited during start-up (code {self._proc.exitcode}); "
-                    f"the end of its log ({log_path}):\n{_tail(log_path)}"
+                    + _log_end(self.state_path)
                 )
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(url, timeout=2.0).status_code == 200:
                     return
             time.sleep(0.2)
-        log_path = Path(self.state_path).with_suffix(".triton.log")
         raise TimeoutError(
             f"embedded Triton not ready after {self.start_timeout_s:.0f} s; "
-            f"the end of its log ({log_path}):\n{_tail(log_path)}"
+            + _log_end(self.state_path)
         )
 
     def stop(self, timeout_s: float = 30.0) -> None:

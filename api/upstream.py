@@ -256,37 +256,34 @@ class Upstream:
         timeout = self._timeout_s if timeout_s is None else timeout_s
         conn = None if self._closed else self._take_idle()
         if conn is None:
-            return self._connected(head, body, timeout)
-        return self._reply(conn.used, self._start(conn, head, body, timeout), head, body, timeout)
+            return self._exchange(head, body, timeout)
+        return self._exchange(
+            head, body, timeout, conn.used, self._start(conn, head, body, timeout)
+        )
 
-    async def _reply(
+    async def _exchange(
         self,
-        reused: bool,
-        reply: asyncio.Future[UpstreamResponse],
         head: bytes,
         body: bytes,
         timeout_s: float,
+        reused: bool = False,
+        reply: asyncio.Future[UpstreamResponse] | None = None,
     ) -> UpstreamResponse:
-        try:
-            return await reply
-        except _StaleError:
-            if not reused:
-                raise
-        # Triton closed it while it sat idle; nothing was read: send on a fresh one.
-        return await self._connected(head, body, timeout_s)
-
-    async def _connected(self, head: bytes, body: bytes, timeout_s: float) -> UpstreamResponse:
-        if self._closed:
+        """The reply to ``head`` and ``body``: ``reply``, when already written on a connection
+        (``reused``: one that had answered before), else written on one acquired here."""
+        if reply is None and self._closed:
             raise UpstreamUnavailableError("the connection to Triton is closed")
         while True:
-            conn = await self._acquire(timeout_s)
-            reused = conn.used
+            if reply is None:
+                conn = await self._acquire(timeout_s)
+                reused, reply = conn.used, self._start(conn, head, body, timeout_s)
             try:
-                return await self._start(conn, head, body, timeout_s)
+                return await reply
             except _StaleError:
                 if not reused:
                     raise
                 # Triton closed it while it sat idle; nothing was read: send on a fresh one.
+                reply = None
 
     @asynccontextmanager
     async def stream(
