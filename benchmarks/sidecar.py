@@ -9,11 +9,18 @@ The tree is found by session: the sidecar leads its own, and the embedded Triton
 another one below it (see :mod:`api.embedded`); every process Triton starts stays in that one.
 A session outlives the process that led it, so what the tree left behind is found even after
 the sidecar itself died (``kill -9``) and its children were re-parented.
+
+The other way round, a sidecar does not outlive the process that started it: on Linux it is
+sent SIGTERM when that process ends, however it ends (``kill -9`` of a benchmark, a runner's
+timeout), and stops its own tree as on any SIGTERM. Without this, a benchmark killed from
+outside left its sidecar and Triton running, serving nobody and taking the CPU that the next
+measurement on the machine counts.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import signal
@@ -21,7 +28,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +39,7 @@ HOST = "127.0.0.1"
 #: The ``python -m api serve`` flags :func:`start` sets itself (a caller's must leave them out).
 OWNED_FLAGS = ("host", "port", "grpc-port", "state-dir", "admin-token", "admin-token-file")
 READY_PATH = "/v2/health/ready"
+_PR_SET_PDEATHSIG = 1  # prctl(2): the signal this process gets when its parent ends
 
 
 @dataclass(frozen=True)
@@ -170,6 +178,30 @@ class SidecarProcess:
                 return left
 
 
+def ends_with_this_process() -> Callable[[], None] | None:
+    """A ``preexec_fn`` by which a child is sent SIGTERM when this process ends (Linux's
+    parent-death signal); None where there is none.
+
+    The signal follows the *thread* that started the child: start sidecars from a thread that
+    lives as long as they should (the main thread, or a pool's). A parent that ended between the
+    fork and the call is caught by comparing the child's parent with this process.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here, not in the child
+    except (OSError, AttributeError):
+        return None
+    starter = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != starter:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
+
+
 def start(
     flags: Sequence[str] = (),
     *,
@@ -207,6 +239,7 @@ def start(
             cwd=cwd,
             env=None if env is None else {**os.environ, **env},
             start_new_session=True,
+            preexec_fn=ends_with_this_process(),
         )
     sc = SidecarProcess(proc, port, grpc_port, log_path, admin_token, {proc.pid})
     if not wait_ready:

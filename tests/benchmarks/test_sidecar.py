@@ -3,6 +3,8 @@ every process of the tree by session, even after the top was killed and the rest
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -95,3 +97,46 @@ def test_running_starts_again_a_sidecar_that_exits_during_start_up(
         helper.running(state_dir=tmp_path, starts=0),
     ):
         pass
+
+
+# A benchmark that starts the embedded default and then waits, as a long measurement does.
+STARTER = """
+import sys, time
+from pathlib import Path
+from benchmarks.sidecar import start
+sc = start(["--policy", "max", "--profile-models="], state_dir=Path(sys.argv[1]))
+print(sc.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_sidecar_and_its_triton_end_when_what_started_it_is_killed(tmp_path: Path) -> None:
+    """``kill -9`` of the process that started a sidecar (a benchmark killed from outside)
+    ends the sidecar and its embedded Triton too, within seconds: none is left serving
+    nobody."""
+    starter = subprocess.Popen(
+        [sys.executable, "-c", STARTER, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    sessions: set[int] = set()
+    try:
+        assert starter.stdout is not None
+        pid = int(starter.stdout.readline() or 0)  # once the sidecar is ready
+        assert pid > 0, "the starter did not start a sidecar"
+        tree = descendants(pid)
+        assert helper.tritonserver_pids(pid), "no embedded Triton below the sidecar"
+        table = processes()
+        sessions = {pid} | {table[p].sid for p in tree if p in table}
+        starter.send_signal(signal.SIGKILL)
+        starter.wait()
+        deadline = time.monotonic() + 30.0
+        while helper.in_sessions(sessions) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert helper.in_sessions(sessions) == {}, "the sidecar's tree outlived its starter"
+    finally:
+        starter.kill()
+        starter.wait()
+        for left in helper.in_sessions(sessions):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(left, signal.SIGKILL)
