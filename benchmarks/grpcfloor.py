@@ -9,7 +9,9 @@ its added latency can go below their sum with this library.
 
 Beside it, the same fixed reply from grpcio's synchronous server (a thread pool): what a front
 end on it would pay in the library, before the hand-off of each call to the sidecar's event loop
-and back that such a front end would add (its handlers here return at once).
+and back that such a front end would add (its handlers here return at once). And from the least
+an HTTP/2 server written in Python on uvloop does for a unary call (:mod:`benchmarks.h2floor`):
+what a front end that is not grpcio's could cost, called by the same grpc.aio client.
 """
 
 from __future__ import annotations
@@ -26,15 +28,21 @@ import numpy as np
 import uvloop
 
 from api.embedded import INPUT_WIDTH, NOOP, free_port
+from api.grpc_frontend.protocol import MODEL_INFER, method_path
 from benchmarks.bench import process_cpu_s
 from benchmarks.floor import model_infer_server, serve_model_infer, server_process
+from benchmarks.h2floor import UnaryGrpcClient, unary_server
 from loadgen.classes import RequestClass
 from loadgen.engine import InputTensor
 from loadgen.grpc_client import GrpcClient, grpc_payloads
 from simulator.results import DEFAULT_DIR, markdown_table, write_results
 
 REPLY = b"\n\x04noop\x12\x011"
-SERVERS = ("aio", "sync")  # grpc.aio's server; grpcio's synchronous one on a thread pool
+# grpc.aio's server; grpcio's synchronous one on a thread pool; a minimal HTTP/2 one on uvloop
+SERVERS = ("aio", "sync", "h2")
+# The clients each server is called by: grpc.aio's always; the minimal HTTP/2 one against
+# grpc.aio's server (a channel to Triton's gRPC port would be its use) and against its own.
+CLIENTS = {"aio": ("aio", "h2"), "sync": ("aio",), "h2": ("aio", "h2")}
 SYNC_WORKERS = 32
 
 
@@ -49,6 +57,15 @@ async def serve(port: int) -> None:
     sys.stdout.flush()
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
     await server.stop(0)
+
+
+async def serve_h2(port: int) -> None:
+    """The same fixed reply from :mod:`benchmarks.h2floor`, until stdin closes."""
+    server = await unary_server(port, {method_path(MODEL_INFER): lambda _: REPLY})
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    server.close()
 
 
 def serve_sync(port: int) -> None:
@@ -66,18 +83,32 @@ def serve_sync(port: int) -> None:
     server.stop(0)
 
 
-async def load(url: str, concurrency: int, duration_s: float, server_pid: int) -> dict[str, float]:
+async def load(
+    url: str, concurrency: int, duration_s: float, server_pid: int, client_kind: str = "aio"
+) -> dict[str, float]:
+    """Closed loops of ``ModelInfer`` calls over one connection of ``client_kind`` (``aio``:
+    the load generator's grpc.aio client; ``h2``: :class:`benchmarks.h2floor.UnaryGrpcClient`);
+    the calls per second and each side's CPU per call."""
     tensors = [InputTensor("INPUT0", "FP32", np.ones((1, INPUT_WIDTH), dtype=np.float32))]
     raw = grpc_payloads([RequestClass("bench")], tensors, NOOP, None)[0].body
     calls = 0
-    async with GrpcClient(url) as client:
+    host, port = url.rsplit(":", 1)
+    path = method_path(MODEL_INFER)
+    async with GrpcClient(url) as client, UnaryGrpcClient(host, int(port)) as h2:
+
+        async def one() -> None:
+            if client_kind == "h2":
+                if await h2.call(path, raw) != REPLY:
+                    raise RuntimeError("the server's reply is not the fixed one")
+                return
+            status, *_ = await client.infer(raw)
+            if status != 200:
+                raise RuntimeError(f"the server answered {status}")
 
         async def loop(until: float, count: bool) -> None:
             nonlocal calls
             while time.monotonic() < until:
-                status, *_ = await client.infer(raw)
-                if status != 200:
-                    raise RuntimeError(f"the server answered {status}")
+                await one()
                 calls += count
 
         await asyncio.gather(*(loop(time.monotonic() + 0.5, False) for _ in range(concurrency)))
@@ -106,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.serve is not None:
         if args.server == "sync":
             serve_sync(args.serve)
+        elif args.server == "h2":
+            uvloop.run(serve_h2(args.serve))
         else:
             uvloop.run(serve(args.serve))
         return 0
@@ -116,26 +149,39 @@ def main(argv: list[str] | None = None) -> int:
         what = f"the fixed gRPC server ({kind})"
         args_ = ("--serve", str(port), "--server", kind)
         with server_process(what, "benchmarks.grpcfloor", *args_) as (server, _):
-            for c in concurrencies:
-                r = uvloop.run(load(f"127.0.0.1:{port}", c, args.duration_s, server.pid))
-                rows.append({"server": kind, "concurrency": c, **r})
-                print(
-                    f"  {kind:>4} server, concurrency {c:>2}: {r['calls_per_s']:.0f} calls/s; "
-                    f"CPU per call: server {r['server_cpu_us']:.0f} µs, "
-                    f"client {r['client_cpu_us']:.0f} µs"
-                )
+            for client_kind in CLIENTS[kind]:
+                for c in concurrencies:
+                    url = f"127.0.0.1:{port}"
+                    r = uvloop.run(load(url, c, args.duration_s, server.pid, client_kind))
+                    rows.append({"server": kind, "client": client_kind, "concurrency": c, **r})
+                    print(
+                        f"  {kind:>4} server, {client_kind:>3} client, concurrency {c:>2}: "
+                        f"{r['calls_per_s']:.0f} calls/s; CPU per call: server "
+                        f"{r['server_cpu_us']:.0f} µs, client {r['client_cpu_us']:.0f} µs"
+                    )
     md, _ = write_results(
         "grpcfloor",
         title="What gRPC costs alone (python -m benchmarks.grpcfloor)",
         markdown="A server answering a fixed reply (`aio`: grpc.aio's; `sync`: grpcio's "
-        f"synchronous server on {SYNC_WORKERS} threads, its handler returning at once), called "
-        f"over one grpc.aio channel in closed loops of {args.duration_s:g} s; CPU per call of "
+        f"synchronous server on {SYNC_WORKERS} threads, its handler returning at once; `h2`: "
+        "the least an HTTP/2 server in Python on uvloop does for a unary call, "
+        "`benchmarks/h2floor.py`, a floor and not a front end), called over one connection "
+        "(`aio`: the load generator's grpc.aio channel; `h2`: the least HTTP/2 client in "
+        f"Python, the same module) in closed loops of {args.duration_s:g} s; CPU per call of "
         "each side.\n\n"
         + markdown_table(
-            ["server", "concurrency", "calls/s", "server CPU µs/call", "client CPU µs/call"],
+            [
+                "server",
+                "client",
+                "concurrency",
+                "calls/s",
+                "server CPU µs/call",
+                "client CPU µs/call",
+            ],
             [
                 (
                     r["server"],
+                    r["client"],
                     r["concurrency"],
                     f"{r['calls_per_s']:.0f}",
                     f"{r['server_cpu_us']:.0f}",

@@ -1,4 +1,4 @@
-"""gRPC's floor benchmark end to end, small: both servers measured, the results written, and
+"""gRPC's floor benchmark end to end, small: every server measured, the results written, and
 no server process left behind."""
 
 from __future__ import annotations
@@ -24,18 +24,24 @@ def test_a_running_server_is_seen() -> None:
     assert _servers_running() == []
 
 
-def test_both_servers_are_measured_and_written(tmp_path: Path) -> None:
+def test_every_server_is_measured_and_written(tmp_path: Path) -> None:
     argv = ["--concurrency", "1,2", "--duration-s", "0.3", "--results-dir", str(tmp_path)]
     assert grpcfloor.main(argv) == 0
     rows = json.loads((tmp_path / "grpcfloor.json").read_text())["results"]["cost"]
-    assert [(r["server"], r["concurrency"]) for r in rows] == [
-        ("aio", 1),
-        ("aio", 2),
-        ("sync", 1),
-        ("sync", 2),
+    assert [(r["server"], r["client"], r["concurrency"]) for r in rows] == [
+        ("aio", "aio", 1),
+        ("aio", "aio", 2),
+        ("aio", "h2", 1),
+        ("aio", "h2", 2),
+        ("sync", "aio", 1),
+        ("sync", "aio", 2),
+        ("h2", "aio", 1),
+        ("h2", "aio", 2),
+        ("h2", "h2", 1),
+        ("h2", "h2", 2),
     ]
     for r in rows:
         assert r["calls_per_s"] > 0
         assert r["server_cpu_us"] > 0 and r["client_cpu_us"] > 0
-    assert "| server | concurrency | calls/s |" in (tmp_path / "grpcfloor.md").read_text()
+    assert "| server | client | concurrency | calls/s |" in (tmp_path / "grpcfloor.md").read_text()
     assert _servers_running() == []
