@@ -1,4 +1,5 @@
-"""The sidecar's second gRPC hop: to Triton over gRPC (as it is) or over HTTP (translated).
+"""The sidecar's second gRPC hop: to Triton over gRPC (as it is) or over HTTP (translated); and
+the whole gRPC path on HTTP/2 of its own.
 
 The sidecar passes a gRPC ``ModelInfer`` on to Triton over a ``grpc.aio`` channel, the client's
 bytes as they came, and returns Triton's reply as Triton encoded it. Its own HTTP client to
@@ -16,6 +17,10 @@ HTTP client, :class:`api.upstream.Upstream`, and the reply encoded back into a
 the front end's CPU per call (its own ``/proc`` accounting) and its calls per second. The
 translation covers what the measurement sends (raw input tensors, every output in binary): it
 is the least a full one would cost, not a full one.
+
+A third front end (``h2``) has neither end on grpcio: :mod:`benchmarks.h2floor`'s server,
+passing each call's bytes to Triton's gRPC port over that module's client. It is a floor (no
+admission, no scheduling, none of what the module lists as not done), measured as the others.
 """
 
 from __future__ import annotations
@@ -40,18 +45,21 @@ from api.hints import HEADER_LENGTH
 from api.upstream import Upstream
 from benchmarks.floor import model_infer_server, server_process
 from benchmarks.grpcfloor import load
+from benchmarks.h2floor import UnaryGrpcClient, unary_server
 from dvfs.simulated import SimulatedDevice
 from simulator.results import DEFAULT_DIR, markdown_table, write_results
 
-HOPS = ("grpc", "http")
+HOPS = ("grpc", "http", "h2")
 Infer = Callable[[bytes, Any], Awaitable[bytes]]
 COLUMNS = [
     "concurrency",
     "front end CPU µs/call, gRPC hop",
     "HTTP hop",
     "saved",
+    "HTTP/2 of its own",
     "calls/s, gRPC hop",
     "HTTP hop",
+    "HTTP/2 of its own",
 ]
 
 
@@ -125,6 +133,9 @@ async def handler(hop: str, triton_http: str, triton_grpc: str) -> tuple[Infer, 
 
 async def serve(hop: str, port: int, triton_http: str, triton_grpc: str) -> None:
     """The front end, until stdin closes."""
+    if hop == "h2":
+        await serve_h2(port, triton_grpc)
+        return
     infer, upstream = await handler(hop, triton_http, triton_grpc)
     server = await model_infer_server(port, infer)
     sys.stdout.write("ready\n")
@@ -132,6 +143,20 @@ async def serve(hop: str, port: int, triton_http: str, triton_grpc: str) -> None
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
     await server.stop(0)
     await upstream.close()
+
+
+async def serve_h2(port: int, triton_grpc: str) -> None:
+    """The ``h2`` front end: the least HTTP/2 server in Python passing each call's bytes to
+    Triton's gRPC port over the least HTTP/2 client (:mod:`benchmarks.h2floor`), until stdin
+    closes: the floor of a sidecar gRPC path with neither end on grpcio."""
+    host, grpc_port = triton_grpc.removeprefix("grpc://").rsplit(":", 1)
+    path = method_path(MODEL_INFER)
+    async with UnaryGrpcClient(host, int(grpc_port)) as triton:
+        server = await unary_server(port, {path: lambda raw: triton.call(path, raw)})
+        sys.stdout.write("ready\n")
+        sys.stdout.flush()
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+        server.close()
 
 
 def measure(
@@ -199,7 +224,10 @@ def main(argv: list[str] | None = None) -> int:
         markdown="A grpc.aio front end (its own process) sending each `ModelInfer` to the "
         "embedded Triton's `noop` over gRPC (the bytes passed on, as the sidecar does) or over "
         "HTTP (translated to the binary tensor extension and back, through the sidecar's HTTP "
-        f"client); one grpc.aio client in closed loops of {args.duration_s:g} s, the two "
+        "client); beside them, *HTTP/2 of its own*: the least HTTP/2 server in Python on "
+        "uvloop passing the bytes to Triton's gRPC port over the least HTTP/2 client "
+        "(`benchmarks/h2floor.py`), the floor of a gRPC path with neither end on grpcio. "
+        f"One grpc.aio client in closed loops of {args.duration_s:g} s, the front ends "
         f"alternating, medians over {args.rounds} rounds. CPU: the front end's own per call. "
         "*Saved*: what the HTTP hop saves per call.\n\n"
         + markdown_table(
@@ -210,8 +238,10 @@ def main(argv: list[str] | None = None) -> int:
                     f"{by['grpc', c]['server_cpu_us']:.0f}",
                     f"{by['http', c]['server_cpu_us']:.0f}",
                     f"{by['grpc', c]['server_cpu_us'] - by['http', c]['server_cpu_us']:.0f}",
+                    f"{by['h2', c]['server_cpu_us']:.0f}",
                     f"{by['grpc', c]['calls_per_s']:.0f}",
                     f"{by['http', c]['calls_per_s']:.0f}",
+                    f"{by['h2', c]['calls_per_s']:.0f}",
                 )
                 for c in concurrencies
             ],

@@ -12,8 +12,9 @@ indexed), the reply's header blocks constant bytes (literals without indexing, R
 What it does: the connection preface and SETTINGS (acknowledged), PING (answered), the
 connection's receive window opened wide at the start and topped up, HEADERS (padded, with
 priority, or continued in CONTINUATION frames), DATA (padded) gathered per stream until its end,
-then one reply: HEADERS, the message in DATA frames of at most 16 KiB (the peer's default frame
-size), trailers with ``grpc-status``; a path it has no handler for gets ``UNIMPLEMENTED``;
+then one reply (the handler's bytes, or what it awaits: a proxy's call onwards): HEADERS, the
+message in DATA frames of at most 16 KiB (the peer's default frame size), trailers with
+``grpc-status``; a path it has no handler for gets ``UNIMPLEMENTED``;
 RST_STREAM drops a stream. What it does not do, and a front end built on the same lines must:
 respect the peer's send window for large replies, honour ``grpc-timeout`` and ``grpc-encoding``,
 bound header lists and message sizes, streaming calls, GOAWAY on shutdown.
@@ -28,7 +29,8 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from functools import partial
 from typing import cast
 
 import hpack
@@ -53,7 +55,8 @@ def _trailers(status: int) -> bytes:
 OK_TRAILERS = _trailers(0)
 UNIMPLEMENTED_TRAILERS = REPLY_HEADERS + _trailers(12)
 
-Handler = Callable[[bytes], bytes]
+# A path's handler: the request message's bytes → the reply's, or an awaitable of them.
+Handler = Callable[[bytes], bytes | Awaitable[bytes]]
 
 
 def frame(ftype: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
@@ -96,6 +99,7 @@ class UnaryGrpcProtocol(asyncio.Protocol):
         self._continued: tuple[int, bytearray, int] | None = None  # stream, block, flags
         self._received = 0
         self._transport: asyncio.Transport | None = None
+        self._pending: set[asyncio.Future[bytes]] = set()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport = cast(asyncio.Transport, transport)  # uvloop's is not one
@@ -175,11 +179,38 @@ class UnaryGrpcProtocol(asyncio.Protocol):
             out.append(frame(HEADERS, END_HEADERS | END_STREAM, stream, UNIMPLEMENTED_TRAILERS))
             return
         reply = handler(bytes(body[5:]))  # after the message's compressed flag and length
-        message = b"\x00" + struct.pack(">I", len(reply)) + reply
-        out.append(frame(HEADERS, END_HEADERS, stream, REPLY_HEADERS))
-        for at in range(0, len(message), MAX_FRAME_BYTES):
-            out.append(frame(DATA, 0, stream, message[at : at + MAX_FRAME_BYTES]))
-        out.append(frame(HEADERS, END_HEADERS | END_STREAM, stream, OK_TRAILERS))
+        if isinstance(reply, bytes):
+            out.append(_reply_frames(stream, reply))
+            return
+        task = asyncio.ensure_future(reply)  # a handler that awaits (a proxy's call onwards)
+        self._pending.add(task)
+        task.add_done_callback(partial(self._answered, stream))
+
+    def _answered(self, stream: int, task: asyncio.Future[bytes]) -> None:
+        self._pending.discard(task)
+        if self._transport is None or self._transport.is_closing() or task.cancelled():
+            return
+        error = task.exception()
+        if error is None:
+            self._transport.write(_reply_frames(stream, task.result()))
+        else:
+            status = error.status if isinstance(error, GrpcStatusError) else 2  # UNKNOWN
+            block = REPLY_HEADERS + _trailers(status)
+            self._transport.write(frame(HEADERS, END_HEADERS | END_STREAM, stream, block))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        for task in self._pending:
+            task.cancel()
+
+
+def _reply_frames(stream: int, reply: bytes) -> bytes:
+    """A unary call's answer: headers, the message in frames of at most 16 KiB, trailers."""
+    message = b"\x00" + struct.pack(">I", len(reply)) + reply
+    frames = [frame(HEADERS, END_HEADERS, stream, REPLY_HEADERS)]
+    for at in range(0, len(message), MAX_FRAME_BYTES):
+        frames.append(frame(DATA, 0, stream, message[at : at + MAX_FRAME_BYTES]))
+    frames.append(frame(HEADERS, END_HEADERS | END_STREAM, stream, OK_TRAILERS))
+    return b"".join(frames)
 
 
 async def unary_server(port: int, handlers: Mapping[str, Handler]) -> asyncio.Server:

@@ -47,11 +47,11 @@ def test_a_request_goes_over_as_the_binary_extension_and_its_reply_comes_back() 
     np.testing.assert_array_equal(got, y)
 
 
-def test_both_hops_are_measured_and_written(tmp_path: Path) -> None:
+def test_every_hop_is_measured_and_written(tmp_path: Path) -> None:
     argv = ["--concurrency", "1", "--duration-s", "0.3", "--rounds", "1"]
     assert grpchop.main([*argv, "--results-dir", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "grpchop.json").read_text())["results"]["cost"]
-    assert [(r["hop"], r["concurrency"]) for r in rows] == [("grpc", 1), ("http", 1)]
+    assert [(r["hop"], r["concurrency"]) for r in rows] == [("grpc", 1), ("h2", 1), ("http", 1)]
     for r in rows:
         assert r["calls_per_s"] > 0 and r["server_cpu_us"] > 0
     assert "| concurrency | front end CPU" in (tmp_path / "grpchop.md").read_text()
