@@ -65,60 +65,32 @@ def frame(ftype: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
     return _HEAD.pack(n >> 16, n & 0xFFFF, ftype, flags, stream) + payload
 
 
-def _decode_cached(
-    decoder: hpack.Decoder, decoded: dict[bytes, list[tuple[str, str]]], block: bytes
-) -> list[tuple[str, str]]:
-    """``block`` decoded; kept by its bytes when decoding it left HPACK's dynamic table as it
-    was (only indexed fields and literals not indexed): the same bytes then decode the same."""
-    headers = decoded.get(block)
-    if headers is None:
-        table = decoder.header_table.dynamic_entries
-        before = (len(table), id(table[0]) if table else None)
-        headers = [(str(k), str(v)) for k, v in decoder.decode(block)]
-        if (len(table), id(table[0]) if table else None) == before:
-            decoded[block] = headers
-    return headers
-
-
 def _unpadded(payload: bytes, flags: int) -> bytes:
     return payload[1 : len(payload) - payload[0]] if flags & PADDED else payload
 
 
-class UnaryGrpcProtocol(asyncio.Protocol):
-    """One client connection; ``handlers``: a gRPC path → its handler of the request message's
-    bytes, returning the reply message's bytes."""
+class _Connection(asyncio.Protocol):
+    """What both ends of a connection do: open it (SETTINGS with a wide stream window, the
+    connection's window opened wide), cut frames from what arrives and hand each to
+    :meth:`_frame`, acknowledge SETTINGS and answer PING, keep HPACK's decoder, and top the
+    receive window up."""
 
-    def __init__(self, handlers: Mapping[str, Handler]) -> None:
-        self._handlers = handlers
+    preface = b""  # what this end sends first (a client's connection preface)
+
+    def __init__(self) -> None:
         self._buffer = b""
-        self._preface_seen = False
         self._decoder = hpack.Decoder()
         self._decoded: dict[bytes, list[tuple[str, str]]] = {}
-        self._paths: dict[int, str] = {}
-        self._bodies: dict[int, bytearray] = {}
-        self._continued: tuple[int, bytearray, int] | None = None  # stream, block, flags
         self._received = 0
-        self._transport: asyncio.Transport | None = None
-        self._pending: set[asyncio.Future[bytes]] = set()
+        self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport = cast(asyncio.Transport, transport)  # uvloop's is not one
+        self.transport = transport = cast(asyncio.Transport, transport)  # uvloop's is not one
         settings = struct.pack(">HI", 0x4, WINDOW_MAX)  # SETTINGS_INITIAL_WINDOW_SIZE
         opened = struct.pack(">I", WINDOW_MAX - 65_535)  # the connection's window, wide open
-        transport.write(frame(SETTINGS, 0, 0, settings) + frame(0x8, 0, 0, opened))
+        transport.write(self.preface + frame(SETTINGS, 0, 0, settings) + frame(0x8, 0, 0, opened))
 
-    def data_received(self, data: bytes) -> None:
-        buffer = self._buffer + data if self._buffer else data
-        pos = 0
-        if not self._preface_seen:
-            if len(buffer) < len(PREFACE):
-                self._buffer = buffer
-                return
-            if not buffer.startswith(PREFACE):
-                assert self._transport is not None
-                self._transport.close()
-                return
-            pos, self._preface_seen = len(PREFACE), True
+    def _read(self, buffer: bytes, pos: int) -> None:
         out: list[bytes] = []
         end = len(buffer)
         while end - pos >= 9:
@@ -128,17 +100,67 @@ class UnaryGrpcProtocol(asyncio.Protocol):
                 break
             payload = buffer[pos + 9 : pos + 9 + length]
             pos += 9 + length
-            self._frame(ftype, flags, stream & 0x7FFFFFFF, payload, out)
+            if ftype == DATA:
+                self._received += length
+            if ftype == SETTINGS and not flags & ACK:
+                out.append(frame(SETTINGS, ACK, 0))
+            elif ftype == PING and not flags & ACK:
+                out.append(frame(PING, ACK, 0, payload))
+            else:
+                self._frame(ftype, flags, stream & 0x7FFFFFFF, payload, out)
         self._buffer = buffer[pos:]
         if self._received > WINDOW_MAX // 2:
             out.append(frame(0x8, 0, 0, struct.pack(">I", self._received)))
             self._received = 0
-        if out and self._transport is not None:
-            self._transport.write(b"".join(out))
+        if out and self.transport is not None:
+            self.transport.write(b"".join(out))
+
+    def _decode(self, block: bytes) -> list[tuple[str, str]]:
+        """``block`` decoded; kept by its bytes when decoding it left HPACK's dynamic table as
+        it was (only indexed fields and literals not indexed): the same bytes then decode the
+        same."""
+        headers = self._decoded.get(block)
+        if headers is None:
+            table = self._decoder.header_table.dynamic_entries
+            before = (len(table), id(table[0]) if table else None)
+            headers = [(str(k), str(v)) for k, v in self._decoder.decode(block)]
+            if (len(table), id(table[0]) if table else None) == before:
+                self._decoded[block] = headers
+        return headers
+
+    def _frame(self, ftype: int, flags: int, stream: int, payload: bytes, out: list[bytes]) -> None:
+        raise NotImplementedError
+
+
+class UnaryGrpcProtocol(_Connection):
+    """One client connection; ``handlers``: a gRPC path → its handler of the request message's
+    bytes, returning the reply message's bytes."""
+
+    def __init__(self, handlers: Mapping[str, Handler]) -> None:
+        super().__init__()
+        self._handlers = handlers
+        self._preface_seen = False
+        self._paths: dict[int, str] = {}
+        self._bodies: dict[int, bytearray] = {}
+        self._continued: tuple[int, bytearray, int] | None = None  # stream, block, flags
+        self._pending: set[asyncio.Future[bytes]] = set()
+
+    def data_received(self, data: bytes) -> None:
+        buffer = self._buffer + data if self._buffer else data
+        pos = 0
+        if not self._preface_seen:
+            if len(buffer) < len(PREFACE):
+                self._buffer = buffer
+                return
+            if not buffer.startswith(PREFACE):
+                assert self.transport is not None
+                self.transport.close()
+                return
+            pos, self._preface_seen = len(PREFACE), True
+        self._read(buffer, pos)
 
     def _frame(self, ftype: int, flags: int, stream: int, payload: bytes, out: list[bytes]) -> None:
         if ftype == DATA:
-            self._received += len(payload)
             body = self._bodies.get(stream)
             if body is not None:
                 body += _unpadded(payload, flags)
@@ -158,16 +180,12 @@ class UnaryGrpcProtocol(asyncio.Protocol):
             if flags & END_HEADERS:
                 self._continued = None
                 self._headers(started, bytes(continued))
-        elif ftype == SETTINGS and not flags & ACK:
-            out.append(frame(SETTINGS, ACK, 0))
-        elif ftype == PING and not flags & ACK:
-            out.append(frame(PING, ACK, 0, payload))
         elif ftype == RST_STREAM:
             self._bodies.pop(stream, None)
             self._paths.pop(stream, None)
 
     def _headers(self, stream: int, block: bytes) -> None:
-        headers = _decode_cached(self._decoder, self._decoded, block)
+        headers = self._decode(block)
         path = next((v for k, v in headers if k == ":path"), "")
         self._paths[stream] = path
         self._bodies[stream] = bytearray()
@@ -188,15 +206,15 @@ class UnaryGrpcProtocol(asyncio.Protocol):
 
     def _answered(self, stream: int, task: asyncio.Future[bytes]) -> None:
         self._pending.discard(task)
-        if self._transport is None or self._transport.is_closing() or task.cancelled():
+        if self.transport is None or self.transport.is_closing() or task.cancelled():
             return
         error = task.exception()
         if error is None:
-            self._transport.write(_reply_frames(stream, task.result()))
+            self.transport.write(_reply_frames(stream, task.result()))
         else:
             status = error.status if isinstance(error, GrpcStatusError) else 2  # UNKNOWN
             block = REPLY_HEADERS + _trailers(status)
-            self._transport.write(frame(HEADERS, END_HEADERS | END_STREAM, stream, block))
+            self.transport.write(frame(HEADERS, END_HEADERS | END_STREAM, stream, block))
 
     def connection_lost(self, exc: Exception | None) -> None:
         for task in self._pending:
@@ -235,52 +253,26 @@ def _literal(name: str, value: str) -> bytes:
     return b"\x00" + bytes([len(n)]) + n + bytes([len(v)]) + v
 
 
-class _ClientProtocol(asyncio.Protocol):
-    def __init__(self) -> None:
-        self._buffer = b""
-        self._decoder = hpack.Decoder()
-        self._decoded: dict[bytes, list[tuple[str, str]]] = {}
-        self.calls: dict[int, tuple[asyncio.Future[bytes], bytearray]] = {}
-        self._received = 0
-        self.transport: asyncio.Transport | None = None
+class _ClientProtocol(_Connection):
+    preface = PREFACE
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport = cast(asyncio.Transport, transport)
-        settings = struct.pack(">HI", 0x4, WINDOW_MAX)
-        opened = struct.pack(">I", WINDOW_MAX - 65_535)
-        transport.write(PREFACE + frame(SETTINGS, 0, 0, settings) + frame(0x8, 0, 0, opened))
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: dict[int, tuple[asyncio.Future[bytes], bytearray]] = {}
 
     def data_received(self, data: bytes) -> None:
-        buffer = self._buffer + data if self._buffer else data
-        pos, end = 0, len(buffer)
-        out: list[bytes] = []
-        while end - pos >= 9:
-            high, low, ftype, flags, stream = _HEAD.unpack_from(buffer, pos)
-            length = (high << 16) | low
-            if end - pos - 9 < length:
-                break
-            payload = buffer[pos + 9 : pos + 9 + length]
-            pos += 9 + length
-            if ftype == DATA:
-                self._received += length
-                call = self.calls.get(stream)
-                if call is not None:
-                    call[1].extend(_unpadded(payload, flags))
-            elif ftype == HEADERS:  # every block, in order: HPACK's table is the connection's
-                headers = _decode_cached(self._decoder, self._decoded, _unpadded(payload, flags))
-                call = self.calls.pop(stream, None) if flags & END_STREAM else None
-                if call is not None:  # the trailers (one block here: no CONTINUATION)
-                    self._finish(call, headers)
-            elif ftype == SETTINGS and not flags & ACK:
-                out.append(frame(SETTINGS, ACK, 0))
-            elif ftype == PING and not flags & ACK:
-                out.append(frame(PING, ACK, 0, payload))
-        self._buffer = buffer[pos:]
-        if self._received > WINDOW_MAX // 2:
-            out.append(frame(0x8, 0, 0, struct.pack(">I", self._received)))
-            self._received = 0
-        if out and self.transport is not None:
-            self.transport.write(b"".join(out))
+        self._read(self._buffer + data if self._buffer else data, 0)
+
+    def _frame(self, ftype: int, flags: int, stream: int, payload: bytes, out: list[bytes]) -> None:
+        if ftype == DATA:
+            call = self.calls.get(stream)
+            if call is not None:
+                call[1].extend(_unpadded(payload, flags))
+        elif ftype == HEADERS:  # every block, in order: HPACK's table is the connection's
+            headers = self._decode(_unpadded(payload, flags))
+            call = self.calls.pop(stream, None) if flags & END_STREAM else None
+            if call is not None:  # the trailers (one block here: no CONTINUATION)
+                self._finish(call, headers)
 
     def _finish(
         self, call: tuple[asyncio.Future[bytes], bytearray], headers: list[tuple[str, str]]
