@@ -94,11 +94,12 @@ async def load(
     calls = 0
     host, port = url.rsplit(":", 1)
     path = method_path(MODEL_INFER)
-    async with GrpcClient(url) as client, UnaryGrpcClient(host, int(port)) as h2:
+    client = UnaryGrpcClient(host, int(port)) if client_kind == "h2" else GrpcClient(url)
+    async with client:
 
         async def one() -> None:
-            if client_kind == "h2":
-                if await h2.call(path, raw) != REPLY:
+            if isinstance(client, UnaryGrpcClient):
+                if await client.call(path, raw) != REPLY:
                     raise RuntimeError("the server's reply is not the fixed one")
                 return
             status, *_ = await client.infer(raw)
