@@ -168,3 +168,33 @@ def test_the_minimal_client_is_answered_by_grpc_aio_and_by_the_minimal_server() 
             await aio.stop(0)
 
     asyncio.run(run())
+
+
+def test_a_handler_that_awaits_answers_and_its_error_becomes_the_status() -> None:
+    """A proxy's handler awaits its call onwards: the reply is written when it comes, and a
+    status the call ends with is the client's."""
+
+    async def later(request: bytes) -> bytes:
+        await asyncio.sleep(0.01)
+        return request[::-1]
+
+    async def missing(_: bytes) -> bytes:
+        raise GrpcStatusError(grpc.StatusCode.NOT_FOUND.value[0])
+
+    async def run() -> None:
+        port = free_port()
+        server = await unary_server(port, {PATH: later, "/x/Missing": missing})
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                replies = await asyncio.gather(
+                    *(channel.unary_unary(PATH)(b"abc%d" % i, timeout=10) for i in range(8))
+                )
+                assert replies == [b"%dcba" % i for i in range(8)]
+                with pytest.raises(grpc.aio.AioRpcError) as failed:
+                    await channel.unary_unary("/x/Missing")(b"", timeout=10)
+                assert failed.value.code() == grpc.StatusCode.NOT_FOUND
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    asyncio.run(run())
