@@ -25,7 +25,7 @@ import numpy as np
 import uvloop
 
 from api.embedded import INPUT_WIDTH, free_port
-from benchmarks.floor import server_process
+from benchmarks.floor import ready_until_stdin_closes, server_process
 from loadgen.classes import RequestClass
 from loadgen.engine import Recorder, Sample, Target, build_payloads, new_session, send_one
 from simulator.results import DEFAULT_DIR, markdown_table, write_results
@@ -60,9 +60,7 @@ async def serve(port: int) -> None:
     """Answer on ``port`` until stdin closes."""
     loop = asyncio.get_running_loop()
     server = await loop.create_server(_Answer, "127.0.0.1", port)
-    sys.stdout.write(f"ready {port}\n")
-    sys.stdout.flush()
-    await loop.run_in_executor(None, sys.stdin.read)
+    await ready_until_stdin_closes(port)
     server.close()
 
 

@@ -167,6 +167,14 @@ def server_process(
         stop_by_stdin(proc)
 
 
+async def ready_until_stdin_closes(*words: object) -> None:
+    """The server process's side of :func:`server_process`: print the ready line (``ready``
+    and ``words``, ports say), then wait until the parent closes this process's stdin."""
+    sys.stdout.write(" ".join(["ready", *map(str, words)]) + "\n")
+    sys.stdout.flush()
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+
+
 def stop_by_stdin(proc: subprocess.Popen[str]) -> None:
     """Stop a server process of these benchmarks: close its stdin, kill it if it lingers."""
     if proc.stdin is not None:
@@ -191,9 +199,7 @@ async def serve(triton_http: str, triton_grpc: str, http_port: int, grpc_port: i
         return reply
 
     server = await model_infer_server(grpc_port, infer)
-    sys.stdout.write(f"ready {http_port} {grpc_port}\n")
-    sys.stdout.flush()
-    await loop.run_in_executor(None, sys.stdin.read)
+    await ready_until_stdin_closes(http_port, grpc_port)
     await server.stop(0)
     await channel.close()
     http.close()

@@ -30,7 +30,12 @@ import uvloop
 from api.embedded import INPUT_WIDTH, NOOP, free_port
 from api.grpc_frontend.protocol import MODEL_INFER, method_path
 from benchmarks.bench import process_cpu_s
-from benchmarks.floor import model_infer_server, serve_model_infer, server_process
+from benchmarks.floor import (
+    model_infer_server,
+    ready_until_stdin_closes,
+    serve_model_infer,
+    server_process,
+)
 from benchmarks.h2floor import UnaryGrpcClient, unary_server
 from loadgen.classes import RequestClass
 from loadgen.engine import InputTensor
@@ -53,18 +58,14 @@ async def serve(port: int) -> None:
         return REPLY
 
     server = await model_infer_server(port, infer)
-    sys.stdout.write("ready\n")
-    sys.stdout.flush()
-    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    await ready_until_stdin_closes()
     await server.stop(0)
 
 
 async def serve_h2(port: int) -> None:
     """The same fixed reply from :mod:`benchmarks.h2floor`, until stdin closes."""
     server = await unary_server(port, {method_path(MODEL_INFER): lambda _: REPLY})
-    sys.stdout.write("ready\n")
-    sys.stdout.flush()
-    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    await ready_until_stdin_closes()
     server.close()
 
 
@@ -94,17 +95,20 @@ async def load(
     calls = 0
     host, port = url.rsplit(":", 1)
     path = method_path(MODEL_INFER)
-    client = UnaryGrpcClient(host, int(port)) if client_kind == "h2" else GrpcClient(url)
-    async with client:
+    h2 = UnaryGrpcClient(host, int(port))
+    aio = GrpcClient(url)
 
-        async def one() -> None:
-            if isinstance(client, UnaryGrpcClient):
-                if await client.call(path, raw) != REPLY:
-                    raise RuntimeError("the server's reply is not the fixed one")
-                return
-            status, *_ = await client.infer(raw)
-            if status != 200:
-                raise RuntimeError(f"the server answered {status}")
+    async def by_h2() -> None:
+        if await h2.call(path, raw) != REPLY:
+            raise RuntimeError("the server's reply is not the fixed one")
+
+    async def by_aio() -> None:
+        status, *_ = await aio.infer(raw)
+        if status != 200:
+            raise RuntimeError(f"the server answered {status}")
+
+    one = by_h2 if client_kind == "h2" else by_aio  # chosen once, not per call
+    async with h2 if client_kind == "h2" else aio:
 
         async def loop(until: float, count: bool) -> None:
             nonlocal calls

@@ -26,7 +26,6 @@ admission, no scheduling, none of what the module lists as not done), measured a
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 import tempfile
@@ -43,7 +42,7 @@ from api.embedded import EmbeddedTriton, free_port, require_embedded
 from api.grpc_frontend.protocol import MODEL_INFER, method_path
 from api.hints import HEADER_LENGTH
 from api.upstream import Upstream
-from benchmarks.floor import model_infer_server, server_process
+from benchmarks.floor import model_infer_server, ready_until_stdin_closes, server_process
 from benchmarks.grpcfloor import load
 from benchmarks.h2floor import UnaryGrpcClient, unary_server
 from dvfs.simulated import SimulatedDevice
@@ -138,9 +137,7 @@ async def serve(hop: str, port: int, triton_http: str, triton_grpc: str) -> None
         return
     infer, upstream = await handler(hop, triton_http, triton_grpc)
     server = await model_infer_server(port, infer)
-    sys.stdout.write("ready\n")
-    sys.stdout.flush()
-    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    await ready_until_stdin_closes()
     await server.stop(0)
     await upstream.close()
 
@@ -153,9 +150,7 @@ async def serve_h2(port: int, triton_grpc: str) -> None:
     path = method_path(MODEL_INFER)
     async with UnaryGrpcClient(host, int(grpc_port)) as triton:
         server = await unary_server(port, {path: lambda raw: triton.call(path, raw)})
-        sys.stdout.write("ready\n")
-        sys.stdout.flush()
-        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+        await ready_until_stdin_closes()
         server.close()
 
 

@@ -36,7 +36,7 @@ from typing import cast
 import hpack
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-DATA, HEADERS, RST_STREAM, SETTINGS, PING, CONTINUATION = 0x0, 0x1, 0x3, 0x4, 0x6, 0x9
+DATA, HEADERS, RST_STREAM, SETTINGS, PING, WINDOW_UPDATE, CONTINUATION = 0, 1, 3, 4, 6, 8, 9
 END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY = 0x1, 0x1, 0x4, 0x8, 0x20
 MAX_FRAME_BYTES = 16_384  # SETTINGS_MAX_FRAME_SIZE's default: what a peer accepts unasked
 WINDOW_MAX = 2**31 - 1
@@ -88,7 +88,9 @@ class _Connection(asyncio.Protocol):
         self.transport = transport = cast(asyncio.Transport, transport)  # uvloop's is not one
         settings = struct.pack(">HI", 0x4, WINDOW_MAX)  # SETTINGS_INITIAL_WINDOW_SIZE
         opened = struct.pack(">I", WINDOW_MAX - 65_535)  # the connection's window, wide open
-        transport.write(self.preface + frame(SETTINGS, 0, 0, settings) + frame(0x8, 0, 0, opened))
+        transport.write(
+            self.preface + frame(SETTINGS, 0, 0, settings) + frame(WINDOW_UPDATE, 0, 0, opened)
+        )
 
     def _read(self, buffer: bytes, pos: int) -> None:
         out: list[bytes] = []
@@ -110,7 +112,7 @@ class _Connection(asyncio.Protocol):
                 self._frame(ftype, flags, stream & 0x7FFFFFFF, payload, out)
         self._buffer = buffer[pos:]
         if self._received > WINDOW_MAX // 2:
-            out.append(frame(0x8, 0, 0, struct.pack(">I", self._received)))
+            out.append(frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", self._received)))
             self._received = 0
         if out and self.transport is not None:
             self.transport.write(b"".join(out))

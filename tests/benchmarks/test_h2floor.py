@@ -25,6 +25,7 @@ from benchmarks.h2floor import (
     PADDED,
     PREFACE,
     SETTINGS,
+    WINDOW_UPDATE,
     GrpcStatusError,
     UnaryGrpcClient,
     UnaryGrpcProtocol,
@@ -111,7 +112,7 @@ def test_padded_frames_and_a_continued_header_block_are_read() -> None:
     kinds = [(ftype, flags, stream) for ftype, flags, stream, _ in frames]
     assert kinds == [
         (SETTINGS, 0, 0),
-        (0x8, 0, 0),  # the connection's window opened
+        (WINDOW_UPDATE, 0, 0),  # the connection's window opened
         (SETTINGS, 0x1, 0),  # the client's settings acknowledged
         (HEADERS, END_HEADERS, 1),
         (DATA, 0, 1),
