@@ -37,8 +37,9 @@ from api.config import from_options
 from api.connection import bounded_protocol
 from api.dispatcher import GpuDispatcher, Job
 from api.embedded import INPUT_WIDTH, NOOP
-from api.grpc_frontend.protocol import MODEL_INFER
-from api.grpc_frontend.server import GrpcFrontend, _TritonChannel
+from api.grpc_frontend.h2server import Call
+from api.grpc_frontend.protocol import MODEL_INFER, method_path
+from api.grpc_frontend.server import GrpcFrontend
 from api.metrics import GatewayMetrics
 from api.runtime import Runtime, serving_from_config
 from api.upstream import Upstream, _Connection
@@ -208,36 +209,26 @@ def http_client(rt: Runtime) -> Callable[[], Awaitable[None]]:
 
 
 def grpc_client(rt: Runtime) -> Callable[[], Awaitable[None]]:
-    """The gRPC front end's handler, called as grpc.aio calls it, Triton's channel faked."""
+    """The gRPC front end's handler, called as its HTTP/2 server calls it, Triton's channel
+    faked."""
     data = np.ones((1, INPUT_WIDTH), dtype=np.float32)
     tensors = [InputTensor("INPUT0", "FP32", data)]
     raw = grpc_payloads([RequestClass("bench")], tensors, NOOP, None)[0].body
     frontend = GrpcFrontend(rt)
+    frontend.open_channels()
     reply = b"\n\x04noop\x12\x011"
 
-    async def triton(_: bytes, metadata: Any = None, timeout: Any = None) -> bytes:
-        await asyncio.sleep(0)
-        return reply
+    class Triton:
+        async def call(self, path: str, message: bytes, *_: Any) -> bytes:
+            await asyncio.sleep(0)
+            return reply
 
-    frontend._channels[0] = _TritonChannel(None, {MODEL_INFER: triton}, None)
-
-    class Context:
-        def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
-            return (("user-agent", "grpc-python"),)
-
-        def time_remaining(self) -> float | None:
-            return None
-
-        def set_trailing_metadata(self, metadata: Any) -> None:
-            pass
-
-        async def abort(self, code: Any, details: str = "", *_: Any) -> None:
-            raise RuntimeError(f"the sidecar aborted: {code} {details}")
-
-    context = Context()
+    for triton in frontend._tritons.values():
+        triton.unary = cast(Any, Triton())
+    call = Call(1, method_path(MODEL_INFER), (("user-agent", "grpc-python"),), None, None)
 
     async def one() -> None:
-        await frontend._infer(raw, context)
+        await frontend._infer(raw, call)
 
     return one
 

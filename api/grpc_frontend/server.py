@@ -1,9 +1,11 @@
-"""The gRPC server: ``inference.GRPCInferenceService`` in the sidecar's event loop.
+"""The gRPC front end: ``inference.GRPCInferenceService`` on the sidecar's own HTTP/2
+(:mod:`.h2server`), in the sidecar's event loop.
 
-Messages travel as bytes (no (de)serializer on either side), so a passthrough RPC reaches Triton
-exactly as the client encoded it, and every reply comes back exactly as Triton encoded it.
-Inference requests are decoded only to read their model and parameters; the bytes sent on are
-the client's own.
+Messages travel as bytes, so a passthrough RPC reaches Triton exactly as the client encoded it,
+and every reply comes back exactly as Triton encoded it. Inference requests are decoded only to
+read their model, parameters and tensor shapes; the bytes sent on are the client's own. Unary
+calls go on to Triton over :class:`.channel.TritonChannel` (HTTP/2 of the sidecar's own, as
+the front end); ``ModelStreamInfer``'s requests, each on a stream of its own, over grpc.aio.
 """
 
 from __future__ import annotations
@@ -18,12 +20,13 @@ from typing import Any
 
 import grpc
 
-from api.admission import Inbound, Outcome, admit
+from api.admission import Admission, Inbound, Outcome, admit
 from api.dispatcher import Job, Send
+from api.grpc_frontend.channel import TritonChannel
+from api.grpc_frontend.h2server import Call, GrpcError, GrpcServer, Status
 from api.grpc_frontend.protocol import (
     CHANNEL_OPTIONS,
     MODEL_INFER,
-    SERVICE,
     STREAM_INFER,
     UNARY_METHODS,
     BadMessageError,
@@ -33,7 +36,6 @@ from api.grpc_frontend.protocol import (
     method_path,
     parameter_values,
     parse_infer_request,
-    server_options,
     stream_error,
     stream_reply,
     text_metadata,
@@ -45,30 +47,30 @@ from api.triton_priority import grpc_with_priority
 from api.upstream import Upstream, UpstreamUnavailableError
 
 log = logging.getLogger(__name__)
-Context = Any  # grpc.aio.ServicerContext (grpc ships no type information)
 PROTOCOL = "grpc"
 GPU_METADATA = "x-sidecar-gpu"  # trailing metadata of a unary reply: which GPU served it
 STATUS = {
-    Outcome.BAD_REQUEST: grpc.StatusCode.INVALID_ARGUMENT,
-    Outcome.UNAUTHORIZED: grpc.StatusCode.UNAUTHENTICATED,
-    Outcome.UNKNOWN_MODEL: grpc.StatusCode.NOT_FOUND,
-    Outcome.REJECTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    Outcome.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    Outcome.BAD_REQUEST: Status.INVALID_ARGUMENT,
+    Outcome.UNAUTHORIZED: Status.UNAUTHENTICATED,
+    Outcome.UNKNOWN_MODEL: Status.NOT_FOUND,
+    Outcome.REJECTED: Status.RESOURCE_EXHAUSTED,
+    Outcome.UNAVAILABLE: Status.UNAVAILABLE,
 }
+_INFER_PATH = method_path(MODEL_INFER)
 
 
 @dataclass(slots=True)  # not frozen: built per request, and cheaper so
 class GrpcAnswer:
     """Triton's answer to one request: its status, and for a unary call the reply's bytes."""
 
-    code: grpc.StatusCode
+    code: int
     details: str = ""
     body: bytes = b""
-    trailing: tuple[tuple[str, str | bytes], ...] = ()
+    trailing: Metadata = ()
 
     @property
     def ok(self) -> bool:
-        return bool(self.code == grpc.StatusCode.OK)
+        return self.code == Status.OK
 
 
 class GrpcBody:
@@ -88,61 +90,73 @@ class GrpcBody:
 
 
 @dataclass(slots=True)
-class _TritonChannel:
-    """One GPU's Triton, over gRPC: its channel and the method stubs on it."""
+class _Triton:
+    """One GPU's Triton, over gRPC: unary calls on the sidecar's own HTTP/2, streams on a
+    grpc.aio channel (opened at the first stream)."""
 
-    channel: Any
-    unary: dict[str, Any]
-    stream: Any
+    url: str
+    unary: TritonChannel
+    _streams: Any = None
 
     @classmethod
-    def open(cls, url: str) -> _TritonChannel:
-        channel = grpc.aio.insecure_channel(url, options=CHANNEL_OPTIONS)
-        unary = {name: channel.unary_unary(method_path(name)) for name in UNARY_METHODS}
-        return cls(channel, unary, channel.stream_stream(method_path(STREAM_INFER)))
+    def open(cls, url: str) -> _Triton:
+        return cls(url, TritonChannel(url))
+
+    def stream(self, metadata: Metadata) -> Any:
+        if self._streams is None:
+            channel = grpc.aio.insecure_channel(self.url, options=CHANNEL_OPTIONS)
+            self._streams = (channel, channel.stream_stream(method_path(STREAM_INFER)))
+        return self._streams[1](metadata=metadata)
+
+    async def close(self) -> None:
+        await self.unary.close()
+        if self._streams is not None:
+            await self._streams[0].close()
 
 
 class GrpcFrontend:
     """Serves gRPC on ``host:grpc_port`` (0: a free port, read back as :attr:`port`) and talks
-    to each GPU's Triton over a channel of its own: an inference request goes to the Triton of
-    the GPU it was placed on, anything else to GPU 0's."""
+    to each GPU's Triton over connections of its own: an inference request goes to the Triton
+    of the GPU it was placed on, anything else to GPU 0's."""
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
         self.port = 0
-        self._server: Any = None
-        self._channels: dict[int, _TritonChannel] = {}  # by id() of the GPU's HTTP Upstream
-        self._unary: dict[str, Any] = {}  # GPU 0's: every call that is not an inference
+        self._server: GrpcServer | None = None
+        self._tritons: dict[int, _Triton] = {}  # by id() of the GPU's HTTP Upstream
+        self._first: _Triton | None = None  # GPU 0's: every call that is not an inference
 
-    def _to(self, upstream: Upstream) -> _TritonChannel:
+    def _to(self, upstream: Upstream) -> _Triton:
         """The gRPC channel of the GPU whose HTTP upstream is ``upstream``."""
-        return self._channels.get(id(upstream)) or next(iter(self._channels.values()))
+        triton = self._tritons.get(id(upstream)) or self._first
+        assert triton is not None, "the front end is started"
+        return triton
+
+    def open_channels(self) -> None:
+        """A channel to each GPU's Triton (nothing connects before the first call)."""
+        for gpu in self.runtime.gpus:
+            if gpu.upstream is not None:
+                self._tritons[id(gpu.upstream)] = _Triton.open(gpu.grpc_url)
+        if not self._tritons:  # no GPU started (a runtime assembled by hand)
+            self._tritons[0] = _Triton.open(self.runtime.triton_grpc_url)
+        self._first = next(iter(self._tritons.values()))
 
     async def start(self) -> None:
         cfg = self.runtime.config
-        for gpu in self.runtime.gpus:
-            if gpu.upstream is not None:
-                self._channels[id(gpu.upstream)] = _TritonChannel.open(gpu.grpc_url)
-        if not self._channels:  # no GPU started (a runtime assembled by hand)
-            self._channels[0] = _TritonChannel.open(self.runtime.triton_grpc_url)
-        self._unary = next(iter(self._channels.values())).unary
-        handlers = {
-            name: grpc.unary_unary_rpc_method_handler(self._passthrough(name))
-            for name in UNARY_METHODS
+        self.open_channels()
+        unary: dict[str, Any] = {
+            method_path(name): self._passthrough(method_path(name)) for name in UNARY_METHODS
         }
-        handlers[MODEL_INFER] = grpc.unary_unary_rpc_method_handler(self._infer)
-        handlers[STREAM_INFER] = grpc.stream_stream_rpc_method_handler(self._stream_infer)
-        self._server = grpc.aio.server(options=server_options(cfg.max_body_bytes))
-        self._server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler(SERVICE, handlers),)
+        unary[_INFER_PATH] = self._infer
+        self._server = GrpcServer(
+            unary,
+            {method_path(STREAM_INFER): self._stream_infer},
+            max_message_bytes=cfg.max_body_bytes,
         )
         try:
-            self.port = self._server.add_insecure_port(f"{cfg.host}:{cfg.grpc_port}")
-        except RuntimeError as err:
+            self.port = await self._server.start(cfg.host, cfg.grpc_port)
+        except OSError as err:
             raise OSError(f"cannot listen for gRPC on {cfg.host}:{cfg.grpc_port}: {err}") from err
-        if self.port == 0:
-            raise OSError(f"cannot listen for gRPC on {cfg.host}:{cfg.grpc_port}")
-        await self._server.start()
         log.info(
             "gRPC on %s:%d, Triton's gRPC at %s",
             cfg.host,
@@ -155,41 +169,31 @@ class GrpcFrontend:
         channels."""
         if self._server is not None:
             await self._server.stop(grace_s)
-        for triton in self._channels.values():
-            await triton.channel.close()
+        for triton in self._tritons.values():
+            await triton.close()
 
     # -- passthrough -------------------------------------------------------------------
 
-    def _passthrough(self, name: str) -> Callable[[bytes, Context], Awaitable[bytes]]:
-        async def call(raw: bytes, context: Context) -> bytes:
-            try:
-                reply: bytes = await self._unary[name](
-                    raw,
-                    metadata=forwarded(context.invocation_metadata()),
-                    timeout=context.time_remaining(),
-                )
-            except grpc.aio.AioRpcError as err:
-                await context.abort(
-                    err.code(), err.details() or "", tuple(err.trailing_metadata() or ())
-                )
-                raise  # abort raised already; for the type checker
-            return reply
+    def _passthrough(self, path: str) -> Callable[[bytes, Call], Awaitable[bytes]]:
+        async def call(raw: bytes, context: Call) -> bytes:
+            assert self._first is not None
+            return await self._first.unary.call(
+                path, raw, forwarded(context.metadata), context.time_remaining()
+            )
 
         return call
 
     # -- inference ---------------------------------------------------------------------
 
-    async def _infer(self, raw: bytes, context: Context) -> bytes:
+    async def _infer(self, raw: bytes, context: Call) -> bytes:
         arrival_s = time.monotonic()
-        metadata = forwarded(context.invocation_metadata())
-        remaining_s = context.time_remaining()  # the client's deadline, if it set one
-        deadline_s = None if remaining_s is None else arrival_s + remaining_s
+        metadata = forwarded(context.metadata)
+        deadline_s = context.deadline_s  # the client's deadline, if it set one
         try:
             request = parse_infer_request(raw)
         except BadMessageError as err:
             self.runtime.metrics.count("unknown", "", "", Outcome.BAD_REQUEST, PROTOCOL)
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-            raise
+            raise GrpcError(Status.INVALID_ARGUMENT, str(err)) from None
 
         def unary(message: bytes) -> Send:
             return lambda upstream: self._upstream_infer(
@@ -199,12 +203,11 @@ class GrpcFrontend:
         admission = await self._admit(request, metadata, arrival_s, unary, raw)
         answer: GrpcAnswer | None = admission.answer
         if answer is None:
-            await context.abort(STATUS[admission.outcome], admission.message)
-            raise AssertionError("abort raises")  # for the type checker
+            raise GrpcError(STATUS[admission.outcome], admission.message)
         if not answer.ok:
-            await context.abort(answer.code, answer.details, answer.trailing)
+            raise GrpcError(answer.code, answer.details, answer.trailing)
         if admission.gpu is not None:
-            context.set_trailing_metadata(((GPU_METADATA, admission.gpu),))
+            context.trailing = ((GPU_METADATA, admission.gpu),)
         return answer.body
 
     async def _admit(
@@ -216,7 +219,7 @@ class GrpcFrontend:
         raw: bytes,
         *,
         tokens: TokenMeter | None = None,
-    ) -> Any:
+    ) -> Admission:
         """One request through :func:`api.admission.admit` (``sender(raw)`` sends it; with
         the sidecar's level as Triton's priority, a map entry appended); a shutdown past its
         grace cancels it, as it cancels HTTP's."""
@@ -246,20 +249,20 @@ class GrpcFrontend:
                 rt.pending.discard(task)
 
     def _upstream_infer(
-        self, raw: bytes, metadata: Metadata, deadline_s: float | None, triton: _TritonChannel
+        self, raw: bytes, metadata: Metadata, deadline_s: float | None, triton: _Triton
     ) -> Awaitable[GrpcAnswer]:
         """Send to ``triton`` with what is left of the client's deadline after the queue: the
-        call starts now, in the dispatch pass, and its answer is awaited after."""
+        call is written now, in the dispatch pass, and its answer is awaited after."""
         timeout_s = None if deadline_s is None else max(0.0, deadline_s - time.monotonic())
-        return _answer(triton.unary[MODEL_INFER](raw, metadata=metadata, timeout=timeout_s))
+        return _answer(triton.unary.call(_INFER_PATH, raw, metadata, timeout_s))
 
     async def _stream_infer(
-        self, requests: AsyncIterator[bytes], context: Context
+        self, requests: AsyncIterator[bytes], context: Call
     ) -> AsyncIterator[bytes]:
         """Each request of the stream is scheduled on its own; replies (several per request
         for a decoupled model) go back in the order Triton sends them, errors as Triton's
         in-stream ``error_message``."""
-        metadata = forwarded(context.invocation_metadata())
+        metadata = forwarded(context.metadata)
         out: asyncio.Queue[bytes | None] = asyncio.Queue()
         pending: set[asyncio.Task[None]] = set()
 
@@ -312,11 +315,11 @@ class GrpcFrontend:
         metadata: Metadata,
         out: asyncio.Queue[bytes | None],
         meter: TokenMeter,
-        triton: _TritonChannel,
+        triton: _Triton,
     ) -> GrpcAnswer:
         """One request on its own stream to ``triton``, which ends the stream after its last
         reply."""
-        call = triton.stream(metadata=metadata)
+        call = triton.stream(metadata)
         ok = True
         try:
             await call.write(raw)
@@ -336,22 +339,27 @@ class GrpcFrontend:
                 call.cancel()
         if ok:
             meter.finish()
-        return GrpcAnswer(grpc.StatusCode.OK if ok else grpc.StatusCode.UNKNOWN)
+        return GrpcAnswer(Status.OK if ok else Status.UNKNOWN)
 
 
 async def _answer(call: Awaitable[bytes]) -> GrpcAnswer:
-    """A unary call's reply, or Triton's error, as an answer."""
+    """A unary call's reply, or Triton's error, as an answer; Triton out of reach is the
+    dispatcher's unavailable."""
     try:
         body = await call
-    except grpc.aio.AioRpcError as err:
-        return _failed(err)
-    return GrpcAnswer(grpc.StatusCode.OK, body=body)
+    except GrpcError as err:
+        if err.code == Status.UNAVAILABLE:
+            raise UpstreamUnavailableError(err.details or "Triton's gRPC is unavailable") from None
+        return GrpcAnswer(err.code, err.details, trailing=err.trailing)
+    return GrpcAnswer(Status.OK, body=body)
 
 
 def _failed(err: Any) -> GrpcAnswer:
-    """Triton's error as an answer; Triton out of reach is the dispatcher's unavailable."""
-    if err.code() == grpc.StatusCode.UNAVAILABLE:
+    """A grpc.aio stream's error as an answer; Triton out of reach is the dispatcher's
+    unavailable."""
+    code = err.code()
+    if code == grpc.StatusCode.UNAVAILABLE:
         raise UpstreamUnavailableError(err.details() or "Triton's gRPC is unavailable")
     return GrpcAnswer(
-        err.code(), err.details() or "", trailing=tuple(err.trailing_metadata() or ())
+        int(code.value[0]), err.details() or "", trailing=tuple(err.trailing_metadata() or ())
     )

@@ -1,0 +1,306 @@
+"""Unary gRPC calls to Triton over the sidecar's own HTTP/2 (:mod:`.h2`).
+
+A call's request is written in the moment :meth:`TritonChannel.call` is called when the
+connection is open (the dispatch pass sends a request before the task awaiting its answer
+runs), as one write: a header block of constant bytes per method, then the client's metadata
+and what is left of its deadline (``grpc-timeout``), the message within Triton's flow-control
+windows. The reply's message comes back as Triton's bytes; a status other than OK as
+:class:`GrpcError` with Triton's code, message and trailing metadata; Triton out of reach (no
+connection, the connection lost, the stream refused) as ``UNAVAILABLE``. Cancelling the
+awaiting task resets the stream (RST_STREAM CANCEL), so Triton stops working for nobody.
+A connection Triton says GOAWAY to, or that has used its stream ids or Triton's
+``MAX_CONCURRENT_STREAMS``, takes no new call: the next call opens another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import struct
+import zlib
+from collections.abc import Awaitable
+from functools import partial
+
+from api.grpc_frontend.h2 import (
+    CANCEL,
+    DATA,
+    END_HEADERS,
+    END_STREAM,
+    HEADERS,
+    MAX_HEADER_LIST_BYTES,
+    MAX_HEADER_LIST_SIZE,
+    PREFACE,
+    PUSH_PROMISE,
+    REFUSED_STREAM,
+    RST_STREAM,
+    Connection,
+    Headers,
+    ProtocolError,
+    frame,
+    literal,
+    metadata_block,
+    metadata_of,
+    status_of,
+)
+from api.grpc_frontend.h2server import GrpcError, Metadata, Status
+
+_PREFIX = struct.Struct(">BI")
+_LAST_STREAM_ID = 2**31 - 1
+_REPLY_SKIP = (
+    "content-type",
+    "grpc-status",
+    "grpc-message",
+    "grpc-encoding",
+    "grpc-accept-encoding",
+)
+
+
+class _Reply:
+    __slots__ = ("body", "encoding", "future", "started", "timer")
+
+    def __init__(self, future: asyncio.Future[bytes]) -> None:
+        self.future = future
+        self.body = bytearray()
+        self.started = False  # its response headers came
+        self.encoding: str | None = None
+        self.timer: asyncio.TimerHandle | None = None
+
+
+class _TritonConnection(Connection):
+    preface_out = PREFACE
+
+    def __init__(self) -> None:
+        super().__init__({MAX_HEADER_LIST_SIZE: MAX_HEADER_LIST_BYTES * 4})
+        self.calls: dict[int, _Reply] = {}
+        self.next_stream = 1
+        self.going_away = False
+
+    def usable(self) -> bool:
+        return (
+            not self.closed
+            and not self.going_away
+            and self.next_stream < _LAST_STREAM_ID
+            and len(self.calls) < self.peer_max_streams
+        )
+
+    def start(
+        self, block: bytes, message: bytes, metadata: Metadata, timeout_s: float | None
+    ) -> asyncio.Future[bytes]:
+        stream, self.next_stream = self.next_stream, self.next_stream + 2
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[bytes] = loop.create_future()
+        reply = self.calls[stream] = _Reply(future)
+        if metadata:
+            block += metadata_block(metadata)
+        if timeout_s is not None:
+            block += literal("grpc-timeout", f"{max(1, math.ceil(timeout_s * 1e6))}u")
+            reply.timer = loop.call_later(timeout_s, self._expire, stream)
+        future.add_done_callback(partial(self._done, stream))
+        self.open_window(stream)
+        self.send(
+            stream,
+            frame(HEADERS, END_HEADERS, stream, block),
+            _PREFIX.pack(0, len(message)) + message,
+            frame(DATA, END_STREAM, stream),
+        )
+        return future
+
+    def _done(self, stream: int, future: asyncio.Future[bytes]) -> None:
+        reply = self.calls.pop(stream, None)
+        if reply is None:
+            return
+        if reply.timer is not None:
+            reply.timer.cancel()
+        self.forget(stream)
+        if future.cancelled():  # the caller went away: Triton stops too
+            self.write(frame(RST_STREAM, 0, stream, struct.pack(">I", CANCEL)))
+
+    def _expire(self, stream: int) -> None:
+        reply = self.calls.get(stream)
+        if reply is not None and not reply.future.done():
+            reply.future.set_exception(GrpcError(Status.DEADLINE_EXCEEDED, "Deadline Exceeded"))
+            self.write(frame(RST_STREAM, 0, stream, struct.pack(">I", CANCEL)))
+
+    # -- frames --------------------------------------------------------------------------
+
+    def headers_received(self, stream: int, flags: int, headers: Headers, out: list[bytes]) -> None:
+        reply = self.calls.get(stream)
+        if reply is None:
+            return
+        if not reply.started:
+            reply.started = True
+            status = next((v for k, v in headers if k == ":status"), "")
+            if status != "200":
+                _settle(reply, GrpcError(_http_status(status), f"HTTP status {status or 'none'}"))
+                return
+            reply.encoding = next((v for k, v in headers if k == "grpc-encoding"), None)
+            if not flags & END_STREAM:
+                return
+        if not flags & END_STREAM:
+            raise ProtocolError(f"a second header block on stream {stream} that does not end it")
+        code, message = status_of(headers)
+        if code != Status.OK:
+            _settle(reply, GrpcError(code, message, metadata_of(headers, _REPLY_SKIP)))
+            return
+        try:
+            _settle(reply, self._message(reply))
+        except GrpcError as err:
+            _settle(reply, err)
+
+    @staticmethod
+    def _message(reply: _Reply) -> bytes:
+        body = reply.body
+        if len(body) < 5:
+            raise GrpcError(Status.INTERNAL, "Triton's reply carries no message")
+        flag, length = _PREFIX.unpack_from(body)
+        if len(body) != 5 + length:
+            raise GrpcError(Status.INTERNAL, "Triton's reply is not one whole message")
+        message = bytes(body[5:])
+        if flag:
+            bits = {"gzip": 31, "deflate": 15}.get(reply.encoding or "")
+            if bits is None:
+                raise GrpcError(Status.INTERNAL, "a compressed reply without grpc-encoding")
+            message = zlib.decompress(message, bits)
+        return message
+
+    def stream_frame(
+        self, ftype: int, flags: int, stream: int, payload: bytes, out: list[bytes]
+    ) -> None:
+        if ftype == DATA:
+            reply = self.calls.get(stream)
+            if reply is not None:
+                reply.body += payload
+                if flags & END_STREAM:
+                    _settle(
+                        reply, GrpcError(Status.INTERNAL, "Triton's reply ended without status")
+                    )
+        elif ftype == RST_STREAM:
+            reply = self.calls.get(stream)
+            if reply is not None:
+                code = struct.unpack(">I", payload[:4])[0] if len(payload) >= 4 else 0
+                if code == REFUSED_STREAM:
+                    error = GrpcError(Status.UNAVAILABLE, "Triton refused the stream")
+                elif code == CANCEL:
+                    error = GrpcError(Status.CANCELLED, "Triton cancelled the call")
+                else:
+                    error = GrpcError(Status.INTERNAL, f"Triton reset the stream (error {code})")
+                _settle(reply, error)
+        elif ftype == PUSH_PROMISE:
+            raise ProtocolError("PUSH_PROMISE: server push is disabled")
+
+    def goaway_received(self, last_stream: int) -> None:
+        self.going_away = True
+        for stream, reply in list(self.calls.items()):
+            if stream > last_stream:  # never processed: safe to say unavailable
+                _settle(reply, GrpcError(Status.UNAVAILABLE, "Triton is going away"))
+        if not self.calls and self.transport is not None:
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        for reply in list(self.calls.values()):
+            _settle(reply, GrpcError(Status.UNAVAILABLE, "the connection to Triton was lost"))
+        self.calls.clear()
+
+
+def _settle(reply: _Reply, result: bytes | GrpcError) -> None:
+    future = reply.future
+    if future.done():
+        return
+    if isinstance(result, GrpcError):
+        future.set_exception(result)
+    else:
+        future.set_result(result)
+
+
+def _http_status(status: str) -> int:
+    """gRPC's mapping of an HTTP status without ``grpc-status`` to a code."""
+    return {
+        "400": Status.INTERNAL,
+        "401": Status.UNAUTHENTICATED,
+        "403": Status.PERMISSION_DENIED,
+        "404": Status.UNIMPLEMENTED,
+        "429": Status.UNAVAILABLE,
+        "502": Status.UNAVAILABLE,
+        "503": Status.UNAVAILABLE,
+        "504": Status.UNAVAILABLE,
+    }.get(status, Status.UNKNOWN)
+
+
+class TritonChannel:
+    """Unary gRPC calls to the Triton at ``url`` (``host:port``); see the module."""
+
+    def __init__(self, url: str) -> None:
+        host, _, port = url.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"a gRPC address must be host:port, got {url!r}")
+        self.url = url
+        self.host, self.port = host.strip("[]"), int(port)
+        self._connection: _TritonConnection | None = None
+        self._connecting: asyncio.Task[_TritonConnection] | None = None
+        self._blocks: dict[str, bytes] = {}
+        self._old: set[_TritonConnection] = set()
+
+    def call(
+        self,
+        path: str,
+        message: bytes,
+        metadata: Metadata = (),
+        timeout_s: float | None = None,
+    ) -> Awaitable[bytes]:
+        """Call ``path`` with ``message``; the reply message's bytes. Written now when a
+        connection is open."""
+        connection = self._connection
+        if connection is not None and connection.usable():
+            return connection.start(self._block(path), message, metadata, timeout_s)
+        return self._call_connecting(path, message, metadata, timeout_s)
+
+    async def _call_connecting(
+        self, path: str, message: bytes, metadata: Metadata, timeout_s: float | None
+    ) -> bytes:
+        connection = await self._connect()
+        return await connection.start(self._block(path), message, metadata, timeout_s)
+
+    def _block(self, path: str) -> bytes:
+        block = self._blocks.get(path)
+        if block is None:
+            block = self._blocks[path] = (
+                b"\x83\x86"  # :method POST, :scheme http (static table, 3 and 6)
+                + literal(":path", path)
+                + literal(":authority", f"{self.host}:{self.port}")
+                + literal("content-type", "application/grpc")
+                + literal("te", "trailers")
+            )
+        return block
+
+    async def _connect(self) -> _TritonConnection:
+        connection = self._connection
+        if connection is not None and connection.usable():
+            return connection
+        if self._connecting is None or self._connecting.done():
+            self._connecting = asyncio.ensure_future(self._open())
+        return await asyncio.shield(self._connecting)
+
+    async def _open(self) -> _TritonConnection:
+        loop = asyncio.get_running_loop()
+        try:
+            _, connection = await loop.create_connection(_TritonConnection, self.host, self.port)
+        except OSError as err:
+            raise GrpcError(
+                Status.UNAVAILABLE, f"failed to connect to Triton's gRPC at {self.url}: {err}"
+            ) from None
+        if self._connection is not None:
+            self._old.add(self._connection)
+        self._old = {c for c in self._old if not c.closed}
+        for old in self._old:
+            if not old.calls and old.transport is not None:
+                old.transport.close()
+        self._connection = connection
+        return connection
+
+    async def close(self) -> None:
+        for connection in (self._connection, *self._old):
+            if connection is not None and connection.transport is not None:
+                connection.transport.close()
+        self._connection = None
+        await asyncio.sleep(0)
