@@ -193,8 +193,8 @@ class _TritonConnection(Connection):
         for stream, reply in list(self.calls.items()):
             if stream > last_stream:  # never processed: safe to say unavailable
                 _settle(reply, GrpcError(Status.UNAVAILABLE, "Triton is going away"))
-        if not self.calls and self.transport is not None:
-            self.transport.close()
+        if not self.calls:
+            self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
@@ -293,14 +293,14 @@ class TritonChannel:
             self._old.add(self._connection)
         self._old = {c for c in self._old if not c.closed}
         for old in self._old:
-            if not old.calls and old.transport is not None:
-                old.transport.close()
+            if not old.calls:
+                old.close()
         self._connection = connection
         return connection
 
     async def close(self) -> None:
         for connection in (self._connection, *self._old):
-            if connection is not None and connection.transport is not None:
-                connection.transport.close()
+            if connection is not None:
+                connection.close()
         self._connection = None
         await asyncio.sleep(0)

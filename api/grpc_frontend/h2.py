@@ -169,6 +169,7 @@ class Connection(asyncio.Protocol):
         self.peer_max_frame = MAX_FRAME_BYTES
         self.peer_max_streams = WINDOW_MAX
         self._pending: dict[int, _Pending] = {}
+        self._corked: list[bytes] = []
         self.closed = False
 
     # -- the connection ----------------------------------------------------------------
@@ -186,14 +187,36 @@ class Connection(asyncio.Protocol):
         self._pending.clear()
 
     def write(self, data: bytes) -> None:
+        """Queue ``data``; everything queued in one turn of the event loop goes out in one
+        write (a send costs a system call, and at concurrency the replies and requests of a
+        dispatch pass come together)."""
+        if self.closed:
+            return
+        if not self._corked:
+            self._corked.append(data)
+            asyncio.get_running_loop().call_soon(self._uncork)
+        else:
+            self._corked.append(data)
+
+    def _uncork(self) -> None:
+        if not self._corked:
+            return
+        data = b"".join(self._corked) if len(self._corked) > 1 else self._corked[0]
+        self._corked.clear()
         if self.transport is not None and not self.closed:
             self.transport.write(data)
+
+    def close(self) -> None:
+        """End the connection after what is queued."""
+        self._uncork()
+        if self.transport is not None:
+            self.transport.close()
 
     def go_away(self, code: int, last_stream: int, message: str = "") -> None:
         """Say GOAWAY; with an error code, end the connection too."""
         self.write(frame(GOAWAY, 0, 0, _U32.pack(last_stream) + _U32.pack(code) + message.encode()))
-        if code != NO_ERROR and self.transport is not None:
-            self.transport.close()
+        if code != NO_ERROR:
+            self.close()
             self.closed = True
 
     def last_stream(self) -> int:

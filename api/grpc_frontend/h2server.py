@@ -182,8 +182,7 @@ class GrpcServer:
         while any(c.calls for c in self.connections) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         for connection in list(self.connections):
-            if connection.transport is not None:
-                connection.transport.close()
+            connection.close()
         await asyncio.sleep(0)  # connection_lost runs: the calls left are cancelled
         if self._server is not None:
             with contextlib.suppress(Exception):
@@ -227,8 +226,8 @@ class GrpcConnection(Connection):
         """GOAWAY: no new stream; those under way go on."""
         self._draining = True
         self.go_away(NO_ERROR, self._highest)
-        if not self.calls and self.transport is not None:
-            self.transport.close()
+        if not self.calls:
+            self.close()
 
     # -- frames --------------------------------------------------------------------------
 
@@ -485,8 +484,8 @@ class GrpcConnection(Connection):
             self._fail(call, Status.DEADLINE_EXCEEDED, "Deadline Exceeded")
 
     def _after_call(self) -> None:
-        if self._draining and not self.calls and self.transport is not None:
-            self.transport.close()
+        if self._draining and not self.calls:
+            self.close()
 
 
 def _stop(call: Call) -> None:
