@@ -8,8 +8,9 @@ is built on:
   one kept-alive connection to Triton of its own (no pool to look up); a request's bytes are
   parsed only to find where it ends, sent to Triton as they came, and Triton's reply is parsed
   only to find where it ends and written back as it came, in one write each way.
-- **gRPC**: a ``grpc.aio`` server whose one generic handler passes ``ModelInfer``'s bytes to
-  Triton over one ``grpc.aio`` channel and its reply back, as the sidecar's gRPC path does.
+- **gRPC**: the sidecar's own HTTP/2 server (:mod:`api.grpc_frontend.h2server`) whose one
+  handler passes ``ModelInfer``'s bytes to Triton over the sidecar's own channel
+  (:mod:`api.grpc_frontend.channel`) and its reply back, as the sidecar's gRPC path does.
 
 No admission, no queue, no scheduling, no metrics. ``python -m benchmarks.bench`` measures it in
 the same rounds as the sidecar (``floor`` in its table): the sidecar's CPU per request and added
@@ -31,6 +32,8 @@ import httptools
 import uvloop
 
 from api.embedded import free_port
+from api.grpc_frontend.channel import TritonChannel
+from api.grpc_frontend.h2server import Call, GrpcServer
 from api.grpc_frontend.protocol import MODEL_INFER, SERVICE, method_path
 
 
@@ -191,15 +194,15 @@ async def serve(triton_http: str, triton_grpc: str, http_port: int, grpc_port: i
     loop = asyncio.get_running_loop()
     triton = _host_port(triton_http)
     http = await loop.create_server(lambda: _Client(triton), "127.0.0.1", http_port)
-    channel = grpc.aio.insecure_channel(triton_grpc.removeprefix("grpc://"))
-    call = channel.unary_unary(method_path(MODEL_INFER))  # bytes in, bytes out
+    channel = TritonChannel(triton_grpc.removeprefix("grpc://"))
+    path = method_path(MODEL_INFER)
 
-    async def infer(request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
-        reply: bytes = await call(request)
-        return reply
+    async def infer(request: bytes, call: Call) -> bytes:
+        return await channel.call(path, request)
 
-    server = await model_infer_server(grpc_port, infer)
-    await ready_until_stdin_closes(http_port, grpc_port)
+    server = GrpcServer({path: infer}, {}, max_message_bytes=64 * 2**20)
+    await server.start("127.0.0.1", grpc_port)
+    await ready_until_stdin_closes(http_port, server.port)
     await server.stop(0)
     await channel.close()
     http.close()
