@@ -75,6 +75,9 @@ class _TritonConnection(Connection):
         self.next_stream = 1
         self.going_away = False
 
+    def in_flight(self) -> int:
+        return len(self.calls)
+
     def usable(self) -> bool:
         return (
             not self.closed

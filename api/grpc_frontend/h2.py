@@ -187,16 +187,23 @@ class Connection(asyncio.Protocol):
         self._pending.clear()
 
     def write(self, data: bytes) -> None:
-        """Queue ``data``; everything queued in one turn of the event loop goes out in one
-        write (a send costs a system call, and at concurrency the replies and requests of a
-        dispatch pass come together)."""
+        """Send ``data``. While other calls are under way on the connection, everything
+        written in one turn of the event loop goes out in one send at its end (a send costs a
+        system call, and at concurrency the replies and requests of a dispatch pass come
+        together); a lone call's bytes go at once (waiting a turn would only add latency)."""
         if self.closed:
             return
-        if not self._corked:
+        if self._corked:
+            self._corked.append(data)
+        elif self.in_flight() > 1:
             self._corked.append(data)
             asyncio.get_running_loop().call_soon(self._uncork)
-        else:
-            self._corked.append(data)
+        elif self.transport is not None:
+            self.transport.write(data)
+
+    def in_flight(self) -> int:
+        """Calls under way on this connection, counting the one being written."""
+        return 0
 
     def _uncork(self) -> None:
         if not self._corked:

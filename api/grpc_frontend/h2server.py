@@ -222,6 +222,9 @@ class GrpcConnection(Connection):
     def last_stream(self) -> int:
         return self._highest
 
+    def in_flight(self) -> int:
+        return len(self.calls) + 1  # a reply is written after its call has left ``calls``
+
     def drain(self) -> None:
         """GOAWAY: no new stream; those under way go on."""
         self._draining = True
