@@ -1,6 +1,7 @@
 """The least HTTP/2 in Python on asyncio does for unary gRPC calls, at either end: measurement
 floors for a gRPC front end and a channel to Triton that are not grpcio's, not code to serve
-with.
+with (the sidecar's own, built on the same lines with everything listed below that these leave
+out, are :mod:`api.grpc_frontend.h2server` and :mod:`api.grpc_frontend.channel`).
 
 grpcio's servers (grpc.aio's and the synchronous one) cost more CPU per call than the sidecar's
 whole gRPC target before any work of its own (``python -m benchmarks.grpcfloor``). This server
