@@ -223,8 +223,9 @@ def grpc_client(rt: Runtime) -> Callable[[], Awaitable[None]]:
             await asyncio.sleep(0)
             return reply
 
-    for triton in frontend._tritons.values():
-        triton.unary = cast(Any, Triton())
+    fake = cast(Any, Triton())
+    frontend._tritons = dict.fromkeys(frontend._tritons, fake)
+    frontend._first = fake
     call = Call(1, method_path(MODEL_INFER), (("user-agent", "grpc-python"),), None, None)
 
     async def one() -> None:

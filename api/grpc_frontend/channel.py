@@ -8,6 +8,9 @@ windows. The reply's message comes back as Triton's bytes; a status other than O
 :class:`GrpcError` with Triton's code, message and trailing metadata; Triton out of reach (no
 connection, the connection lost, the stream refused) as ``UNAVAILABLE``. Cancelling the
 awaiting task resets the stream (RST_STREAM CANCEL), so Triton stops working for nobody.
+:meth:`TritonChannel.stream` is the same for a call with one request and a stream of replies
+(one request of ``ModelStreamInfer``, a decoupled model's responses coming back as Triton sends
+them); closing the iterator before its end resets the stream.
 A connection Triton says GOAWAY to, or that has used its stream ids or Triton's
 ``MAX_CONCURRENT_STREAMS``, takes no new call: the next call opens another.
 """
@@ -18,7 +21,7 @@ import asyncio
 import math
 import struct
 import zlib
-from collections.abc import Awaitable
+from collections.abc import AsyncGenerator, Awaitable
 from functools import partial
 
 from api.grpc_frontend.h2 import (
@@ -56,10 +59,15 @@ _REPLY_SKIP = (
 
 
 class _Reply:
-    __slots__ = ("body", "encoding", "future", "started", "timer")
+    __slots__ = ("body", "encoding", "future", "replies", "started", "timer")
 
-    def __init__(self, future: asyncio.Future[bytes]) -> None:
-        self.future = future
+    def __init__(
+        self,
+        future: asyncio.Future[bytes],
+        replies: asyncio.Queue[bytes | GrpcError | None] | None = None,
+    ) -> None:
+        self.future = future  # a unary call's reply; a stream's end
+        self.replies = replies  # a stream's replies as they come, then None or its error
         self.body = bytearray()
         self.started = False  # its response headers came
         self.encoding: str | None = None
@@ -87,12 +95,17 @@ class _TritonConnection(Connection):
         )
 
     def start(
-        self, block: bytes, message: bytes, metadata: Metadata, timeout_s: float | None
+        self,
+        block: bytes,
+        message: bytes,
+        metadata: Metadata,
+        timeout_s: float | None,
+        replies: asyncio.Queue[bytes | GrpcError | None] | None = None,
     ) -> asyncio.Future[bytes]:
         stream, self.next_stream = self.next_stream, self.next_stream + 2
         loop = asyncio.get_running_loop()
         future: asyncio.Future[bytes] = loop.create_future()
-        reply = self.calls[stream] = _Reply(future)
+        reply = self.calls[stream] = _Reply(future, replies)
         if metadata:
             block += metadata_block(metadata)
         if timeout_s is not None:
@@ -145,6 +158,9 @@ class _TritonConnection(Connection):
         if code != Status.OK:
             _settle(reply, GrpcError(code, message, metadata_of(headers, _REPLY_SKIP)))
             return
+        if reply.replies is not None:
+            _settle(reply, b"" if not reply.body else _incomplete())
+            return
         try:
             _settle(reply, self._message(reply))
         except GrpcError as err:
@@ -166,6 +182,25 @@ class _TritonConnection(Connection):
             message = zlib.decompress(message, bits)
         return message
 
+    @staticmethod
+    def _stream_messages(reply: _Reply) -> None:
+        """A stream's whole messages, handed on as they complete."""
+        body = reply.body
+        assert reply.replies is not None
+        while len(body) >= 5:
+            flag, length = _PREFIX.unpack_from(body)
+            if len(body) < 5 + length:
+                return
+            message = bytes(body[5 : 5 + length])
+            del body[: 5 + length]
+            if flag:
+                bits = {"gzip": 31, "deflate": 15}.get(reply.encoding or "")
+                if bits is None:
+                    _settle(reply, GrpcError(Status.INTERNAL, "compressed without grpc-encoding"))
+                    return
+                message = zlib.decompress(message, bits)
+            reply.replies.put_nowait(message)
+
     def stream_frame(
         self, ftype: int, flags: int, stream: int, payload: bytes, out: list[bytes]
     ) -> None:
@@ -173,6 +208,8 @@ class _TritonConnection(Connection):
             reply = self.calls.get(stream)
             if reply is not None:
                 reply.body += payload
+                if reply.replies is not None:
+                    self._stream_messages(reply)
                 if flags & END_STREAM:
                     _settle(
                         reply, GrpcError(Status.INTERNAL, "Triton's reply ended without status")
@@ -206,9 +243,17 @@ class _TritonConnection(Connection):
         self.calls.clear()
 
 
+def _incomplete() -> GrpcError:
+    return GrpcError(Status.INTERNAL, "Triton's stream ended inside a message")
+
+
 def _settle(reply: _Reply, result: bytes | GrpcError) -> None:
     future = reply.future
     if future.done():
+        return
+    if reply.replies is not None:  # a stream: its end (None) or its error, after its replies
+        reply.replies.put_nowait(result if isinstance(result, GrpcError) else None)
+        future.set_result(b"")
         return
     if isinstance(result, GrpcError):
         future.set_exception(result)
@@ -263,6 +308,23 @@ class TritonChannel:
     ) -> bytes:
         connection = await self._connect()
         return await connection.start(self._block(path), message, metadata, timeout_s)
+
+    async def stream(
+        self, path: str, message: bytes, metadata: Metadata = ()
+    ) -> AsyncGenerator[bytes, None]:
+        """Call ``path`` with one request, ``message``; its replies as they come. A status
+        other than OK is raised after the replies before it; leaving the iteration before the
+        end resets the call."""
+        connection = await self._connect()
+        replies: asyncio.Queue[bytes | GrpcError | None] = asyncio.Queue()
+        end = connection.start(self._block(path), message, metadata, None, replies)
+        try:
+            while (reply := await replies.get()) is not None:
+                if isinstance(reply, GrpcError):
+                    raise reply
+                yield reply
+        finally:
+            end.cancel()  # a call not yet ended is reset (RST_STREAM), as a cancelled one is
 
     def _block(self, path: str) -> bytes:
         block = self._blocks.get(path)

@@ -424,7 +424,8 @@ class GrpcConnection(Connection):
             self._fail(call, Status.UNKNOWN, f"Unexpected error in the sidecar: {error!r}")
 
     async def _run_stream(self, call: Call, handler: Streaming) -> None:
-        code, details, trailing = Status.OK, "", call.trailing
+        code: int = Status.OK
+        details, trailing = "", call.trailing
         stream = call.stream
         try:
             async for reply in handler(call.messages(), call):
@@ -442,7 +443,7 @@ class GrpcConnection(Connection):
                         self._drained = asyncio.get_running_loop().create_future()
                     await self._drained
         except GrpcError as err:
-            code, details, trailing = Status(err.code), err.details, err.trailing
+            code, details, trailing = err.code, err.details, err.trailing
         except Exception as err:
             log.error("the gRPC stream handler of %s failed", call.path, exc_info=err)
             code, details = Status.UNKNOWN, f"Unexpected error in the sidecar: {err!r}"

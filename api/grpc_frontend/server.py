@@ -3,9 +3,9 @@
 
 Messages travel as bytes, so a passthrough RPC reaches Triton exactly as the client encoded it,
 and every reply comes back exactly as Triton encoded it. Inference requests are decoded only to
-read their model, parameters and tensor shapes; the bytes sent on are the client's own. Unary
-calls go on to Triton over :class:`.channel.TritonChannel` (HTTP/2 of the sidecar's own, as
-the front end); ``ModelStreamInfer``'s requests, each on a stream of its own, over grpc.aio.
+read their model, parameters and tensor shapes; the bytes sent on are the client's own. Calls
+go on to Triton over :class:`.channel.TritonChannel` (HTTP/2 of the sidecar's own, as the front
+end); each request of a ``ModelStreamInfer`` stream on a stream of its own.
 """
 
 from __future__ import annotations
@@ -18,14 +18,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import grpc
-
 from api.admission import Admission, Inbound, Outcome, admit
 from api.dispatcher import Job, Send
 from api.grpc_frontend.channel import TritonChannel
 from api.grpc_frontend.h2server import Call, GrpcError, GrpcServer, Status
 from api.grpc_frontend.protocol import (
-    CHANNEL_OPTIONS,
     MODEL_INFER,
     STREAM_INFER,
     UNARY_METHODS,
@@ -57,6 +54,7 @@ STATUS = {
     Outcome.UNAVAILABLE: Status.UNAVAILABLE,
 }
 _INFER_PATH = method_path(MODEL_INFER)
+_STREAM_PATH = method_path(STREAM_INFER)
 
 
 @dataclass(slots=True)  # not frozen: built per request, and cheaper so
@@ -89,31 +87,6 @@ class GrpcBody:
         check_infer_request(self.request, max_elements=max_elements, model=model)
 
 
-@dataclass(slots=True)
-class _Triton:
-    """One GPU's Triton, over gRPC: unary calls on the sidecar's own HTTP/2, streams on a
-    grpc.aio channel (opened at the first stream)."""
-
-    url: str
-    unary: TritonChannel
-    _streams: Any = None
-
-    @classmethod
-    def open(cls, url: str) -> _Triton:
-        return cls(url, TritonChannel(url))
-
-    def stream(self, metadata: Metadata) -> Any:
-        if self._streams is None:
-            channel = grpc.aio.insecure_channel(self.url, options=CHANNEL_OPTIONS)
-            self._streams = (channel, channel.stream_stream(method_path(STREAM_INFER)))
-        return self._streams[1](metadata=metadata)
-
-    async def close(self) -> None:
-        await self.unary.close()
-        if self._streams is not None:
-            await self._streams[0].close()
-
-
 class GrpcFrontend:
     """Serves gRPC on ``host:grpc_port`` (0: a free port, read back as :attr:`port`) and talks
     to each GPU's Triton over connections of its own: an inference request goes to the Triton
@@ -123,10 +96,10 @@ class GrpcFrontend:
         self.runtime = runtime
         self.port = 0
         self._server: GrpcServer | None = None
-        self._tritons: dict[int, _Triton] = {}  # by id() of the GPU's HTTP Upstream
-        self._first: _Triton | None = None  # GPU 0's: every call that is not an inference
+        self._tritons: dict[int, TritonChannel] = {}  # by id() of the GPU's HTTP Upstream
+        self._first: TritonChannel | None = None  # GPU 0's: every call that is not an inference
 
-    def _to(self, upstream: Upstream) -> _Triton:
+    def _to(self, upstream: Upstream) -> TritonChannel:
         """The gRPC channel of the GPU whose HTTP upstream is ``upstream``."""
         triton = self._tritons.get(id(upstream)) or self._first
         assert triton is not None, "the front end is started"
@@ -136,9 +109,9 @@ class GrpcFrontend:
         """A channel to each GPU's Triton (nothing connects before the first call)."""
         for gpu in self.runtime.gpus:
             if gpu.upstream is not None:
-                self._tritons[id(gpu.upstream)] = _Triton.open(gpu.grpc_url)
+                self._tritons[id(gpu.upstream)] = TritonChannel(gpu.grpc_url)
         if not self._tritons:  # no GPU started (a runtime assembled by hand)
-            self._tritons[0] = _Triton.open(self.runtime.triton_grpc_url)
+            self._tritons[0] = TritonChannel(self.runtime.triton_grpc_url)
         self._first = next(iter(self._tritons.values()))
 
     async def start(self) -> None:
@@ -177,7 +150,7 @@ class GrpcFrontend:
     def _passthrough(self, path: str) -> Callable[[bytes, Call], Awaitable[bytes]]:
         async def call(raw: bytes, context: Call) -> bytes:
             assert self._first is not None
-            return await self._first.unary.call(
+            return await self._first.call(
                 path, raw, forwarded(context.metadata), context.time_remaining()
             )
 
@@ -249,12 +222,12 @@ class GrpcFrontend:
                 rt.pending.discard(task)
 
     def _upstream_infer(
-        self, raw: bytes, metadata: Metadata, deadline_s: float | None, triton: _Triton
+        self, raw: bytes, metadata: Metadata, deadline_s: float | None, triton: TritonChannel
     ) -> Awaitable[GrpcAnswer]:
         """Send to ``triton`` with what is left of the client's deadline after the queue: the
         call is written now, in the dispatch pass, and its answer is awaited after."""
         timeout_s = None if deadline_s is None else max(0.0, deadline_s - time.monotonic())
-        return _answer(triton.unary.call(_INFER_PATH, raw, metadata, timeout_s))
+        return _answer(triton.call(_INFER_PATH, raw, metadata, timeout_s))
 
     async def _stream_infer(
         self, requests: AsyncIterator[bytes], context: Call
@@ -315,51 +288,39 @@ class GrpcFrontend:
         metadata: Metadata,
         out: asyncio.Queue[bytes | None],
         meter: TokenMeter,
-        triton: _Triton,
+        triton: TritonChannel,
     ) -> GrpcAnswer:
         """One request on its own stream to ``triton``, which ends the stream after its last
         reply."""
-        call = triton.stream(metadata)
         ok = True
         try:
-            await call.write(raw)
-            await call.done_writing()
-            async for reply in call:
-                out.put_nowait(reply)
-                failed, tokens = stream_reply(reply)
-                ok = ok and not failed
-                if tokens:
-                    meter.on_token(time.monotonic())
-        except grpc.aio.AioRpcError as err:
+            async with contextlib.aclosing(triton.stream(_STREAM_PATH, raw, metadata)) as replies:
+                async for reply in replies:
+                    out.put_nowait(reply)
+                    failed, tokens = stream_reply(reply)
+                    ok = ok and not failed
+                    if tokens:
+                        meter.on_token(time.monotonic())
+        except GrpcError as err:
             answer = _failed(err)
             out.put_nowait(stream_error(answer.details, parse_infer_request(raw)))
             return answer
-        finally:
-            with contextlib.suppress(Exception):
-                call.cancel()
         if ok:
             meter.finish()
         return GrpcAnswer(Status.OK if ok else Status.UNKNOWN)
 
 
 async def _answer(call: Awaitable[bytes]) -> GrpcAnswer:
-    """A unary call's reply, or Triton's error, as an answer; Triton out of reach is the
-    dispatcher's unavailable."""
+    """A unary call's reply, or Triton's error, as an answer."""
     try:
         body = await call
     except GrpcError as err:
-        if err.code == Status.UNAVAILABLE:
-            raise UpstreamUnavailableError(err.details or "Triton's gRPC is unavailable") from None
-        return GrpcAnswer(err.code, err.details, trailing=err.trailing)
+        return _failed(err)
     return GrpcAnswer(Status.OK, body=body)
 
 
-def _failed(err: Any) -> GrpcAnswer:
-    """A grpc.aio stream's error as an answer; Triton out of reach is the dispatcher's
-    unavailable."""
-    code = err.code()
-    if code == grpc.StatusCode.UNAVAILABLE:
-        raise UpstreamUnavailableError(err.details() or "Triton's gRPC is unavailable")
-    return GrpcAnswer(
-        int(code.value[0]), err.details() or "", trailing=tuple(err.trailing_metadata() or ())
-    )
+def _failed(err: GrpcError) -> GrpcAnswer:
+    """Triton's error as an answer; Triton out of reach is the dispatcher's unavailable."""
+    if err.code == Status.UNAVAILABLE:
+        raise UpstreamUnavailableError(err.details or "Triton's gRPC is unavailable") from None
+    return GrpcAnswer(err.code, err.details, trailing=err.trailing)

@@ -6,6 +6,7 @@ the drain; and the server's framing for what a client may send that grpcio's doe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -345,10 +346,29 @@ def _with_aio_server(test: Callable[[TritonChannel, _Seen], Awaitable[None]]) ->
                 raise
             return b""
 
-        handlers = {
+        async def replies(
+            requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[bytes, bytes]
+        ) -> AsyncIterator[bytes]:
+            """As many replies as the request's first byte, then a status from its second;
+            255: one reply, then it waits."""
+            async for request in requests:
+                for i in range(1 if request[0] == 255 else request[0]):
+                    yield bytes([i]) * 70_000  # past the first window by the second reply
+                if request[1]:
+                    await context.abort(grpc.StatusCode(_CODES[request[1]]), "stopped")
+                if request[0] == 255:
+                    seen.started.set()
+                    try:
+                        await asyncio.sleep(30)
+                    except asyncio.CancelledError:
+                        seen.cancelled.set()
+                        raise
+
+        handlers: dict[str, Any] = {
             name: grpc.unary_unary_rpc_method_handler(handler)
             for name, handler in (("Unary", unary), ("Fails", fails), ("Slow", slow))
         }
+        handlers["Stream"] = grpc.stream_stream_rpc_method_handler(replies)
         server = grpc.aio.server(options=(("grpc.max_receive_message_length", 2**30),))
         server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler("test.Service", handlers),)
@@ -406,6 +426,28 @@ def test_the_channel_stops_triton_on_a_deadline_and_a_cancel() -> None:
         await asyncio.wait_for(seen.cancelled.wait(), 5)  # RST_STREAM reached the server
         request = _request(2, 8)
         assert await channel.call(PATH, request) == _reply(request)  # and it serves on
+
+    _with_aio_server(test)
+
+
+_CODES = {code.value[0]: code.value for code in grpc.StatusCode}
+
+
+def test_the_channel_streams_replies_as_they_come_then_the_status() -> None:
+    async def test(channel: TritonChannel, seen: _Seen) -> None:
+        got = [r async for r in channel.stream(STREAM, bytes([3, 0]))]
+        assert got == [bytes([i]) * 70_000 for i in range(3)]
+        got = []
+        with pytest.raises(GrpcError) as stopped:
+            async for reply in channel.stream(STREAM, bytes([2, Status.NOT_FOUND])):
+                got.append(reply)
+        assert len(got) == 2 and stopped.value.code == Status.NOT_FOUND
+        assert stopped.value.details == "stopped"
+        # Left before its end: the call is reset, and the server's handler stops.
+        async with contextlib.aclosing(channel.stream(STREAM, bytes([255, 0]))) as replies:
+            async for _ in replies:
+                break
+        await asyncio.wait_for(seen.cancelled.wait(), 5)
 
     _with_aio_server(test)
 
