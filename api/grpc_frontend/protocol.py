@@ -17,23 +17,6 @@ _METHODS = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].metho
 UNARY_METHODS: tuple[str, ...] = tuple(
     m.name for m in _METHODS if not (m.client_streaming or m.server_streaming)
 )
-# Triton's own limit (INT32_MAX): what Triton may send back, and what the sidecar may send on.
-MAX_MESSAGE_BYTES = 2**31 - 1
-CHANNEL_OPTIONS = (
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-)
-
-
-def server_options(max_message_bytes: int) -> tuple[tuple[str, int], ...]:
-    """The front end's: a client's message is bounded as HTTP's body is (``--max-body-bytes``);
-    gRPC refuses a longer one with RESOURCE_EXHAUSTED from its length prefix."""
-    return (
-        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-        ("grpc.max_receive_message_length", max_message_bytes),
-    )
-
-
 # Transport-level keys that the gRPC library sets itself on the next hop.
 _NOT_FORWARDED = ("user-agent", "te", "content-type", "grpc-", ":")
 
