@@ -17,7 +17,7 @@ _METHODS = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].metho
 UNARY_METHODS: tuple[str, ...] = tuple(
     m.name for m in _METHODS if not (m.client_streaming or m.server_streaming)
 )
-# Transport-level keys that the gRPC library sets itself on the next hop.
+# Transport-level keys that the channel to Triton sets itself on the next hop.
 _NOT_FORWARDED = ("user-agent", "te", "content-type", "grpc-", ":")
 
 Metadata = tuple[tuple[str, str | bytes], ...]
