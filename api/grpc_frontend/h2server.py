@@ -240,8 +240,10 @@ class GrpcConnection(Connection):
             if flags & END_STREAM:
                 self._input_ended(call)
             return
-        if stream % 2 == 0 or stream <= self._highest:
-            raise ProtocolError(f"HEADERS opening stream {stream}")
+        if stream % 2 == 0:
+            raise ProtocolError(f"HEADERS opening stream {stream}, an even one")
+        if stream <= self._highest:
+            return  # a block for a stream already over (answered, refused or reset): dropped
         self._highest = stream
         if self._draining or len(self.calls) >= MAX_CALLS_PER_CONNECTION:
             out.append(frame(RST_STREAM, 0, stream, struct.pack(">I", REFUSED_STREAM)))
@@ -396,12 +398,13 @@ class GrpcConnection(Connection):
     # -- answers -------------------------------------------------------------------------
 
     def _answered(self, call: Call, task: asyncio.Task[bytes]) -> None:
-        if task.cancelled():
-            return
-        error = task.exception()
+        error = None if task.cancelled() else task.exception()
         if self.calls.get(call.stream) is not call:
             return  # reset, expired or the connection gone: nobody to answer
-        if error is None:
+        if task.cancelled():  # by the sidecar (a shutdown past its grace): the client is told
+            code = Status.UNAVAILABLE if self._draining else Status.CANCELLED
+            self._fail(call, code, "the call was cancelled in the sidecar")
+        elif error is None:
             reply = task.result()
             stream = call.stream
             del self.calls[stream]
@@ -493,8 +496,9 @@ class GrpcConnection(Connection):
 
 
 def _stop(call: Call) -> None:
-    """Cancel ``call``'s handler and its deadline."""
+    """Cancel ``call``'s handler (unless it is what ends the call) and its deadline."""
     if call.timer is not None:
         call.timer.cancel()
-    if call.task is not None and not call.task.done():
-        call.task.cancel()
+    task = call.task
+    if task is not None and not task.done() and task is not asyncio.current_task():
+        task.cancel()

@@ -75,6 +75,13 @@ def _server(seen: _Seen) -> GrpcServer:
     async def fails(message: bytes, call: Call) -> bytes:
         raise GrpcError(Status.NOT_FOUND, "nothing here: 100% ünicode", (("x-why", "because"),))
 
+    async def cancelled(message: bytes, call: Call) -> bytes:
+        task = asyncio.current_task()
+        assert task is not None
+        task.cancel()  # as a shutdown past its grace cancels what is left
+        await asyncio.sleep(1)
+        return b""
+
     async def echo_metadata(message: bytes, call: Call) -> bytes:
         call.trailing = tuple((k, v) for k, v in call.metadata if k.startswith("x-"))
         return message
@@ -86,7 +93,7 @@ def _server(seen: _Seen) -> GrpcServer:
 
     return GrpcServer(
         {PATH: unary, "/test.Service/Slow": slow, "/test.Service/Fails": fails,
-         "/test.Service/Metadata": echo_metadata},
+         "/test.Service/Metadata": echo_metadata, "/test.Service/Cancelled": cancelled},
         {STREAM: stream},
         max_message_bytes=LIMIT,
     )  # fmt: skip
@@ -134,6 +141,9 @@ def test_status_details_and_metadata_both_ways() -> None:
         assert await call == b"m"
         trailing = tuple(await call.trailing_metadata())
         assert ("x-text", "a b") in trailing and ("x-blob-bin", b"\x00\xff\x10") in trailing
+        with pytest.raises(grpc.aio.AioRpcError) as cancelled:  # a handler the sidecar cancels
+            await channel.unary_unary("/test.Service/Cancelled")(b"", timeout=5)
+        assert cancelled.value.code() == grpc.StatusCode.CANCELLED
 
     _with_server(test)
 
