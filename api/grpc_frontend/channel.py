@@ -109,7 +109,7 @@ class _TritonConnection(Connection):
         if metadata:
             block += metadata_block(metadata)
         if timeout_s is not None:
-            block += literal("grpc-timeout", f"{max(1, math.ceil(timeout_s * 1e6))}u")
+            block += literal("grpc-timeout", timeout_header(timeout_s))
             reply.timer = loop.call_later(timeout_s, self._expire, stream)
         future.add_done_callback(partial(self._done, stream))
         self.open_window(stream)
@@ -241,6 +241,16 @@ class _TritonConnection(Connection):
         for reply in list(self.calls.values()):
             _settle(reply, GrpcError(Status.UNAVAILABLE, "the connection to Triton was lost"))
         self.calls.clear()
+
+
+def timeout_header(seconds: float) -> str:
+    """``grpc-timeout`` for ``seconds``: the finest unit whose count fits its 8 digits,
+    rounded up (a deadline never sent shorter than it is)."""
+    for unit, per_s in (("u", 1e6), ("m", 1e3), ("S", 1.0), ("M", 1 / 60), ("H", 1 / 3600)):
+        count = max(1, math.ceil(seconds * per_s))
+        if count <= 99_999_999:
+            return f"{count}{unit}"
+    return "99999999H"
 
 
 def _incomplete() -> GrpcError:

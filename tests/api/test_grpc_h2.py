@@ -17,7 +17,7 @@ import pytest
 
 from api.embedded import free_port
 from api.grpc_frontend import h2server
-from api.grpc_frontend.channel import TritonChannel
+from api.grpc_frontend.channel import TritonChannel, timeout_header
 from api.grpc_frontend.h2 import (
     CONTINUATION,
     DATA,
@@ -329,6 +329,9 @@ def test_a_timeout_header_reads_as_grpc_says() -> None:
     assert h2server.parse_timeout("123456789m") is None  # over 8 digits
     assert h2server.parse_timeout("10x") is None
     assert h2server.parse_timeout("") is None
+    for seconds in (0.0000001, 0.25, 99.0, 150.0, 86_400.0 * 365):  # the channel's, read back
+        sent = h2server.parse_timeout(timeout_header(seconds))
+        assert sent is not None and seconds <= sent <= seconds * 1.001 + 1e-6
 
 
 # -- the channel to Triton, against a grpc.aio server -----------------------------------------
