@@ -12,26 +12,16 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
-import hpack
 import pytest
 
 from api.embedded import free_port
 from api.grpc_frontend import h2server
 from api.grpc_frontend.channel import TritonChannel, timeout_header
 from api.grpc_frontend.h2 import (
-    CONTINUATION,
-    DATA,
-    END_HEADERS,
-    END_STREAM,
-    HEADERS,
     MAX_FRAME_BYTES,
-    PADDED,
-    PREFACE,
-    SETTINGS,
-    WINDOW_UPDATE,
-    frame,
 )
 from api.grpc_frontend.h2server import Call, GrpcConnection, GrpcError, GrpcServer, Status
+from tests.h2wire import RecordingTransport, assert_upper_hello_answered, awkward_request
 
 PATH = "/test.Service/Unary"
 STREAM = "/test.Service/Stream"
@@ -57,6 +47,15 @@ class _Seen:
         self.started = asyncio.Event()
         self.metadata: tuple[tuple[str, str | bytes], ...] = ()
 
+    async def hold(self) -> None:
+        """A handler that has started and waits until it is cancelled."""
+        self.started.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+
 
 def _server(seen: _Seen) -> GrpcServer:
     async def unary(message: bytes, call: Call) -> bytes:
@@ -64,12 +63,7 @@ def _server(seen: _Seen) -> GrpcServer:
         return _reply(message)
 
     async def slow(message: bytes, call: Call) -> bytes:
-        seen.started.set()
-        try:
-            await asyncio.sleep(30)
-        except asyncio.CancelledError:
-            seen.cancelled.set()
-            raise
+        await seen.hold()
         return b""
 
     async def fails(message: bytes, call: Call) -> bytes:
@@ -250,28 +244,6 @@ def test_stopping_finishes_the_calls_under_way_and_takes_no_more() -> None:
     asyncio.run(run())
 
 
-class _Transport(asyncio.Transport):
-    def __init__(self) -> None:
-        super().__init__()
-        self.written = bytearray()
-
-    def write(self, data: Any) -> None:
-        self.written += data
-
-    def close(self) -> None:
-        pass
-
-
-def _frames(data: bytes) -> list[tuple[int, int, int, bytes]]:
-    frames, pos = [], 0
-    while pos < len(data):
-        high, low, ftype, flags, stream = struct.unpack_from(">BHBBI", data, pos)
-        length = (high << 16) | low
-        frames.append((ftype, flags, stream, data[pos + 9 : pos + 9 + length]))
-        pos += 9 + length
-    return frames
-
-
 def test_padded_frames_and_a_continued_header_block_in_pieces() -> None:
     async def upper(message: bytes, call: Call) -> bytes:
         return message.upper()
@@ -279,47 +251,17 @@ def test_padded_frames_and_a_continued_header_block_in_pieces() -> None:
     async def run() -> bytes:
         server = GrpcServer({PATH: upper}, {}, max_message_bytes=LIMIT)
         protocol = GrpcConnection(server)
-        transport = _Transport()
+        transport = RecordingTransport()
         protocol.connection_made(transport)
-        block = hpack.Encoder().encode(
-            [(":method", "POST"), (":scheme", "http"), (":path", PATH),
-             ("content-type", "application/grpc"), ("x-big", "v" * 100)]
-        )  # fmt: skip
-        padding = b"\0" * 7
         message = b"\x00" + struct.pack(">I", 5) + b"hello"
-        wire = (
-            PREFACE
-            + frame(SETTINGS, 0, 0)
-            + frame(HEADERS, PADDED, 1, bytes([len(padding)]) + block[:20] + padding)
-            + frame(CONTINUATION, 0, 1, block[20:50])
-            + frame(CONTINUATION, END_HEADERS, 1, block[50:])
-            + frame(DATA, PADDED, 1, bytes([3]) + message[:4] + b"\0\0\0")
-            + frame(DATA, END_STREAM, 1, message[4:])
-        )
+        wire = awkward_request(PATH, message)
         for at in range(0, len(wire), 11):  # in pieces, as TCP may deliver it
             protocol.data_received(wire[at : at + 11])
         for _ in range(5):
             await asyncio.sleep(0)
         return bytes(transport.written)
 
-    frames = _frames(asyncio.run(run()))
-    kinds = [(ftype, flags, stream) for ftype, flags, stream, _ in frames]
-    assert kinds == [
-        (SETTINGS, 0, 0),
-        (WINDOW_UPDATE, 0, 0),  # the connection's window opened
-        (SETTINGS, 0x1, 0),  # the client's settings acknowledged
-        (HEADERS, END_HEADERS, 1),
-        (DATA, 0, 1),
-        (HEADERS, END_HEADERS | END_STREAM, 1),
-    ]
-    decoder = hpack.Decoder()
-
-    def decoded(block: bytes) -> list[tuple[str, str]]:
-        return [(str(k), str(v)) for k, v in decoder.decode(block)]
-
-    assert (":status", "200") in decoded(frames[3][3])
-    assert frames[4][3] == b"\x00" + struct.pack(">I", 5) + b"HELLO"
-    assert ("grpc-status", "0") in decoded(frames[5][3])
+    assert_upper_hello_answered(asyncio.run(run()))
 
 
 def test_a_timeout_header_reads_as_grpc_says() -> None:
@@ -351,12 +293,7 @@ def _with_aio_server(test: Callable[[TritonChannel, _Seen], Awaitable[None]]) ->
             raise AssertionError("abort raises")
 
         async def slow(request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
-            seen.started.set()
-            try:
-                await asyncio.sleep(30)
-            except asyncio.CancelledError:
-                seen.cancelled.set()
-                raise
+            await seen.hold()
             return b""
 
         async def replies(
@@ -370,12 +307,7 @@ def _with_aio_server(test: Callable[[TritonChannel, _Seen], Awaitable[None]]) ->
                 if request[1]:
                     await context.abort(grpc.StatusCode(_CODES[request[1]]), "stopped")
                 if request[0] == 255:
-                    seen.started.set()
-                    try:
-                        await asyncio.sleep(30)
-                    except asyncio.CancelledError:
-                        seen.cancelled.set()
-                        raise
+                    await seen.hold()
 
         handlers: dict[str, Any] = {
             name: grpc.unary_unary_rpc_method_handler(handler)

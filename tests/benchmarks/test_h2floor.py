@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from typing import Any
 
 import grpc
 import hpack
@@ -17,21 +16,18 @@ from api.embedded import free_port
 from benchmarks import h2floor
 from benchmarks.floor import model_infer_server
 from benchmarks.h2floor import (
-    CONTINUATION,
     DATA,
     END_HEADERS,
     END_STREAM,
     HEADERS,
-    PADDED,
     PREFACE,
-    SETTINGS,
-    WINDOW_UPDATE,
     GrpcStatusError,
     UnaryGrpcClient,
     UnaryGrpcProtocol,
     frame,
     unary_server,
 )
+from tests.h2wire import RecordingTransport, assert_upper_hello_answered, awkward_request, frames_of
 
 PATH = "/inference.GRPCInferenceService/ModelInfer"
 
@@ -65,68 +61,20 @@ def test_a_grpc_aio_client_gets_every_reply_whole() -> None:
     asyncio.run(run())
 
 
-class _Transport(asyncio.Transport):
-    def __init__(self) -> None:
-        super().__init__()
-        self.written = bytearray()
-
-    def write(self, data: Any) -> None:
-        self.written += data
-
-
-def _frames(data: bytes) -> list[tuple[int, int, int, bytes]]:
-    frames, pos = [], 0
-    while pos < len(data):
-        high, low, ftype, flags, stream = struct.unpack_from(">BHBBI", data, pos)
-        length = (high << 16) | low
-        frames.append((ftype, flags, stream, data[pos + 9 : pos + 9 + length]))
-        pos += 9 + length
-    return frames
-
-
-def _decoded(decoder: hpack.Decoder, block: bytes) -> list[tuple[str, str]]:
-    return [(str(k), str(v)) for k, v in decoder.decode(block)]
-
-
 def test_padded_frames_and_a_continued_header_block_are_read() -> None:
     protocol = UnaryGrpcProtocol({PATH: lambda message: message.upper()})
-    transport = _Transport()
+    transport = RecordingTransport()
     protocol.connection_made(transport)
-    block = hpack.Encoder().encode(
-        [(":method", "POST"), (":scheme", "http"), (":path", PATH), ("x-big", "v" * 100)]
-    )
-    padding = b"\0" * 7
     message = b"\x00" + struct.pack(">I", 5) + b"hello"
-    wire = (
-        PREFACE
-        + frame(SETTINGS, 0, 0)
-        + frame(HEADERS, PADDED, 1, bytes([len(padding)]) + block[:20] + padding)
-        + frame(CONTINUATION, 0, 1, block[20:50])
-        + frame(CONTINUATION, END_HEADERS, 1, block[50:])
-        + frame(DATA, PADDED, 1, bytes([3]) + message[:4] + b"\0\0\0")
-        + frame(DATA, END_STREAM, 1, message[4:])
-    )
+    wire = awkward_request(PATH, message)
     for at in range(0, len(wire), 11):  # in pieces, as TCP may deliver it
         protocol.data_received(wire[at : at + 11])
-    frames = _frames(bytes(transport.written))
-    kinds = [(ftype, flags, stream) for ftype, flags, stream, _ in frames]
-    assert kinds == [
-        (SETTINGS, 0, 0),
-        (WINDOW_UPDATE, 0, 0),  # the connection's window opened
-        (SETTINGS, 0x1, 0),  # the client's settings acknowledged
-        (HEADERS, END_HEADERS, 1),
-        (DATA, 0, 1),
-        (HEADERS, END_HEADERS | END_STREAM, 1),
-    ]
-    decoder = hpack.Decoder()
-    assert (":status", "200") in _decoded(decoder, frames[3][3])
-    assert frames[4][3] == b"\x00" + struct.pack(">I", 5) + b"HELLO"
-    assert ("grpc-status", "0") in _decoded(decoder, frames[5][3])
+    assert_upper_hello_answered(bytes(transport.written))
 
 
 def test_a_reply_longer_than_a_frame_is_split() -> None:
     protocol = UnaryGrpcProtocol({PATH: lambda _: b"x" * 40_000})
-    transport = _Transport()
+    transport = RecordingTransport()
     protocol.connection_made(transport)
     block = hpack.Encoder().encode([(":method", "POST"), (":path", PATH)])
     protocol.data_received(
@@ -134,7 +82,7 @@ def test_a_reply_longer_than_a_frame_is_split() -> None:
         + frame(HEADERS, END_HEADERS, 3, block)
         + frame(DATA, END_STREAM, 3, b"\x00\x00\x00\x00\x00")
     )
-    data = [p for ftype, _, stream, p in _frames(bytes(transport.written)) if ftype == DATA]
+    data = [p for ftype, _, stream, p in frames_of(bytes(transport.written)) if ftype == DATA]
     assert [len(p) for p in data] == [h2floor.MAX_FRAME_BYTES, h2floor.MAX_FRAME_BYTES, 7_237]
     assert b"".join(data) == b"\x00" + struct.pack(">I", 40_000) + b"x" * 40_000
 
