@@ -73,6 +73,17 @@ def awkward_request(path: str, message: bytes) -> bytes:
     )
 
 
+def send_awkward_hello(protocol: asyncio.Protocol, path: str) -> RecordingTransport:
+    """Connect ``protocol`` to a recording transport and feed it :func:`awkward_request` of
+    ``path`` carrying ``hello``, in 11-byte pieces as TCP may deliver it; the transport."""
+    transport = RecordingTransport()
+    protocol.connection_made(transport)
+    wire = awkward_request(path, b"\x00" + struct.pack(">I", 5) + b"hello")
+    for at in range(0, len(wire), 11):
+        protocol.data_received(wire[at : at + 11])
+    return transport
+
+
 def assert_upper_hello_answered(written: bytes) -> None:
     """``written`` is a server's whole answer to :func:`awkward_request` carrying ``hello``,
     handled by upper-casing it: its settings, the connection's window opened, the client's

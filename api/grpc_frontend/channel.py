@@ -10,7 +10,9 @@ connection, the connection lost, the stream refused) as ``UNAVAILABLE``. Cancell
 awaiting task resets the stream (RST_STREAM CANCEL), so Triton stops working for nobody.
 :meth:`TritonChannel.stream` is the same for a call with one request and a stream of replies
 (one request of ``ModelStreamInfer``, a decoupled model's responses coming back as Triton sends
-them); closing the iterator before its end resets the stream.
+them); closing the iterator before its end resets the stream. A reply message over
+``max_message_bytes`` (1 GiB unless told), from its length prefix or as it inflates, ends its
+call with ``RESOURCE_EXHAUSTED`` and resets the stream.
 A connection Triton says GOAWAY to, or that has used its stream ids or Triton's
 ``MAX_CONCURRENT_STREAMS``, takes no new call: the next call opens another.
 """
@@ -20,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import math
 import struct
-import zlib
 from collections.abc import AsyncGenerator, Awaitable
 from functools import partial
 
@@ -45,10 +46,20 @@ from api.grpc_frontend.h2 import (
     metadata_of,
     status_of,
 )
-from api.grpc_frontend.h2server import GrpcError, Metadata, Status
+from api.grpc_frontend.messages import (
+    PREFIX,
+    GrpcError,
+    Metadata,
+    Status,
+    cut_messages,
+    framed,
+    too_large,
+)
 
-_PREFIX = struct.Struct(">BI")
 _LAST_STREAM_ID = 2**31 - 1
+# Triton's replies, compressed or inflated, are bounded too: one past this ends its call with
+# RESOURCE_EXHAUSTED instead of filling the sidecar's memory.
+MAX_REPLY_BYTES = 1 << 30
 _REPLY_SKIP = (
     "content-type",
     "grpc-status",
@@ -77,8 +88,9 @@ class _Reply:
 class _TritonConnection(Connection):
     preface_out = PREFACE
 
-    def __init__(self) -> None:
+    def __init__(self, max_message_bytes: int) -> None:
         super().__init__({MAX_HEADER_LIST_SIZE: MAX_HEADER_LIST_BYTES * 4})
+        self.max_message_bytes = max_message_bytes
         self.calls: dict[int, _Reply] = {}
         self.next_stream = 1
         self.going_away = False
@@ -116,7 +128,7 @@ class _TritonConnection(Connection):
         self.send(
             stream,
             frame(HEADERS, END_HEADERS, stream, block),
-            _PREFIX.pack(0, len(message)) + message,
+            framed(message),
             frame(DATA, END_STREAM, stream),
         )
         return future
@@ -166,40 +178,22 @@ class _TritonConnection(Connection):
         except GrpcError as err:
             _settle(reply, err)
 
-    @staticmethod
-    def _message(reply: _Reply) -> bytes:
-        body = reply.body
-        if len(body) < 5:
-            raise GrpcError(Status.INTERNAL, "Triton's reply carries no message")
-        flag, length = _PREFIX.unpack_from(body)
-        if len(body) != 5 + length:
+    def _message(self, reply: _Reply) -> bytes:
+        """A unary reply's one message."""
+        messages = list(cut_messages(reply.body, reply.encoding, self.max_message_bytes))
+        if len(messages) != 1 or reply.body:
             raise GrpcError(Status.INTERNAL, "Triton's reply is not one whole message")
-        message = bytes(body[5:])
-        if flag:
-            bits = {"gzip": 31, "deflate": 15}.get(reply.encoding or "")
-            if bits is None:
-                raise GrpcError(Status.INTERNAL, "a compressed reply without grpc-encoding")
-            message = zlib.decompress(message, bits)
-        return message
+        return messages[0]
 
-    @staticmethod
-    def _stream_messages(reply: _Reply) -> None:
+    def _stream_messages(self, stream: int, reply: _Reply) -> None:
         """A stream's whole messages, handed on as they complete."""
-        body = reply.body
         assert reply.replies is not None
-        while len(body) >= 5:
-            flag, length = _PREFIX.unpack_from(body)
-            if len(body) < 5 + length:
-                return
-            message = bytes(body[5 : 5 + length])
-            del body[: 5 + length]
-            if flag:
-                bits = {"gzip": 31, "deflate": 15}.get(reply.encoding or "")
-                if bits is None:
-                    _settle(reply, GrpcError(Status.INTERNAL, "compressed without grpc-encoding"))
-                    return
-                message = zlib.decompress(message, bits)
-            reply.replies.put_nowait(message)
+        try:
+            for message in cut_messages(reply.body, reply.encoding, self.max_message_bytes):
+                reply.replies.put_nowait(message)
+        except GrpcError as err:
+            _settle(reply, err)
+            self.write(frame(RST_STREAM, 0, stream, struct.pack(">I", CANCEL)))
 
     def stream_frame(
         self, ftype: int, flags: int, stream: int, payload: bytes, out: list[bytes]
@@ -209,7 +203,13 @@ class _TritonConnection(Connection):
             if reply is not None:
                 reply.body += payload
                 if reply.replies is not None:
-                    self._stream_messages(reply)
+                    self._stream_messages(stream, reply)
+                elif len(reply.body) >= 5 and (length := PREFIX.unpack_from(reply.body)[1]) > (
+                    limit := self.max_message_bytes
+                ):  # refused from its prefix, never held whole
+                    _settle(reply, too_large(length, limit))
+                    out.append(frame(RST_STREAM, 0, stream, struct.pack(">I", CANCEL)))
+                    return
                 if flags & END_STREAM:
                     _settle(
                         reply, GrpcError(Status.INTERNAL, "Triton's reply ended without status")
@@ -288,11 +288,12 @@ def _http_status(status: str) -> int:
 class TritonChannel:
     """Unary gRPC calls to the Triton at ``url`` (``host:port``); see the module."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, max_message_bytes: int = MAX_REPLY_BYTES) -> None:
         host, _, port = url.rpartition(":")
         if not host or not port.isdigit():
             raise ValueError(f"a gRPC address must be host:port, got {url!r}")
         self.url = url
+        self.max_message_bytes = max_message_bytes
         self.host, self.port = host.strip("[]"), int(port)
         self._connection: _TritonConnection | None = None
         self._connecting: asyncio.Task[_TritonConnection] | None = None
@@ -359,7 +360,9 @@ class TritonChannel:
     async def _open(self) -> _TritonConnection:
         loop = asyncio.get_running_loop()
         try:
-            _, connection = await loop.create_connection(_TritonConnection, self.host, self.port)
+            _, connection = await loop.create_connection(
+                partial(_TritonConnection, self.max_message_bytes), self.host, self.port
+            )
         except OSError as err:
             raise GrpcError(
                 Status.UNAVAILABLE, f"failed to connect to Triton's gRPC at {self.url}: {err}"

@@ -20,10 +20,8 @@ import contextlib
 import logging
 import struct
 import time
-import zlib
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
-from enum import IntEnum
 from functools import partial
 from typing import Any
 
@@ -51,52 +49,25 @@ from api.grpc_frontend.h2 import (
     metadata_of,
     status_block,
 )
+from api.grpc_frontend.messages import (
+    INFLATE_BITS,
+    PREFIX,
+    GrpcError,
+    Metadata,
+    Status,
+    cut_messages,
+    framed,
+    inflate,
+    too_large,
+)
 
 log = logging.getLogger(__name__)
-
-Metadata = tuple[tuple[str, str | bytes], ...]
-
-
-class Status(IntEnum):
-    """gRPC's status codes (``grpc-status``)."""
-
-    OK = 0
-    CANCELLED = 1
-    UNKNOWN = 2
-    INVALID_ARGUMENT = 3
-    DEADLINE_EXCEEDED = 4
-    NOT_FOUND = 5
-    ALREADY_EXISTS = 6
-    PERMISSION_DENIED = 7
-    RESOURCE_EXHAUSTED = 8
-    FAILED_PRECONDITION = 9
-    ABORTED = 10
-    OUT_OF_RANGE = 11
-    UNIMPLEMENTED = 12
-    INTERNAL = 13
-    UNAVAILABLE = 14
-    DATA_LOSS = 15
-    UNAUTHENTICATED = 16
-
-
-class GrpcError(Exception):
-    """A call that ends with ``code`` (not OK), ``details`` and trailing metadata."""
-
-    def __init__(self, code: int, details: str = "", trailing: Metadata = ()) -> None:
-        name = Status(code).name if 0 <= code <= Status.UNAUTHENTICATED else str(code)
-        super().__init__(f"{name}: {details}")
-        self.code = code
-        self.details = details
-        self.trailing = trailing
-
 
 MAX_CALLS_PER_CONNECTION = 1024
 # A streaming call's replies held for a client that reads slower than the handler writes: past
 # this, the handler waits.
 MAX_HELD_BYTES = 1 << 20
 _TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
-_INFLATE_BITS = {"gzip": 31, "deflate": 15}
-_PREFIX = struct.Struct(">BI")  # a message's compressed flag and length
 # :status 200 (static index 8), then content-type: application/grpc as a literal.
 REPLY_HEADERS = b"\x88" + literal("content-type", "application/grpc")
 _OK_TRAILERS = status_block(Status.OK)
@@ -281,7 +252,7 @@ class GrpcConnection(Connection):
                 f"header list of {size} bytes over the limit of {MAX_HEADER_LIST_BYTES}",
             )
             return
-        if encoding not in (None, "identity", *_INFLATE_BITS):
+        if encoding not in (None, "identity", *INFLATE_BITS):
             self._refuse(
                 stream, flags, Status.UNIMPLEMENTED, f"grpc-encoding {encoding!r} not supported"
             )
@@ -327,52 +298,26 @@ class GrpcConnection(Connection):
 
     def _data(self, call: Call, payload: bytes) -> None:
         """Cut ``payload`` (with what came before) into messages, each bounded from its
-        length prefix."""
-        body = call.body
-        if not body and len(payload) >= 5:  # the common case: one whole message in one frame
-            flag, length = _PREFIX.unpack_from(payload)
-            if length + 5 == len(payload) and length <= self.server.max_message_bytes:
-                self._message(call, flag, payload[5:])
-                return
-        body += payload
+        length prefix and as it inflates."""
         limit = self.server.max_message_bytes
-        while len(body) >= 5:
-            flag, length = _PREFIX.unpack_from(body)
-            if length > limit:
-                self._fail(
-                    call,
-                    Status.RESOURCE_EXHAUSTED,
-                    f"Received message larger than max ({length} vs. {limit})",
-                )
-                return
-            if len(body) < 5 + length:
-                return
-            message = bytes(body[5 : 5 + length])
-            del body[: 5 + length]
-            self._message(call, flag, message)
-            if self.calls.get(call.stream) is not call:
-                return
+        try:
+            if not call.body and len(payload) >= 5:  # the common case: one whole message
+                flag, length = PREFIX.unpack_from(payload)
+                if length + 5 == len(payload):
+                    if length > limit:
+                        raise too_large(length, limit)
+                    message = payload[5:]
+                    self._message(call, inflate(message, call.encoding, limit) if flag else message)
+                    return
+            call.body += payload
+            for message in cut_messages(call.body, call.encoding, limit):
+                self._message(call, message)
+                if self.calls.get(call.stream) is not call:
+                    return
+        except GrpcError as err:
+            self._fail(call, err.code, err.details)
 
-    def _message(self, call: Call, flag: int, message: bytes) -> None:
-        if flag:
-            bits = _INFLATE_BITS.get(call.encoding or "")
-            if bits is None:
-                self._fail(call, Status.INTERNAL, "a compressed message without grpc-encoding")
-                return
-            inflater = zlib.decompressobj(bits)
-            try:
-                message = inflater.decompress(message, self.server.max_message_bytes + 1)
-            except zlib.error as err:
-                self._fail(call, Status.INTERNAL, f"a message that does not inflate: {err}")
-                return
-            if len(message) > self.server.max_message_bytes or inflater.unconsumed_tail:
-                self._fail(
-                    call,
-                    Status.RESOURCE_EXHAUSTED,
-                    f"Received message larger than max (over {self.server.max_message_bytes}"
-                    " inflated)",
-                )
-                return
+    def _message(self, call: Call, message: bytes) -> None:
         if call.inbox is not None:
             call.inbox.put_nowait(message)
         elif call.message is None:
@@ -416,7 +361,7 @@ class GrpcConnection(Connection):
             self.send(
                 stream,
                 frame(HEADERS, END_HEADERS, stream, REPLY_HEADERS),
-                _PREFIX.pack(0, len(reply)) + reply,
+                framed(reply),
                 frame(HEADERS, END_HEADERS | END_STREAM, stream, trailers),
             )
             self._after_call()
@@ -440,7 +385,7 @@ class GrpcConnection(Connection):
                         frame(HEADERS, END_HEADERS, stream, REPLY_HEADERS),
                         True,
                     )
-                self.send(stream, head, _PREFIX.pack(0, len(reply)) + reply, None)
+                self.send(stream, head, framed(reply), None)
                 while self.held_bytes(stream) > MAX_HELD_BYTES and not self.closed:
                     if self._drained is None:
                         self._drained = asyncio.get_running_loop().create_future()

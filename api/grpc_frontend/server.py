@@ -21,7 +21,8 @@ from typing import Any
 from api.admission import Admission, Inbound, Outcome, admit
 from api.dispatcher import Job, Send
 from api.grpc_frontend.channel import TritonChannel
-from api.grpc_frontend.h2server import Call, GrpcError, GrpcServer, Status
+from api.grpc_frontend.h2server import Call, GrpcServer
+from api.grpc_frontend.messages import GrpcError, Status
 from api.grpc_frontend.protocol import (
     MODEL_INFER,
     STREAM_INFER,

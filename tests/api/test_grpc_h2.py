@@ -20,8 +20,9 @@ from api.grpc_frontend.channel import TritonChannel, timeout_header
 from api.grpc_frontend.h2 import (
     MAX_FRAME_BYTES,
 )
-from api.grpc_frontend.h2server import Call, GrpcConnection, GrpcError, GrpcServer, Status
-from tests.h2wire import RecordingTransport, assert_upper_hello_answered, awkward_request
+from api.grpc_frontend.h2server import Call, GrpcConnection, GrpcServer
+from api.grpc_frontend.messages import GrpcError, Status
+from tests.h2wire import assert_upper_hello_answered, send_awkward_hello
 
 PATH = "/test.Service/Unary"
 STREAM = "/test.Service/Stream"
@@ -250,13 +251,7 @@ def test_padded_frames_and_a_continued_header_block_in_pieces() -> None:
 
     async def run() -> bytes:
         server = GrpcServer({PATH: upper}, {}, max_message_bytes=LIMIT)
-        protocol = GrpcConnection(server)
-        transport = RecordingTransport()
-        protocol.connection_made(transport)
-        message = b"\x00" + struct.pack(">I", 5) + b"hello"
-        wire = awkward_request(PATH, message)
-        for at in range(0, len(wire), 11):  # in pieces, as TCP may deliver it
-            protocol.data_received(wire[at : at + 11])
+        transport = send_awkward_hello(GrpcConnection(server), PATH)
         for _ in range(5):
             await asyncio.sleep(0)
         return bytes(transport.written)
@@ -393,6 +388,26 @@ def test_the_channel_streams_replies_as_they_come_then_the_status() -> None:
             async for _ in replies:
                 break
         await asyncio.wait_for(seen.cancelled.wait(), 5)
+
+    _with_aio_server(test)
+
+
+def test_the_channel_bounds_tritons_replies_and_serves_on() -> None:
+    async def test(channel: TritonChannel, seen: _Seen) -> None:
+        bounded = TritonChannel(channel.url, max_message_bytes=60_000)
+        try:
+            with pytest.raises(GrpcError) as large:
+                await bounded.call(PATH, _request(1_000_000, 8))
+            assert large.value.code == Status.RESOURCE_EXHAUSTED
+            assert "1000004 vs. 60000" in large.value.details
+            with pytest.raises(GrpcError) as stream:
+                async for _ in bounded.stream(STREAM, bytes([1, 0])):
+                    pass
+            assert stream.value.code == Status.RESOURCE_EXHAUSTED
+            request = _request(50_000, 8)
+            assert await bounded.call(PATH, request) == _reply(request)
+        finally:
+            await bounded.close()
 
     _with_aio_server(test)
 

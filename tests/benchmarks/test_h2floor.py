@@ -27,7 +27,12 @@ from benchmarks.h2floor import (
     frame,
     unary_server,
 )
-from tests.h2wire import RecordingTransport, assert_upper_hello_answered, awkward_request, frames_of
+from tests.h2wire import (
+    RecordingTransport,
+    assert_upper_hello_answered,
+    frames_of,
+    send_awkward_hello,
+)
 
 PATH = "/inference.GRPCInferenceService/ModelInfer"
 
@@ -63,12 +68,7 @@ def test_a_grpc_aio_client_gets_every_reply_whole() -> None:
 
 def test_padded_frames_and_a_continued_header_block_are_read() -> None:
     protocol = UnaryGrpcProtocol({PATH: lambda message: message.upper()})
-    transport = RecordingTransport()
-    protocol.connection_made(transport)
-    message = b"\x00" + struct.pack(">I", 5) + b"hello"
-    wire = awkward_request(PATH, message)
-    for at in range(0, len(wire), 11):  # in pieces, as TCP may deliver it
-        protocol.data_received(wire[at : at + 11])
+    transport = send_awkward_hello(protocol, PATH)
     assert_upper_hello_answered(bytes(transport.written))
 
 
