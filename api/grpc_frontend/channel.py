@@ -200,7 +200,7 @@ class _TritonConnection(Connection):
     ) -> None:
         if ftype == DATA:
             reply = self.calls.get(stream)
-            if reply is not None:
+            if reply is not None and not reply.future.done():  # done: refused, reset, or over
                 reply.body += payload
                 if reply.replies is not None:
                     self._stream_messages(stream, reply)
