@@ -11,8 +11,8 @@ awaiting task resets the stream (RST_STREAM CANCEL), so Triton stops working for
 :meth:`TritonChannel.stream` is the same for a call with one request and a stream of replies
 (one request of ``ModelStreamInfer``, a decoupled model's responses coming back as Triton sends
 them); closing the iterator before its end resets the stream. A reply message over
-``max_message_bytes`` (1 GiB unless told), from its length prefix or as it inflates, ends its
-call with ``RESOURCE_EXHAUSTED`` and resets the stream.
+``max_message_bytes`` (Triton's own limit, 2 GiB less a byte, unless told), from its length
+prefix or as it inflates, ends its call with ``RESOURCE_EXHAUSTED`` and resets the stream.
 A connection Triton says GOAWAY to, or that has used its stream ids or Triton's
 ``MAX_CONCURRENT_STREAMS``, takes no new call: the next call opens another.
 """
@@ -46,20 +46,12 @@ from api.grpc_frontend.h2 import (
     metadata_of,
     status_of,
 )
-from api.grpc_frontend.messages import (
-    PREFIX,
-    GrpcError,
-    Metadata,
-    Status,
-    cut_messages,
-    framed,
-    too_large,
-)
+from api.grpc_frontend.messages import GrpcError, Metadata, Status, cut_messages, framed
 
 _LAST_STREAM_ID = 2**31 - 1
-# Triton's replies, compressed or inflated, are bounded too: one past this ends its call with
-# RESOURCE_EXHAUSTED instead of filling the sidecar's memory.
-MAX_REPLY_BYTES = 1 << 30
+# Triton's own message limit (INT32_MAX): a reply message past it, compressed or inflated, ends
+# its call with RESOURCE_EXHAUSTED instead of filling the sidecar's memory.
+MAX_REPLY_BYTES = 2**31 - 1
 _REPLY_SKIP = (
     "content-type",
     "grpc-status",
@@ -70,7 +62,7 @@ _REPLY_SKIP = (
 
 
 class _Reply:
-    __slots__ = ("body", "encoding", "future", "replies", "started", "timer")
+    __slots__ = ("body", "encoding", "future", "messages", "replies", "started", "timer")
 
     def __init__(
         self,
@@ -79,7 +71,8 @@ class _Reply:
     ) -> None:
         self.future = future  # a unary call's reply; a stream's end
         self.replies = replies  # a stream's replies as they come, then None or its error
-        self.body = bytearray()
+        self.body = bytearray()  # what came of a message still coming
+        self.messages: list[bytes] = []  # a unary call's whole messages (one, if all is well)
         self.started = False  # its response headers came
         self.encoding: str | None = None
         self.timer: asyncio.TimerHandle | None = None
@@ -170,30 +163,30 @@ class _TritonConnection(Connection):
         if code != Status.OK:
             _settle(reply, GrpcError(code, message, metadata_of(headers, _REPLY_SKIP)))
             return
-        if reply.replies is not None:
-            _settle(reply, b"" if not reply.body else _incomplete())
-            return
-        try:
-            _settle(reply, self._message(reply))
-        except GrpcError as err:
-            _settle(reply, err)
+        if reply.body:
+            _settle(reply, GrpcError(Status.INTERNAL, "Triton's reply ended inside a message"))
+        elif reply.replies is not None:
+            _settle(reply, b"")
+        elif len(reply.messages) != 1:
+            _settle(reply, GrpcError(Status.INTERNAL, "Triton's reply is not one message"))
+        else:
+            _settle(reply, reply.messages[0])
 
-    def _message(self, reply: _Reply) -> bytes:
-        """A unary reply's one message."""
-        messages = list(cut_messages(reply.body, reply.encoding, self.max_message_bytes))
-        if len(messages) != 1 or reply.body:
-            raise GrpcError(Status.INTERNAL, "Triton's reply is not one whole message")
-        return messages[0]
-
-    def _stream_messages(self, stream: int, reply: _Reply) -> None:
-        """A stream's whole messages, handed on as they complete."""
-        assert reply.replies is not None
+    def _cut(self, stream: int, reply: _Reply, out: list[bytes]) -> bool:
+        """Take ``reply``'s whole messages off what has come, a stream's handed on at once,
+        each bounded (:func:`cut_messages`); one over the bound, or that does not inflate, ends
+        the call and resets the stream: False then."""
         try:
             for message in cut_messages(reply.body, reply.encoding, self.max_message_bytes):
-                reply.replies.put_nowait(message)
+                if reply.replies is not None:
+                    reply.replies.put_nowait(message)
+                else:
+                    reply.messages.append(message)
         except GrpcError as err:
             _settle(reply, err)
-            self.write(frame(RST_STREAM, 0, stream, struct.pack(">I", CANCEL)))
+            out.append(frame(RST_STREAM, 0, stream, struct.pack(">I", CANCEL)))
+            return False
+        return True
 
     def stream_frame(
         self, ftype: int, flags: int, stream: int, payload: bytes, out: list[bytes]
@@ -202,15 +195,7 @@ class _TritonConnection(Connection):
             reply = self.calls.get(stream)
             if reply is not None and not reply.future.done():  # done: refused, reset, or over
                 reply.body += payload
-                if reply.replies is not None:
-                    self._stream_messages(stream, reply)
-                elif len(reply.body) >= 5 and (length := PREFIX.unpack_from(reply.body)[1]) > (
-                    limit := self.max_message_bytes
-                ):  # refused from its prefix, never held whole
-                    _settle(reply, too_large(length, limit))
-                    out.append(frame(RST_STREAM, 0, stream, struct.pack(">I", CANCEL)))
-                    return
-                if flags & END_STREAM:
+                if self._cut(stream, reply, out) and flags & END_STREAM:
                     _settle(
                         reply, GrpcError(Status.INTERNAL, "Triton's reply ended without status")
                     )
@@ -251,10 +236,6 @@ def timeout_header(seconds: float) -> str:
         if count <= 99_999_999:
             return f"{count}{unit}"
     return "99999999H"
-
-
-def _incomplete() -> GrpcError:
-    return GrpcError(Status.INTERNAL, "Triton's stream ended inside a message")
 
 
 def _settle(reply: _Reply, result: bytes | GrpcError) -> None:

@@ -58,7 +58,6 @@ from api.grpc_frontend.messages import (
     cut_messages,
     framed,
     inflate,
-    too_large,
 )
 
 log = logging.getLogger(__name__)
@@ -303,9 +302,7 @@ class GrpcConnection(Connection):
         try:
             if not call.body and len(payload) >= 5:  # the common case: one whole message
                 flag, length = PREFIX.unpack_from(payload)
-                if length + 5 == len(payload):
-                    if length > limit:
-                        raise too_large(length, limit)
+                if length + 5 == len(payload) and length <= limit:
                     message = payload[5:]
                     self._message(call, inflate(message, call.encoding, limit) if flag else message)
                     return

@@ -59,13 +59,6 @@ def framed(message: bytes) -> bytes:
     return PREFIX.pack(0, len(message)) + message
 
 
-def too_large(length: int, limit: int) -> GrpcError:
-    """The error for a message of ``length`` bytes over ``limit`` (grpcio's words)."""
-    return GrpcError(
-        Status.RESOURCE_EXHAUSTED, f"Received message larger than max ({length} vs. {limit})"
-    )
-
-
 def cut_messages(body: bytearray, encoding: str | None, limit: int) -> Iterator[bytes]:
     """The whole messages at the front of ``body``, each taken off it as it is yielded; what
     is left is the start of a message still coming. Raises :class:`GrpcError`
@@ -74,8 +67,11 @@ def cut_messages(body: bytearray, encoding: str | None, limit: int) -> Iterator[
     or comes without an encoding."""
     while len(body) >= 5:
         flag, length = PREFIX.unpack_from(body)
-        if length > limit:
-            raise too_large(length, limit)
+        if length > limit:  # in grpcio's words
+            raise GrpcError(
+                Status.RESOURCE_EXHAUSTED,
+                f"Received message larger than max ({length} vs. {limit})",
+            )
         if len(body) < 5 + length:
             return
         message = bytes(body[5 : 5 + length])
