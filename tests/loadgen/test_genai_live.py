@@ -80,8 +80,11 @@ def test_agreement_with_the_openai_sdk_live(stack: SidecarProcess, tmp_path: Pat
     for key in ("output_token_throughput", "request_throughput", "itl_mean_ms", "ttft_mean_ms"):
         assert result.loadgen[key] > 0 and result.sdk[key] > 0, (key, result)
     assert result.sidecar_itl_mean_ms is not None and result.sidecar_ttft_mean_ms is not None
-    # a client's TTFT includes its own sending and receiving: never less than the sidecar's
-    assert result.sdk["ttft_mean_ms"] > result.sidecar_ttft_mean_ms
+    # a client's TTFT of a request includes its own sending and receiving: never less than the
+    # sidecar's of the same request. The sidecar's mean is over both clients' requests (9 each),
+    # and one client's request may wait behind the other's, so the bound holds for both together.
+    clients_ttft_mean_ms = (result.loadgen["ttft_mean_ms"] + result.sdk["ttft_mean_ms"]) / 2
+    assert clients_ttft_mean_ms > result.sidecar_ttft_mean_ms
 
 
 def test_the_demos_generative_comparison_live(stack: SidecarProcess) -> None:
