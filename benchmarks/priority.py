@@ -267,7 +267,15 @@ async def _stats(session: aiohttp.ClientSession, triton: str) -> int:
 async def abandon_check(
     url: str, triton: str, token: str, *, n: int, patience_s: float
 ) -> dict[str, Any]:
-    """``n`` requests at once at the lowest clock, each client gone after ``patience_s``."""
+    """``n`` requests at once at the lowest clock, each client gone after ``patience_s``.
+
+    The ``n`` connections are opened first (a readiness call on each), so that the requests
+    reach the sidecar together and their clients leave together, not spread over the time a
+    busy machine takes to connect. The default patience (0.1 s) has the clients leave after
+    the first small batches end (about 45 ms for one request at the lowest clock) and well
+    before the batch formed behind them does: clients leaving just as a batch ends race the
+    sidecar's refill of Triton against its seeing them go, and what it refills with before it
+    has seen them go is executed for nobody too."""
     lowest = get_profile(GPU).clocks_mhz[0]
     headers = {"Authorization": f"Bearer {token}"}
     target = _target(url, [RequestClass("patient", slo_ms=10_000.0)], [1.0])
@@ -280,6 +288,10 @@ async def abandon_check(
         await asyncio.sleep(0.5)
         before = await _stats(session, triton)
         timeout = aiohttp.ClientTimeout(total=patience_s)
+
+        async def ready() -> None:
+            async with session.get(f"http://{url}/v2/health/ready") as resp:
+                await resp.read()
 
         async def one() -> str:
             try:
@@ -294,6 +306,7 @@ async def abandon_check(
             except TimeoutError:
                 return "gave up"
 
+        await asyncio.gather(*(ready() for _ in range(n)))
         outcomes = await asyncio.gather(*(one() for _ in range(n)))
         await _idle(session, url, token, 120.0)
         await asyncio.sleep(0.5)
@@ -406,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nice-concurrency", type=int, default=48)
     parser.add_argument("--nice-s", type=float, default=30.0)
     parser.add_argument("--abandon-n", type=int, default=100)
-    parser.add_argument("--patience-s", type=float, default=0.3)
+    parser.add_argument("--patience-s", type=float, default=0.1)
     parser.add_argument("--out-dir", type=Path, default=DEFAULT_DIR)
     parser.add_argument(
         "--name",
