@@ -30,7 +30,7 @@ import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from api.errors import error_body
-from api.routes.inference import Reply, infer, infer_target
+from api.routes.inference import Reply, infer, infer_target, too_large
 
 if TYPE_CHECKING:
     from api.runtime import Runtime
@@ -194,7 +194,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         assert self.runtime is not None
         limit = self.runtime.config.max_body_bytes
         if cycle.size > limit:  # a chunked body with no Content-Length, past the bound
-            self._finish(cycle, _too_large(limit), close=True)
+            self._finish(cycle, too_large(limit), close=True)
             return
         cycle.chunks.append(body)
         if cycle.timer is not None:
@@ -251,7 +251,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._infer = cycle
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > rt.config.max_body_bytes:
-            self._finish(cycle, _too_large(rt.config.max_body_bytes), close=True)
+            self._finish(cycle, too_large(rt.config.max_body_bytes), close=True)
         elif self.expect_100_continue:
             self.transport.write(CONTINUE)
         return True
@@ -308,10 +308,6 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self.transport.close()
             return
         self.on_response_complete()
-
-
-def _too_large(limit: int) -> Reply:
-    return error_body(413, f"request body larger than {limit} bytes (--max-body-bytes)")
 
 
 def bounded_protocol(

@@ -215,7 +215,7 @@ class InferenceFastPath:
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
-            await _send_reply(send, _too_large(limit))
+            await _send_reply(send, too_large(limit))
             return
         chunks, size = [], 0
         while True:
@@ -229,7 +229,7 @@ class InferenceFastPath:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit:  # a chunked body with no Content-Length, past the bound
-                await _send_reply(send, _too_large(limit))
+                await _send_reply(send, too_large(limit))
                 return
             chunks.append(chunk)
             if not message.get("more_body"):
@@ -276,7 +276,8 @@ async def _disconnected(receive: Receive) -> None:
         pass
 
 
-def _too_large(limit: int) -> Reply:
+def too_large(limit: int) -> Reply:
+    """413 for a body over ``--max-body-bytes``, as every HTTP path says it."""
     return error_body(413, f"request body larger than {limit} bytes (--max-body-bytes)")
 
 
