@@ -28,6 +28,7 @@ from scheduler.core import Scheduler
 from scheduler.policies import ClockPolicy
 from scheduler.request import Request
 from scheduler.view import ModelServing
+from time2clock.online import TableRefit
 from time2clock.table import ModelTable, TableSet
 
 log = logging.getLogger(__name__)
@@ -155,9 +156,12 @@ class GpuDispatcher:
         metrics: GatewayMetrics,
         shadow: bool = False,
         time_source: Callable[[], float] = time.monotonic,
+        refit_in_thread: bool = True,
     ) -> None:
         """With ``shadow`` the clock is decided as always but never written (see
-        :mod:`api.shadow`)."""
+        :mod:`api.shadow`). With ``refit_in_thread`` the time fits of the tables' refits run on
+        a worker thread (tens of milliseconds of Python each: on the event loop they would
+        hold up every request meanwhile); without, in the core as it completes a request."""
         self.gpu = gpu
         self.scheduler = scheduler
         self.device = device
@@ -177,6 +181,8 @@ class GpuDispatcher:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._closed = False
+        self._refit_in_thread = refit_in_thread
+        self._refit: asyncio.Future[None] | None = None  # a refit's time fits, running
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -188,6 +194,8 @@ class GpuDispatcher:
         metrics.inflight.labels(self.gpu).set_function(lambda: len(scheduler.inflight))
         if self.shadow is not None:
             self.shadow.start()
+        if self._refit_in_thread:
+            scheduler.refit_offload = self._offload_refit
         self._clock.start()
         self._policy_changed()
 
@@ -205,9 +213,25 @@ class GpuDispatcher:
             task.cancel()
         if self._sends:
             await asyncio.wait(self._sends, timeout=1.0)
+        if self._refit is not None:
+            await asyncio.wait([self._refit])
         await self._clock.stop()
         if self.shadow is not None:
             await self.shadow.stop()
+
+    def _offload_refit(self, job: TableRefit) -> None:
+        """Run ``job``'s time fits on a worker thread; the core adopts them back here."""
+        self._refit = future = asyncio.get_running_loop().run_in_executor(None, job.run)
+
+        def fitted(done: asyncio.Future[None]) -> None:
+            self._refit = None
+            if not done.cancelled() and done.exception() is not None:
+                log.error("refitting the tables failed", exc_info=done.exception())
+            if not self._closed:
+                self.scheduler.adopt_refit(job)
+                self._pump()
+
+        future.add_done_callback(fitted)
 
     @property
     def idle(self) -> bool:

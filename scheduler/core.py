@@ -5,7 +5,7 @@ it returns (send this request, set this clock)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from typing import Generic, overload
@@ -18,7 +18,7 @@ from scheduler.request import Completion, Dispatch, EnqueueResult, P, Request
 from scheduler.view import ModelServing, QueuedRequest
 from scheduler.waitbound import WaitBound
 from scheduler.weights import NICE_MAX, NICE_MIN, weight_for_nice
-from time2clock.online import OnlineTables
+from time2clock.online import OnlineTables, TableRefit
 from time2clock.table import ModelTable, TableSet
 
 FAIR_FROM = 0.5
@@ -146,6 +146,11 @@ class Scheduler(Generic[P]):
         GPU's own)."""
         self._tables = tables
         self.learner = learner
+        # Where a refit's time fits run, when not here and now: the owner runs the job (on a
+        # worker thread: a refit of a model takes tens of milliseconds of Python, which would
+        # stall every request) and calls :meth:`adopt_refit` back on its own thread.
+        self.refit_offload: Callable[[TableRefit], None] | None = None
+        self._refitting: TableRefit | None = None
         self._observer = ExecutionObserver()
         self.policy = policy
         self.config = config or SchedulerConfig()
@@ -492,13 +497,34 @@ class Scheduler(Generic[P]):
         if sample is not None and self.learner is not None:
             self.learner.observe(sample, self._tables.get(sample.model))
         if self.learner is not None and self.learner.due(now_s):
-            refitted = self.learner.refit(self._tables, now_s)
-            if refitted is not None:
-                self.set_tables(refitted)
+            self._refit(self.learner, now_s)
         return Completion(
             request=request,
             clock_mhz=self._clock(self.policy.on_complete(self, request, now_s), now_s),
         )
+
+    def _refit(self, learner: OnlineTables, now_s: float) -> None:
+        """Refit the tables: here and now, or, with :attr:`refit_offload`, its time fits
+        handed to it (one refit at a time) and adopted by :meth:`adopt_refit`."""
+        if self.refit_offload is None:
+            refitted = learner.refit(self._tables, now_s)
+            if refitted is not None:
+                self.set_tables(refitted)
+            return
+        if self._refitting is not None:
+            return
+        self._refitting = job = learner.prepare_refit(self._tables, now_s)
+        self.refit_offload(job)
+
+    def adopt_refit(self, job: TableRefit) -> None:
+        """Adopt the refit ``job`` handed to :attr:`refit_offload`, once its time fits have run
+        (or failed: then it has none)."""
+        if job is not self._refitting or self.learner is None:
+            return
+        self._refitting = None
+        refitted = self.learner.finish_refit(job, self._tables)
+        if refitted is not None:
+            self.set_tables(refitted)
 
     def on_token(self, request: Request[P], now_s: float) -> int | None:
         """A token of ``request``'s stream went by; a clock to set, if any."""

@@ -163,6 +163,36 @@ def _point(clock_mhz: int, ms: float, n: int = 0, energy_j: float | None = None)
     return ClockPoint(clock_mhz, n, ms, ms, ms, ms, 0.0, ms, ms, energy_j)
 
 
+@dataclass(frozen=True, slots=True)
+class FitInput:
+    """One model's part of a refit: its prior and copies of its live samples."""
+
+    model: str
+    prior: ModelTable | None
+    cells: dict[tuple[int, int], list[tuple[float, float]]]
+    recent: list[tuple[int, int, float]]
+
+
+class TableRefit:
+    """A refit's time fits, prepared by :meth:`OnlineTables.prepare_refit`: :meth:`run` fits
+    every model from copies of its samples (pure: it may run on another thread), and
+    :meth:`OnlineTables.finish_refit` adopts what it fitted."""
+
+    def __init__(
+        self, online: OnlineTables, prior: TableSet, now_s: float, inputs: list[FitInput]
+    ) -> None:
+        self.prior = prior  # the tables in force when it was prepared
+        self.now_s = now_s
+        self._online = online
+        self.inputs = inputs
+        self.fitted: dict[str, ModelTable | None] = {}
+
+    def run(self) -> None:
+        """Fit every model (what a model's fit raises is raised here, as before the split)."""
+        fit = self._online.fit_model
+        self.fitted = {i.model: fit(i.model, i.prior, i.cells, i.recent) for i in self.inputs}
+
+
 class OnlineTables:
     """The online fit of every model behind one GPU (no I/O, time injected).
 
@@ -254,9 +284,18 @@ class OnlineTables:
     def refit(self, tables: TableSet, now_s: float) -> TableSet | None:
         """Refit every model with new samples from ``tables`` (the prior); None if no table
         changed."""
+        job = self.prepare_refit(tables, now_s)
+        job.run()
+        return self.finish_refit(job, tables)
+
+    def prepare_refit(self, tables: TableSet, now_s: float) -> TableRefit:
+        """The first step of :meth:`refit`: what each model with new samples has (copied), and
+        the counters it resets. :meth:`TableRefit.run` then does the time fits, which read
+        nothing of this object's changing state, so the caller may run them on another thread
+        while samples keep coming in; :meth:`finish_refit` adopts them (and refits the
+        energy) back on the caller's thread."""
         self._last_refit_s = now_s
-        result = TableSet(list(tables))
-        changed = False
+        inputs: list[FitInput] = []
         for model, state in self._models.items():
             if not state.new_samples:
                 continue
@@ -264,17 +303,33 @@ class OnlineTables:
             self._prune(state, now_s)
             state.last_error = self._median_error(state) if state.ratios else state.last_error
             state.ratios.clear()
-            fitted = self.fit_model(
-                model, tables.get(model), state.cells, [r[1:] for r in state.recent]
-            )
+            cells = {key: list(cell) for key, cell in state.cells.items()}
+            inputs.append(FitInput(model, tables.get(model), cells, [r[1:] for r in state.recent]))
+        return TableRefit(self, tables, now_s, inputs)
+
+    def finish_refit(self, job: TableRefit, tables: TableSet) -> TableSet | None:
+        """The last step of :meth:`refit`: the fits of ``job`` (run) over ``tables``, the tables
+        in force now, and the energy refit; None if no table changed. Fits made from a prior
+        that is no longer in force (the tables were replaced meanwhile) are dropped, and their
+        models refitted at the next refit."""
+        result = TableSet(list(tables))
+        changed = False
+        stale = tables is not job.prior
+        for model, fitted in job.fitted.items():
+            state = self._models.get(model)
+            if state is None:
+                continue
+            if stale:
+                state.new_samples += 1
+                continue
             if fitted is None:
                 continue
             result.add(fitted)
             state.refits += 1
-            state.last_refit_s = now_s
+            state.last_refit_s = job.now_s
             changed = True
         if self.energy is not None:
-            for table in self.energy.refit(tables, result, now_s).values():
+            for table in self.energy.refit(tables, result, job.now_s).values():
                 result.add(table)
                 changed = True
         if not changed:

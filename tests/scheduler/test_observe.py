@@ -10,7 +10,7 @@ from scheduler.policies import FixedPolicy
 from scheduler.request import Request
 from scheduler.view import ModelServing
 from tests.scheduler.helpers import CLOCKS, MODEL, make_model_table
-from time2clock.online import OnlineParams, OnlineTables
+from time2clock.online import ExecutionSample, OnlineParams, OnlineTables, TableRefit
 from time2clock.table import TableSet
 
 
@@ -112,3 +112,77 @@ def test_the_core_measures_and_refits_with_injected_time() -> None:
     # no live data at the other clocks: they moved with the observed one (×2)
     assert learned.predict_ms(300) == pytest.approx(2.0 * table.predict_ms(300), rel=0.02)
     assert learner.error(MODEL) == pytest.approx(0.0, abs=1e-3)  # the new table is right
+
+
+def _learning_scheduler() -> tuple[Scheduler[None], OnlineTables, list[TableRefit]]:
+    """A scheduler whose refits are handed out (as the live dispatcher hands them to a worker
+    thread) instead of run as it completes a request."""
+    learner = OnlineTables(CLOCKS, gpu="gpu", params=OnlineParams(refit_every_s=1.0))
+    sched: Scheduler[None] = Scheduler(
+        TableSet([make_model_table()]),
+        FixedPolicy(CLOCKS, 900),
+        SchedulerConfig(),
+        serving={MODEL: ModelServing(max_batch=4)},
+        learner=learner,
+    )
+    handed: list[TableRefit] = []
+    sched.refit_offload = handed.append
+    return sched, learner, handed
+
+
+def _serve(sched: Scheduler[None], t: float, n: int, ms: float) -> float:
+    for _ in range(n):
+        sched.enqueue(Request(MODEL, t, slo_ms=500.0), t)
+        d = sched.next_dispatch(t)
+        assert d is not None
+        t += ms / 1000.0
+        sched.on_complete(d.request, ms / 1000.0, t)
+        t += 0.05
+    return t
+
+
+def test_a_refit_handed_out_is_adopted_when_its_fits_have_run() -> None:
+    """The core hands the due refit out, one at a time, keeps measuring while it runs, and
+    takes its table only when adopted: the same table the refit in place gives."""
+    sched, learner, handed = _learning_scheduler()
+    before = sched.tables
+    true_ms = 2.0 * make_model_table().predict_ms(900)
+    t = _serve(sched, 0.0, 40, true_ms)
+    assert len(handed) == 1  # due at the first completion, again since, but one at a time
+    handed[0].run()
+    sched.adopt_refit(handed[0])  # one sample when it was prepared: nothing to fit yet
+    assert sched.tables is before and learner.refits(MODEL) == 0
+    t = _serve(sched, t, 1, true_ms)
+    assert len(handed) == 2
+    job = handed[1]
+    t = _serve(sched, t, 3, true_ms)  # measured while its fits run; not in them
+    assert sched.tables is before
+    job.run()
+    sched.adopt_refit(job)
+    assert sched.tables is learner.latest and learner.refits(MODEL) == 1
+    learned = sched.tables.get(MODEL)
+    assert learned is not None
+    assert learned.predict_ms(900) == pytest.approx(true_ms, rel=1e-3)
+    # what the refit in place makes of the same 41 samples
+    inline = OnlineTables(CLOCKS, gpu="gpu", params=OnlineParams(refit_every_s=1.0))
+    for at_s, ms in job.inputs[0].cells[(1, 900)]:
+        inline.observe(ExecutionSample(MODEL, 900, 1, ms, at_s), None)
+    again = inline.refit(before, job.now_s)
+    assert again is not None and again.get(MODEL) == learned
+    sched.adopt_refit(job)  # adopted once only
+    assert learner.refits(MODEL) == 1
+    _serve(sched, t + 1.0, 1, true_ms)  # the next one is handed out once due
+    assert len(handed) == 3
+
+
+def test_a_refit_made_from_tables_replaced_meanwhile_is_dropped_and_done_again() -> None:
+    sched, learner, handed = _learning_scheduler()
+    t = _serve(sched, 0.0, 40, 2.0 * make_model_table().predict_ms(900))
+    job = handed[0]
+    job.run()
+    replaced = TableSet([make_model_table()])
+    sched.set_tables(replaced)  # e.g. the admin API
+    sched.adopt_refit(job)
+    assert sched.tables is replaced and learner.refits(MODEL) == 0
+    _serve(sched, t + 2.0, 1, 2.0 * make_model_table().predict_ms(900))
+    assert len(handed) == 2  # its models are refitted from the tables in force
