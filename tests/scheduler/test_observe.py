@@ -82,6 +82,18 @@ def test_no_sample_until_the_clock_has_settled_nor_without_a_clock() -> None:
     assert obs.on_complete(3, 3.06) is not None
 
 
+def _serve(sched: Scheduler[None], t: float, n: int, ms: float) -> float:
+    """``n`` requests one after another, each ``ms`` at the GPU; the time after them."""
+    for _ in range(n):
+        sched.enqueue(Request(MODEL, t, slo_ms=500.0), t)
+        d = sched.next_dispatch(t)
+        assert d is not None
+        t += ms / 1000.0
+        sched.on_complete(d.request, ms / 1000.0, t)
+        t += 0.05
+    return t
+
+
 def test_the_core_measures_and_refits_with_injected_time() -> None:
     """A scheduler with a learner: sequential requests at a fixed clock are measured, and a
     refit due after ``refit_every_s`` hands the policy a new table."""
@@ -95,14 +107,7 @@ def test_the_core_measures_and_refits_with_injected_time() -> None:
         learner=learner,
     )
     true_ms = 2.0 * table.predict_ms(900)  # the GPU runs twice as slow as the table says
-    t = 0.0
-    for _ in range(40):
-        sched.enqueue(Request(MODEL, t, slo_ms=500.0), t)
-        d = sched.next_dispatch(t)
-        assert d is not None
-        t += true_ms / 1000.0
-        sched.on_complete(d.request, true_ms / 1000.0, t)
-        t += 0.05
+    _serve(sched, 0.0, 40, true_ms)
     assert learner.samples_total(MODEL) == 40
     assert learner.refits(MODEL) >= 2
     assert sched.tables is learner.latest
@@ -128,17 +133,6 @@ def _learning_scheduler() -> tuple[Scheduler[None], OnlineTables, list[TableRefi
     handed: list[TableRefit] = []
     sched.refit_offload = handed.append
     return sched, learner, handed
-
-
-def _serve(sched: Scheduler[None], t: float, n: int, ms: float) -> float:
-    for _ in range(n):
-        sched.enqueue(Request(MODEL, t, slo_ms=500.0), t)
-        d = sched.next_dispatch(t)
-        assert d is not None
-        t += ms / 1000.0
-        sched.on_complete(d.request, ms / 1000.0, t)
-        t += 0.05
-    return t
 
 
 def test_a_refit_handed_out_is_adopted_when_its_fits_have_run() -> None:
