@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from api.looplag import LAG_BUCKETS_S
 from dvfs.device import Device
 from scheduler.policies import FixedPolicy
 from scheduler.registry import POLICIES
@@ -227,6 +228,13 @@ class GatewayMetrics:
         )
         self.default_slo = Gauge(
             "sidecar_default_slo_seconds", "SLO of requests that name none.", registry=r
+        )
+        self.loop_lag = Histogram(
+            "sidecar_event_loop_lag_seconds",
+            "How late the event loop ran a timer due every 50 ms: what a callback running long "
+            "added to every request meanwhile.",
+            buckets=LAG_BUCKETS_S,
+            registry=r,
         )
         self.gpu_requests = Counter(
             "sidecar_gpu_requests",

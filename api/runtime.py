@@ -28,6 +28,7 @@ from api.learning import (
     learned_path,
     load_learned,
 )
+from api.looplag import LoopLagProbe
 from api.metrics import GatewayMetrics
 from api.models import ModelIndex
 from api.tenants import Tenants
@@ -142,6 +143,7 @@ class Runtime:
         self.placer = Placer(config.placement, default_slo_ms=config.slo_ms)
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self._learning_collector: LearningCollector | None = None
+        self.loop_lag = LoopLagProbe(metrics.loop_lag)
 
     # -- GPU 0, as a runtime of one GPU has always exposed it ---------------------------
 
@@ -223,6 +225,7 @@ class Runtime:
                 await self._start_gpu(gpu, gpu_tables)
             self.placer.idle_w = [g.idle_w for g in self.gpus]
             self.metrics.set_placement(self.config.placement.mode, len(self.gpus))
+            self.loop_lag.start()
             self.metrics.default_slo.set(self.config.slo_ms / 1000.0)
             for model in {m for t in tables for m in t.models}:  # how each profiled model
                 await self.models.limits(model)  # batches, before any request
@@ -529,6 +532,7 @@ class Runtime:
         return all(g.watch is None or g.watch.live() for g in self.gpus)
 
     async def stop(self) -> None:
+        self.loop_lag.stop()
         for gpu in self.gpus:
             if gpu.watch is not None:
                 await gpu.watch.stop()

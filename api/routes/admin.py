@@ -90,7 +90,7 @@ async def state(rt: Admin) -> dict[str, Any]:
     """Per GPU (``gpus``, each with its ``gpu`` label): queues, in-flight requests, clock target
     and reading, policy, each model's batching and table, its Triton; the top level repeats
     GPU 0's (as with one GPU) and adds the placement, and requests taken by protocol (HTTP and
-    gRPC feed the same queues)."""
+    gRPC feed the same queues), and the worst lag of the event loop seen (:mod:`api.looplag`)."""
     gpus = []
     for gpu in rt.gpus:
         assert gpu.dispatcher is not None and gpu.device is not None
@@ -112,6 +112,7 @@ async def state(rt: Admin) -> dict[str, Any]:
             "pack_slo_share": rt.placer.params.pack_slo_share,
         },
         "requests_by_protocol": dict(rt.metrics.requests_by_protocol),
+        "event_loop_lag_worst_ms": round(rt.loop_lag.worst_s * 1000.0, 3),
     }
 
 

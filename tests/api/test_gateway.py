@@ -258,6 +258,16 @@ def test_metrics(sidecar: LiveSidecar) -> None:
     energy = families["sidecar_gpu_energy_joules"].samples[0].value
     assert energy > 0
     assert families["sidecar_gpu_clock_hertz"].samples[0].value >= 135e6
+    # the event loop's lag, sampled since the start (a timer every 50 ms), and its worst
+    lag = {s.name: s.value for s in families["sidecar_event_loop_lag_seconds"].samples}
+    assert lag["sidecar_event_loop_lag_seconds_count"] > 0
+    worst_ms = sidecar.get("/admin/state", headers=ADMIN).json()["event_loop_lag_worst_ms"]
+    assert (
+        worst_ms
+        >= 1000.0
+        * lag["sidecar_event_loop_lag_seconds_sum"]
+        / lag["sidecar_event_loop_lag_seconds_count"]
+    )
     # One family asked for (as a sampler does several times a second): that family alone.
     wanted = "?name[]=sidecar_gpu_clock_hertz&name[]=sidecar_requests_total"
     only = {f.name for f in text_string_to_metric_families(sidecar.get(f"/metrics{wanted}").text)}
