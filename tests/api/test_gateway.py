@@ -324,7 +324,11 @@ def test_the_adaptive_policys_classes_are_in_the_admin_state_and_metrics(
     mine = next(c for c in classes if c["model"] == "simnet" and c["slo_ms"] == 250.0)
     assert mine["completions"] == 5 and mine["near_misses"] == 0
     assert isinstance(mine["base_mhz"], int) and mine["base_mhz"] > 0
-    assert mine["attainment"] == 1.0 and mine["tail_over_slo"] is None  # JSON null, not NaN
+    # JSON null, not NaN: fewer completions than the tail needs. A refit adopted meanwhile
+    # (on the loop, whenever its fits are done) may have had the class judged afresh: its
+    # window emptied, and then nothing measured yet is null too.
+    assert mine["attainment"] in ((1.0, None) if mine["rebases"] else (1.0,))
+    assert mine["tail_over_slo"] is None
     families = {f.name: f for f in text_string_to_metric_families(sidecar.get("/metrics").text)}
     speeds = {s.labels["model"]: s.value for s in families["sidecar_base_speed"].samples}
     assert 0.0 < speeds["simnet"] <= 1.0
