@@ -322,12 +322,18 @@ def test_the_adaptive_policys_classes_are_in_the_admin_state_and_metrics(
         client(sidecar).infer("simnet", [tensor(x)], parameters={"slo_ms": 250})
     classes = admin(sidecar, "GET", "/state").json()["feedback"]
     mine = next(c for c in classes if c["model"] == "simnet" and c["slo_ms"] == 250.0)
-    assert mine["completions"] == 5 and mine["near_misses"] == 0
+    # Counts and their consistency, not timings (a host that stalls a request for most of
+    # 250 ms makes a near miss of it): a request past its SLO is a near miss too.
+    assert mine["completions"] == 5 and 0 <= mine["near_misses"] <= 5
     assert isinstance(mine["base_mhz"], int) and mine["base_mhz"] > 0
     # JSON null, not NaN: fewer completions than the tail needs. A refit adopted meanwhile
     # (on the loop, whenever its fits are done) may have had the class judged afresh: its
     # window emptied, and then nothing measured yet is null too.
-    assert mine["attainment"] in ((1.0, None) if mine["rebases"] else (1.0,))
+    attainment = mine["attainment"]
+    assert attainment is None or 0.0 <= attainment <= 1.0
+    assert attainment is not None or mine["rebases"] > 0
+    if not mine["near_misses"] and attainment is not None:
+        assert attainment == 1.0
     assert mine["tail_over_slo"] is None
     families = {f.name: f for f in text_string_to_metric_families(sidecar.get("/metrics").text)}
     speeds = {s.labels["model"]: s.value for s in families["sidecar_base_speed"].samples}
