@@ -160,8 +160,9 @@ class GpuDispatcher:
     ) -> None:
         """With ``shadow`` the clock is decided as always but never written (see
         :mod:`api.shadow`). With ``refit_in_thread`` the time fits of the tables' refits run on
-        a worker thread (tens of milliseconds of Python each: on the event loop they would
-        hold up every request meanwhile); without, in the core as it completes a request."""
+        a worker thread (milliseconds of Python each, tens with tables of many clocks: on the
+        event loop they would hold up every request meanwhile); without, in the core as it
+        completes a request."""
         self.gpu = gpu
         self.scheduler = scheduler
         self.device = device

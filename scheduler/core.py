@@ -147,8 +147,9 @@ class Scheduler(Generic[P]):
         self._tables = tables
         self.learner = learner
         # Where a refit's time fits run, when not here and now: the owner runs the job (on a
-        # worker thread: a refit of a model takes tens of milliseconds of Python, which would
-        # stall every request) and calls :meth:`adopt_refit` back on its own thread.
+        # worker thread: a model's fit takes milliseconds of Python, tens with a table of many
+        # clocks, and would stall every request) and calls :meth:`adopt_refit` back on its own
+        # thread.
         self.refit_offload: Callable[[TableRefit], None] | None = None
         self._refitting: TableRefit | None = None
         self._observer = ExecutionObserver()
