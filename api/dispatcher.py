@@ -156,13 +156,11 @@ class GpuDispatcher:
         metrics: GatewayMetrics,
         shadow: bool = False,
         time_source: Callable[[], float] = time.monotonic,
-        refit_in_thread: bool = True,
     ) -> None:
         """With ``shadow`` the clock is decided as always but never written (see
-        :mod:`api.shadow`). With ``refit_in_thread`` the time fits of the tables' refits run on
-        a worker thread (milliseconds of Python each, tens with tables of many clocks: on the
-        event loop they would hold up every request meanwhile); without, in the core as it
-        completes a request."""
+        :mod:`api.shadow`). The time fits of the tables' refits run on a worker thread
+        (milliseconds of Python each, tens with tables of many clocks: on the event loop they
+        would hold up every request meanwhile)."""
         self.gpu = gpu
         self.scheduler = scheduler
         self.device = device
@@ -182,7 +180,6 @@ class GpuDispatcher:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._closed = False
-        self._refit_in_thread = refit_in_thread
         self._refit: asyncio.Future[None] | None = None  # a refit's time fits, running
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -195,8 +192,7 @@ class GpuDispatcher:
         metrics.inflight.labels(self.gpu).set_function(lambda: len(scheduler.inflight))
         if self.shadow is not None:
             self.shadow.start()
-        if self._refit_in_thread:
-            scheduler.refit_offload = self._offload_refit
+        scheduler.refit_offload = self._offload_refit
         self._clock.start()
         self._policy_changed()
 
