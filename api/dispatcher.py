@@ -158,7 +158,7 @@ class GpuDispatcher:
         time_source: Callable[[], float] = time.monotonic,
     ) -> None:
         """With ``shadow`` the clock is decided as always but never written (see
-        :mod:`api.shadow`). The time fits of the tables' refits run on a worker thread
+        :mod:`api.shadow`). The fits of the tables' refits (times and energy) run on a worker thread
         (milliseconds of Python each, tens with tables of many clocks: on the event loop they
         would hold up every request meanwhile)."""
         self.gpu = gpu
@@ -180,7 +180,7 @@ class GpuDispatcher:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._closed = False
-        self._refit: asyncio.Future[None] | None = None  # a refit's time fits, running
+        self._refit: asyncio.Future[None] | None = None  # a refit's fits, running
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -217,7 +217,7 @@ class GpuDispatcher:
             await self.shadow.stop()
 
     def _offload_refit(self, job: TableRefit) -> None:
-        """Run ``job``'s time fits on a worker thread; the core adopts them back here."""
+        """Run ``job``'s fits on a worker thread; the core adopts them back here."""
         self._refit = future = asyncio.get_running_loop().run_in_executor(None, job.run)
 
         def fitted(done: asyncio.Future[None]) -> None:

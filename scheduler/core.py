@@ -146,10 +146,10 @@ class Scheduler(Generic[P]):
         GPU's own)."""
         self._tables = tables
         self.learner = learner
-        # Where a refit's time fits run, when not here and now: the owner runs the job (on a
-        # worker thread: a model's fit takes milliseconds of Python, tens with a table of many
-        # clocks, and would stall every request) and calls :meth:`adopt_refit` back on its own
-        # thread.
+        # Where a refit's fits run, when not here and now: the owner runs the job (on a worker
+        # thread: the time and energy fits take milliseconds of Python, tens with a table of
+        # many clocks, and would stall every request) and calls :meth:`adopt_refit` back on its
+        # own thread.
         self.refit_offload: Callable[[TableRefit], None] | None = None
         self._refitting: TableRefit | None = None
         self._observer = ExecutionObserver()
@@ -505,7 +505,7 @@ class Scheduler(Generic[P]):
         )
 
     def _refit(self, learner: OnlineTables, now_s: float) -> None:
-        """Refit the tables: here and now, or, with :attr:`refit_offload`, its time fits
+        """Refit the tables: here and now, or, with :attr:`refit_offload`, its fits
         handed to it (one refit at a time) and adopted by :meth:`adopt_refit`."""
         if self.refit_offload is None:
             refitted = learner.refit(self._tables, now_s)
@@ -518,7 +518,7 @@ class Scheduler(Generic[P]):
         self.refit_offload(job)
 
     def adopt_refit(self, job: TableRefit) -> None:
-        """Adopt the refit ``job`` handed to :attr:`refit_offload`, once its time fits have run
+        """Adopt the refit ``job`` handed to :attr:`refit_offload`, once its fits have run
         (or failed: then it has none)."""
         if job is not self._refitting or self.learner is None:
             return

@@ -43,7 +43,7 @@ import numpy as np
 
 from dvfs.energy import EnergyReading
 from time2clock.fit import trimmed_mean
-from time2clock.online_energy import EnergyParams, OnlineEnergy
+from time2clock.online_energy import EnergyParams, EnergyRefit, OnlineEnergy
 from time2clock.profile import select_clocks
 from time2clock.table import (
     TAIL_QUANTILES,
@@ -174,23 +174,41 @@ class FitInput:
 
 
 class TableRefit:
-    """A refit's time fits, prepared by :meth:`OnlineTables.prepare_refit`: :meth:`run` fits
-    every model from copies of its samples (pure: it may run on another thread), and
-    :meth:`OnlineTables.finish_refit` adopts what it fitted."""
+    """A refit prepared by :meth:`OnlineTables.prepare_refit`: :meth:`run` fits every model's
+    times from copies of its samples and then the energy from copies of the energy windows
+    (pure: it may run on another thread), and :meth:`OnlineTables.finish_refit` adopts what it
+    fitted."""
 
     def __init__(
-        self, online: OnlineTables, prior: TableSet, now_s: float, inputs: list[FitInput]
+        self,
+        online: OnlineTables,
+        prior: TableSet,
+        now_s: float,
+        inputs: list[FitInput],
+        energy: EnergyRefit | None,
     ) -> None:
         self.prior = prior  # the tables in force when it was prepared
         self.now_s = now_s
         self._online = online
         self.inputs = inputs
+        self.energy = energy
         self.fitted: dict[str, ModelTable | None] = {}
+        self.result: TableSet | None = None  # the prior with every fit over it, once run
 
     def run(self) -> None:
-        """Fit every model (what a model's fit raises is raised here, as before the split)."""
+        """Fit every model's times, then the energy over them (what a fit raises is raised
+        here, as before the split)."""
         fit = self._online.fit_model
         self.fitted = {i.model: fit(i.model, i.prior, i.cells, i.recent) for i in self.inputs}
+        result = TableSet(list(self.prior))
+        for fitted in self.fitted.values():
+            if fitted is not None:
+                result.add(fitted)
+        if self.energy is not None:
+            self.energy.run(self.prior, result)
+            for table in self.energy.tables.values():
+                result.add(table)
+        self.result = result
 
 
 class OnlineTables:
@@ -289,11 +307,11 @@ class OnlineTables:
         return self.finish_refit(job, tables)
 
     def prepare_refit(self, tables: TableSet, now_s: float) -> TableRefit:
-        """The first step of :meth:`refit`: what each model with new samples has (copied), and
-        the counters it resets. :meth:`TableRefit.run` then does the time fits, which read
-        nothing of this object's changing state, so the caller may run them on another thread
-        while samples keep coming in; :meth:`finish_refit` adopts them (and refits the
-        energy) back on the caller's thread."""
+        """The first step of :meth:`refit`: what each model with new samples has, and the
+        energy windows (copied), and the counters it resets. :meth:`TableRefit.run` then does
+        the fits, which read nothing of this object's changing state, so the caller may run
+        them on another thread while samples keep coming in; :meth:`finish_refit` adopts them
+        back on the caller's thread."""
         self._last_refit_s = now_s
         inputs: list[FitInput] = []
         for model, state in self._models.items():
@@ -305,38 +323,39 @@ class OnlineTables:
             state.ratios.clear()
             cells = {key: list(cell) for key, cell in state.cells.items()}
             inputs.append(FitInput(model, tables.get(model), cells, [r[1:] for r in state.recent]))
-        return TableRefit(self, tables, now_s, inputs)
+        energy = self.energy.prepare(now_s) if self.energy is not None else None
+        return TableRefit(self, tables, now_s, inputs, energy)
 
     def finish_refit(self, job: TableRefit, tables: TableSet) -> TableSet | None:
-        """The last step of :meth:`refit`: the fits of ``job`` (run) over ``tables``, the tables
-        in force now, and the energy refit; None if no table changed. Fits made from a prior
-        that is no longer in force (the tables were replaced meanwhile) are dropped, and their
-        models refitted at the next refit."""
-        result = TableSet(list(tables))
+        """The last step of :meth:`refit`: the fits of ``job`` (run) adopted, where ``tables``,
+        the tables in force now, are still those it was prepared from; None if no table
+        changed. Fits made from tables no longer in force (replaced meanwhile), or not made
+        (the fit failed), are dropped, and their models and energy windows refitted at the
+        next refit."""
+        if tables is not job.prior or job.result is None:
+            for model in job.fitted or {i.model: None for i in job.inputs}:
+                state = self._models.get(model)
+                if state is not None:
+                    state.new_samples += 1
+            if self.energy is not None and job.energy is not None:
+                self.energy.restore(job.energy)
+            return None
         changed = False
-        stale = tables is not job.prior
         for model, fitted in job.fitted.items():
             state = self._models.get(model)
-            if state is None:
+            if state is None or fitted is None:
                 continue
-            if stale:
-                state.new_samples += 1
-                continue
-            if fitted is None:
-                continue
-            result.add(fitted)
             state.refits += 1
             state.last_refit_s = job.now_s
             changed = True
-        if self.energy is not None:
-            for table in self.energy.refit(tables, result, job.now_s).values():
-                result.add(table)
-                changed = True
+        if self.energy is not None and job.energy is not None:
+            self.energy.adopt(job.energy)
+            changed = changed or bool(job.energy.tables)
         if not changed:
             return None
         self.version += 1
-        self.latest = result
-        return result
+        self.latest = job.result
+        return job.result
 
     def fit_model(
         self,

@@ -420,6 +420,58 @@ class _Fit:
     laws: dict[tuple[str, int], PowerLaw]
     live_s: dict[tuple[str, int], float]
     clock_live: dict[tuple[str, int], dict[int, float]] = field(default_factory=dict)
+    noise_w: float | None = None  # the windows' noise (mean power)
+
+
+class EnergyRefit:
+    """An energy refit, prepared by :meth:`OnlineEnergy.prepare` from copies of the windows:
+    :meth:`run` fits them (it may run on another thread), :meth:`OnlineEnergy.adopt` keeps
+    what it learned."""
+
+    def __init__(
+        self,
+        energy: OnlineEnergy,
+        now_s: float,
+        windows: list[EnergyWindow],
+        new: list[EnergyWindow],
+        rows: list[tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]],
+        layout: tuple[tuple[str, int], ...],
+    ) -> None:
+        self.now_s = now_s
+        self.windows = windows  # every window in the fit's time window
+        self.new = new  # those that came since the last refit
+        self.rows = rows  # the rows cached for a prefix of the windows, under ``layout``
+        self.layout = layout
+        self.models = list(energy._models)  # every model the windows saw busy
+        self._energy = energy
+        # What :meth:`run` learns: the fit; the tables that changed; per model refitted, its
+        # energy error (None: not judged); curves left out as diluted, per model; every
+        # window's row under ``layout_out``.
+        self.fit: _Fit | None = None
+        self.tables: dict[str, ModelTable] = {}
+        self.measured: dict[str, float | None] = {}
+        self.diluted: dict[str, int] = {}
+        self.rows_out: list[tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]] = []
+        self.layout_out: tuple[tuple[str, int], ...] = ()
+
+    def run(self, prior: TableSet, tables: TableSet) -> None:
+        """New energy for the models of ``tables`` (their times refitted, or not, from
+        ``prior``): the models measured from the windows, the others moved with their times;
+        only the tables that changed are kept."""
+        energy = self._energy
+        fit = energy._fit(self, prior, tables) if self.new and self.windows else None
+        self.fit = fit
+        for table in tables:
+            before = prior.get(table.model)
+            refitted = None
+            if fit is not None and energy._measured(table.model, fit):
+                refitted = energy._from_fit(self, table, before, fit)
+                if refitted is not None:
+                    self.measured[table.model] = energy._error(table.model, self.new, before, fit)
+            if refitted is None and before is not None and before is not table:
+                refitted = _moved_with_times(table, before)
+            if refitted is not None and refitted != table:
+                self.tables[table.model] = refitted
 
 
 class OnlineEnergy:
@@ -504,57 +556,81 @@ class OnlineEnergy:
     def refit(self, prior: TableSet, tables: TableSet, now_s: float) -> dict[str, ModelTable]:
         """New energy for the models of ``tables`` (their times refitted, or not, from
         ``prior``, the tables in force): the models measured from the windows, the others
-        moved with their times. Only tables that changed are returned."""
+        moved with their times. Only tables that changed are returned. The three steps of
+        :meth:`prepare`, :meth:`EnergyRefit.run` and :meth:`adopt` in a row."""
+        job = self.prepare(now_s)
+        job.run(prior, tables)
+        self.adopt(job)
+        return job.tables
+
+    def prepare(self, now_s: float) -> EnergyRefit:
+        """The first step of a refit: the windows it fits (copied) and the new ones taken.
+        :meth:`EnergyRefit.run` then fits them, reading nothing of this object that changes,
+        so it may run on another thread while windows keep coming in; :meth:`adopt` keeps
+        what it learned (or :meth:`restore` gives the new windows back, when its tables are
+        dropped)."""
         self._prune(now_s)
         new, self._new = self._new, []
-        out: dict[str, ModelTable] = {}
-        fit = self._fit(prior, tables) if new and self._windows else None
+        return EnergyRefit(self, now_s, list(self._windows), new, list(self._rows), self._layout)
+
+    def adopt(self, job: EnergyRefit) -> None:
+        """The last step of a refit, on the caller's thread: what ``job`` (run) learned."""
+        fit = job.fit
         if fit is not None:
             self.idle = fit.idle
-        for table in tables:
-            before = prior.get(table.model)
-            refitted = None
-            if fit is not None and self._measured(table.model, fit):
-                refitted = self._from_fit(table, before, fit)
-                if refitted is not None:
-                    state = self._models.setdefault(table.model, _ModelEnergy())
-                    state.refits += 1
-                    state.last_refit_s = now_s
-                    error = self._error(table.model, new, before, fit)
-                    state.last_error = state.last_error if error is None else error
-            if refitted is None and before is not None and before is not table:
-                refitted = _moved_with_times(table, before)
-            if refitted is not None and refitted != table:
-                out[table.model] = refitted
-        return out
+            self.noise_w = fit.noise_w
+        for model, n in job.diluted.items():
+            self._models.setdefault(model, _ModelEnergy()).diluted += n
+        for model, error in job.measured.items():
+            state = self._models.setdefault(model, _ModelEnergy())
+            state.refits += 1
+            state.last_refit_s = job.now_s
+            state.last_error = state.last_error if error is None else error
+        # The rows built for the job's windows, less those dropped meanwhile, are the rows of a
+        # prefix of the windows now (windows only come at the end and go at the start).
+        if job.layout_out and self._windows:
+            first = self._windows[0]
+            gone = next((i for i, w in enumerate(job.windows) if w is first), None)
+            if gone is not None:
+                self._layout = job.layout_out
+                self._rows = deque(job.rows_out[gone:])
+
+    def restore(self, job: EnergyRefit) -> None:
+        """Give back the windows ``job`` took as new (its tables were dropped): the next refit
+        counts them."""
+        self._new[:0] = job.new
+        del self._new[: -self.params.max_windows]
 
     def _measured(self, model: str, fit: _Fit) -> bool:
         live = sum(s for (m, _), s in fit.live_s.items() if m == model)
         return live >= self.params.min_live_s
 
-    def _components(self, tables: TableSet) -> list[tuple[str, int]]:
-        """Every curve of every model the windows saw busy (one for a model with no table)."""
+    @staticmethod
+    def _components(models: Iterable[str], tables: TableSet) -> list[tuple[str, int]]:
+        """Every curve of every model the windows saw busy, ``models`` (one for a model with
+        no table)."""
         comps: set[tuple[str, int]] = set()
-        for m in self._models:
+        for m in models:
             table = tables.get(m)
             batches = table.batches if table is not None else [UNKNOWN_BATCH]
             comps.update((m, b) for b in batches)
         return sorted(comps)
 
-    def _fit(self, prior: TableSet, tables: TableSet) -> _Fit | None:
-        """Bounded least squares over every window and every curve's prior, each weighed by
-        its uncertainty, windows more than ``outlier_sigmas`` off left out."""
+    def _fit(self, job: EnergyRefit, prior: TableSet, tables: TableSet) -> _Fit | None:
+        """Bounded least squares over ``job``'s windows and every curve's prior, each weighed
+        by its uncertainty, windows more than ``outlier_sigmas`` off left out. Reads only what
+        never changes of this object (it may run on another thread): each window's row is
+        built once, kept in ``job`` for :meth:`adopt` to cache."""
         p = self.params
-        comps = self._components(tables)
+        comps = self._components(job.models, tables)
         index = {c: 2 + 2 * i for i, c in enumerate(comps)}
         f_max = float(self.clocks_mhz[-1])
         k = p.power_exponent
         width = 2 + 2 * len(comps)
-        if tuple(comps) != self._layout:
-            self._layout = tuple(comps)
-            self._rows.clear()
-        windows = list(self._windows)
-        for w in windows[len(self._rows) :]:
+        rows = job.rows if tuple(comps) == job.layout else []
+        job.layout_out, job.rows_out = tuple(comps), rows
+        windows = job.windows
+        for w in windows[len(rows) :]:
             row = np.zeros(width)
             live_rows: list[tuple[float, float, float]] = []
             for span in w.spans:
@@ -569,14 +645,14 @@ class OnlineEnergy:
                         row[j] += share * sec
                         row[j + 1] += share * sec * x
                         live_rows.append((j, span.clock_mhz, share * sec))
-            self._rows.append((row / w.span_s, np.array(live_rows, dtype=float).reshape(-1, 3)))
-        windows_a = np.vstack([row for row, _ in self._rows])
+            rows.append((row / w.span_s, np.array(live_rows, dtype=float).reshape(-1, 3)))
+        windows_a = np.vstack([row for row, _ in rows])
         spans = np.array([w.span_s for w in windows])
         windows_y = np.array([w.energy_j for w in windows]) / spans
         busy_s = windows_a[:, 2::2] * spans[:, None]  # per window, per component
         live = {c: float(busy_s[:, i].sum()) for i, c in enumerate(comps)}
         clock_live: dict[tuple[str, int], dict[int, float]] = {}
-        at = np.vstack([live_rows for _, live_rows in self._rows])
+        at = np.vstack([live_rows for _, live_rows in rows])
         for (column, clock), sec in _sum_by(at[:, :2], at[:, 2]).items():
             comp = comps[(int(column) - 2) // 2]
             clock_live.setdefault(comp, {})[int(clock)] = sec
@@ -606,16 +682,15 @@ class OnlineEnergy:
         solution = _solve(windows_a[keep] / noise_w, windows_y[keep] / noise_w, prior_rows)
         if solution is None:
             return None
-        self.noise_w = noise_w
         laws = {
             c: PowerLaw(float(solution[index[c]]), float(solution[index[c] + 1]), f_max, k)
             for c in comps
         }
         idle = PowerLaw(float(solution[0]), float(solution[1]), f_max, k)
-        return _Fit(idle, laws, {c: v for c, v in live.items() if v > 0}, clock_live)
+        return _Fit(idle, laws, {c: v for c, v in live.items() if v > 0}, clock_live, noise_w)
 
     def _from_fit(
-        self, table: ModelTable, prior: ModelTable | None, fit: _Fit
+        self, job: EnergyRefit, table: ModelTable, prior: ModelTable | None, fit: _Fit
     ) -> ModelTable | None:
         """``table`` with the energy of the fit: each curve measured by its own law; each other
         curve by a measured one times the ratio of their powers in the prior (smoothed over the
@@ -633,7 +708,7 @@ class OnlineEnergy:
             if not priors[b] and len(fit.clock_live.get((table.model, b), {})) < 2:
                 continue  # no prior and one clock: the law's shape is not known
             if self._diluted(law, priors[b], fit.idle):
-                self._models.setdefault(table.model, _ModelEnergy()).diluted += 1
+                job.diluted[table.model] = job.diluted.get(table.model, 0) + 1
                 continue
             measured[b] = law
         if not measured:

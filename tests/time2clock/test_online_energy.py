@@ -240,6 +240,47 @@ def test_the_refit_learns_each_batchs_power_at_every_clock_from_two_measured() -
     assert error is not None and error > 0.05  # the wrong table, against what was measured
 
 
+def test_a_refit_run_aside_learns_what_the_refit_in_place_does_from_the_windows_it_took() -> None:
+    """Prepared, then windows come (the oldest dropped past ``max_windows``) while it runs, as
+    on a worker thread: it fits the windows it took, as the refit in place of those windows
+    does; the windows that came meanwhile are new at the next refit, which fits as a fresh
+    fit of the windows then (the rows kept for the windows still there are right)."""
+    wrong = wrong_energy(TableSet([cnn_table()]))
+    first = synthetic_windows([1200, 1530], 150)
+    later = synthetic_windows([1000, 1400], 50, seed=1, start_s=first[-1].end_s)
+    params = EnergyParams(max_windows=320)
+    energy = OnlineEnergy(V100_CLOCKS, params)
+    for w in first:
+        energy.add(w)
+    job = energy.prepare(first[-1].end_s)
+    assert not energy.pending()
+    for w in later:  # meanwhile: 100 windows more, 80 of the oldest dropped
+        energy.add(w)
+    job.run(wrong, wrong)
+    energy.adopt(job)
+    _, in_place = refit_with(wrong, first, params)
+    assert job.tables[CNN] == in_place
+    assert energy.refits(CNN) == 1 and energy.pending()
+    again = energy.refit(wrong, wrong, later[-1].end_s)
+    fresh = OnlineEnergy(V100_CLOCKS, params)
+    for w in [*first, *later][-320:]:
+        fresh.add(w)
+    assert again == fresh.refit(wrong, wrong, later[-1].end_s)
+
+
+def test_a_refit_dropped_gives_its_new_windows_back() -> None:
+    wrong = wrong_energy(TableSet([cnn_table()]))
+    windows = synthetic_windows([1200, 1530], 150)
+    energy = OnlineEnergy(V100_CLOCKS)
+    for w in windows:
+        energy.add(w)
+    job = energy.prepare(windows[-1].end_s)
+    energy.restore(job)  # e.g. the tables it was made from were replaced
+    assert energy.pending() and energy.refits(CNN) == 0
+    assert CNN in energy.refit(wrong, wrong, windows[-1].end_s)
+    assert energy.refits(CNN) == 1
+
+
 def test_the_refit_learns_from_windows_that_idle_at_a_lower_clock() -> None:
     """A GPU that drops to its lowest clock between requests: no window is at one clock, and
     the fit still tells the busy power at the two busy clocks from the idle power at the idle
