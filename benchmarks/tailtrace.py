@@ -21,10 +21,11 @@ import math
 import secrets
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import numpy as np
 
 from api.config import GatewayConfig, from_options, to_flags
@@ -33,10 +34,13 @@ from benchmarks.live import admin_state, percentile_interval_ms, percentile_ms, 
 from benchmarks.sidecar import OWNED_FLAGS, running
 from loadgen.classes import RequestClass
 from loadgen.engine import Recorder, Target, build_payloads, new_session, open_loop, schedule
+from loadgen.metrics import histogram_buckets
 from simulator.results import DEFAULT_DIR, markdown_table, write_results
 
 POLL_S = 1.0  # how often the admin state is read
 KEPT = ("clock_mhz", "queue_length", "inflight", "arrival_rate_rps", "feedback")  # of each read
+LOOP_LAG = "sidecar_event_loop_lag_seconds"  # the sidecar's event loop lag (api/looplag.py)
+LATE_S = 0.01  # a probe tick this late or later is counted late (one of the histogram's bounds)
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,9 @@ class Trace:
     states: list[dict[str, Any]]
     completions: int | None  # what the controller counted over the measured run
     near_misses: int | None
+    # the sidecar's event loop lag over the measured run: ticks of its probe by how late (the
+    # histogram's cumulative counts, by upper bound in seconds)
+    loop_lag: dict[float, float] = field(default_factory=dict)
 
 
 def _feedback(state: dict[str, Any], slo_ms: float) -> dict[str, Any] | None:
@@ -91,6 +98,7 @@ def trace(
                 running_run = True
                 started = time.monotonic()
                 before = _feedback(await admin_state(session, sc.url, token), slo_ms)
+                lag_before = await _loop_lag(session, sc.url)
 
                 async def poll() -> None:
                     while running_run:
@@ -107,6 +115,8 @@ def trace(
                     running_run = False
                     await poller
                 after = _feedback(await admin_state(session, sc.url, token), slo_ms)
+                lag = await _loop_lag(session, sc.url)
+                lag = {le: n - lag_before.get(le, 0.0) for le, n in lag.items()}
             requests = [
                 (
                     s.start_s - started,
@@ -119,15 +129,22 @@ def trace(
                 if s.status == 200
             ]
             if before is None or after is None:
-                return Trace(requests, states, None, None)
+                return Trace(requests, states, None, None, lag)
             return Trace(
                 requests,
                 states,
                 completions=after["completions"] - before["completions"],
                 near_misses=after["near_misses"] - before["near_misses"],
+                loop_lag=lag,
             )
 
         return asyncio.run(main())
+
+
+async def _loop_lag(session: aiohttp.ClientSession, url: str) -> dict[float, float]:
+    async with session.get(f"http://{url}/metrics") as resp:
+        resp.raise_for_status()
+        return histogram_buckets(await resp.text(), LOOP_LAG)
 
 
 def summary(t: Trace, slo_ms: float, setpoint: float, target: float) -> dict[str, Any]:
@@ -153,6 +170,18 @@ def summary(t: Trace, slo_ms: float, setpoint: float, target: float) -> dict[str
         "controller_near_misses": t.near_misses,
         "controller_over_setpoint": over,
         "budget": 1.0 - target,
+        "loop_ticks": t.loop_lag.get(math.inf),
+        # ticks at least 10 ms late: all less those within the bucket up to 10 ms
+        "loop_ticks_late_10ms": (
+            t.loop_lag[math.inf] - t.loop_lag[LATE_S]
+            if {math.inf, LATE_S} <= t.loop_lag.keys()
+            else None
+        ),
+        # the least bucket bound every tick was within: the worst tick was at most this late
+        "loop_lag_worst_bucket_s": min(
+            (le for le, n in t.loop_lag.items() if n >= t.loop_lag.get(math.inf, 0.0)),
+            default=None,
+        ),
     }
 
 
@@ -237,6 +266,11 @@ def main(argv: list[str] | None = None) -> int:
         (
             "outside the sidecar p50 / p99 ms",
             f"{_fmt(s['outside_p50_ms'], '.2f')} / {_fmt(s['outside_p99_ms'], '.2f')}",
+        ),
+        (
+            "the sidecar's event loop: probe ticks 10 ms late or more / all; the worst, up to",
+            f"{_fmt(s['loop_ticks_late_10ms'], '.0f')} / {_fmt(s['loop_ticks'], '.0f')}; "
+            f"{_fmt(s['loop_lag_worst_bucket_s'] and s['loop_lag_worst_bucket_s'] * 1e3, 'g')} ms",
         ),
     ]
     for name, value in rows:

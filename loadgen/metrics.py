@@ -87,6 +87,20 @@ def histogram_totals(text: str, family: str) -> tuple[float, float]:
     return total, count
 
 
+def histogram_buckets(text: str, family: str) -> dict[float, float]:
+    """A histogram's cumulative bucket counts by upper bound (``inf`` for the last), summed
+    over its label sets (empty when absent)."""
+    out: dict[float, float] = {}
+    for fam in text_string_to_metric_families(text):
+        if fam.name != family:
+            continue
+        for s in fam.samples:
+            if s.name == family + "_bucket":
+                le = float(s.labels["le"])
+                out[le] = out.get(le, 0.0) + s.value
+    return out
+
+
 async def scrape(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
     async with session.get(url) as resp:
         resp.raise_for_status()

@@ -28,6 +28,10 @@ def test_a_short_trace_is_written_with_the_controllers_counts(tmp_path: Path) ->
     assert s["controller_completions"] > 0
     assert 0 <= s["controller_near_misses"] <= s["controller_completions"]
     assert len(results["states"]) >= 2 and all("clock_mhz" in x for x in results["states"])
+    # the sidecar's loop lag probe ticked over the run (every 50 ms), each tick counted once
+    assert s["loop_ticks"] >= duration_s / 0.05 * 0.5
+    assert 0 <= s["loop_ticks_late_10ms"] <= s["loop_ticks"]
+    assert s["loop_lag_worst_bucket_s"] > 0
     assert (tmp_path / "out" / "tailtrace.png").stat().st_size > 0
     assert "its budget" in (tmp_path / "tailtrace.md").read_text()
 
@@ -44,6 +48,15 @@ def test_the_summary_counts_against_the_setpoint_and_the_budget() -> None:
     assert s["budget"] == pytest.approx(0.01)
     assert s["outside_p99_ms"] == pytest.approx(1.0)
     assert math.isnan(s["p99_low_ms"])  # 100 requests cannot bound a p99 from above
+
+
+def test_the_summary_counts_the_loop_ticks_late() -> None:
+    # 100 ticks: 90 within 5 ms, 7 within 10 ms, 2 within 25 ms, 1 within 50 ms
+    lag = {0.005: 90.0, 0.01: 97.0, 0.025: 99.0, 0.05: 100.0, 0.1: 100.0, math.inf: 100.0}
+    t = tailtrace.Trace([(0.0, 0.02, 0.001)], [], None, None, loop_lag=lag)
+    s = tailtrace.summary(t, slo_ms=40.0, setpoint=0.95, target=0.99)
+    assert s["loop_ticks"] == 100 and s["loop_ticks_late_10ms"] == 3
+    assert s["loop_lag_worst_bucket_s"] == 0.05
 
 
 def test_a_policy_without_a_controller_has_no_counts() -> None:
