@@ -59,7 +59,7 @@ class Trace:
 
 def _feedback(state: dict[str, Any], slo_ms: float) -> dict[str, Any] | None:
     """The SLO class's entry of the admin state's ``feedback`` (None: the policy has none)."""
-    for entry in state.get("feedback", []):
+    for entry in state.get("feedback") or []:
         if entry.get("model") == SIMNET and math.isclose(entry.get("slo_ms", -1.0), slo_ms):
             return dict(entry)
     return None

@@ -67,6 +67,14 @@ def test_a_policy_without_a_controller_has_no_counts() -> None:
     assert s["controller_over_setpoint"] is None and s["controller_completions"] is None
 
 
+def test_a_policy_without_a_controller_is_plotted_without_a_base_clock(tmp_path: Path) -> None:
+    # the admin state of such a policy has ``"feedback": null``
+    states = [{"t_s": 0.0, "clock_mhz": 1530, "feedback": None}]
+    t = tailtrace.Trace([(0.0, 0.02, 0.001)], states, None, None)
+    png = tailtrace.plot(t, 40.0, 0.97, tmp_path / "trace.png")
+    assert png.stat().st_size > 0
+
+
 @pytest.mark.parametrize("bad", [["--duration-s", "0"], ["--rate", "-1"], ["--warmup-s", "-2"]])
 def test_bad_arguments_are_refused(bad: list[str], tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as info:
