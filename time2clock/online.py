@@ -333,8 +333,8 @@ class OnlineTables:
         (the fit failed), are dropped, and their models and energy windows refitted at the
         next refit."""
         if tables is not job.prior or job.result is None:
-            for model in job.fitted or {i.model: None for i in job.inputs}:
-                state = self._models.get(model)
+            for fit_input in job.inputs:
+                state = self._models.get(fit_input.model)
                 if state is not None:
                     state.new_samples += 1
             if self.energy is not None and job.energy is not None:
