@@ -45,7 +45,6 @@ from typing import Any
 
 import aiohttp
 import numpy as np
-from prometheus_client.parser import text_string_to_metric_families
 
 from api.config import default_state_dir
 from api.embedded import INPUT_WIDTH, SIMNET
@@ -63,6 +62,7 @@ from loadgen.engine import (
     open_loop,
     schedule,
 )
+from loadgen.metrics import histogram_buckets
 from scheduler.isolation import ClientUsage, isolation
 from scheduler.weights import weight_for_nice
 from simulator.results import DEFAULT_DIR, Provenance, markdown_table, provenance, write_results
@@ -140,24 +140,16 @@ async def _open(url: str, klass: RequestClass, rps: float, duration_s: float) ->
     return rec
 
 
-async def _hi_buckets(url: str) -> dict[str, float]:
+async def _hi_buckets(url: str) -> dict[float, float]:
     """The sidecar's own latency histogram for the client ``hi`` (queue + Triton, without the
     client's and the HTTP server's CPU time): cumulative counts by upper bound."""
     async with new_session() as session, session.get(f"http://{url}/metrics") as resp:
         text = await resp.text()
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        if family.name != "sidecar_request_duration_seconds":
-            continue
-        for sample in family.samples:
-            if sample.name.endswith("_bucket") and sample.labels.get("client") == "hi":
-                le = sample.labels["le"]
-                out[le] = out.get(le, 0.0) + sample.value
-    return out
+    return histogram_buckets(text, "sidecar_request_duration_seconds", {"client": "hi"})
 
 
-def _within(before: dict[str, float], after: dict[str, float], le: str) -> float:
-    total = after.get("+Inf", 0.0) - before.get("+Inf", 0.0)
+def _within(before: dict[float, float], after: dict[float, float], le: float) -> float:
+    total = after.get(math.inf, 0.0) - before.get(math.inf, 0.0)
     return (after.get(le, 0.0) - before.get(le, 0.0)) / total if total else math.nan
 
 
@@ -193,8 +185,8 @@ async def priority_check(
         "hi_beside_flood": _latency(hi_beside.samples, hi_slo_ms),
         "hi_errors": {str(k): v for k, v in hi_beside.errors.items()},
         # in the sidecar (queue + Triton): the client's and the HTTP servers' CPU time apart
-        "hi_beside_in_sidecar_within_100ms": _within(buckets, buckets_after, "0.1"),
-        "hi_beside_in_sidecar_within_150ms": _within(buckets, buckets_after, "0.15"),
+        "hi_beside_in_sidecar_within_100ms": _within(buckets, buckets_after, 0.1),
+        "hi_beside_in_sidecar_within_150ms": _within(buckets, buckets_after, 0.15),
         "flood_alone_rps": len(alone) / max(1e-9, beside_from - alone_from),
         "flood_beside_rps": len(beside) / duration_s,
         "total_beside_rps": (len(beside) + served) / duration_s,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,15 +88,18 @@ def histogram_totals(text: str, family: str) -> tuple[float, float]:
     return total, count
 
 
-def histogram_buckets(text: str, family: str) -> dict[float, float]:
+def histogram_buckets(
+    text: str, family: str, labels: Mapping[str, str] | None = None
+) -> dict[float, float]:
     """A histogram's cumulative bucket counts by upper bound (``inf`` for the last), summed
-    over its label sets (empty when absent)."""
+    over its label sets that carry ``labels`` (all, without; empty when absent)."""
+    want = dict(labels or {})
     out: dict[float, float] = {}
     for fam in text_string_to_metric_families(text):
         if fam.name != family:
             continue
         for s in fam.samples:
-            if s.name == family + "_bucket":
+            if s.name == family + "_bucket" and want.items() <= s.labels.items():
                 le = float(s.labels["le"])
                 out[le] = out.get(le, 0.0) + s.value
     return out

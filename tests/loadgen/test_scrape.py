@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from prometheus_client import generate_latest
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from api.metrics import GatewayMetrics
 from dvfs.simulated import SimulatedDevice
-from loadgen.metrics import CLOCK_METRICS, scrape_values
+from loadgen.metrics import CLOCK_METRICS, histogram_buckets, scrape_values
 
 TRICKY = """\
 # HELP odd_total A counter typed without its suffix's family name.
@@ -97,3 +97,16 @@ def test_the_line_scan_reads_what_the_parser_reads(which: str, tmp_path: Path) -
 def test_a_type_line_without_a_type_is_refused() -> None:
     with pytest.raises(ValueError):
         scrape_values("# TYPE lonely\nlonely 1\n")
+
+
+def test_histogram_buckets_are_summed_over_the_label_sets_asked_for() -> None:
+    registry = CollectorRegistry()
+    h = Histogram("lat_seconds", "latency", ["client"], buckets=(0.1, 0.5), registry=registry)
+    for client, value in (("hi", 0.05), ("hi", 0.3), ("lo", 0.05), ("lo", 0.9)):
+        h.labels(client).observe(value)
+    text = generate_latest(registry).decode()
+    inf = float("inf")
+    assert histogram_buckets(text, "lat_seconds", {"client": "hi"}) == {0.1: 1, 0.5: 2, inf: 2}
+    assert histogram_buckets(text, "lat_seconds") == {0.1: 2, 0.5: 3, inf: 4}
+    assert histogram_buckets(text, "lat_seconds", {"client": "none"}) == {}
+    assert histogram_buckets(text, "other_seconds") == {}
