@@ -436,23 +436,23 @@ class EnergyRefit:
         new: list[EnergyWindow],
         rows: list[tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]],
         layout: tuple[tuple[str, int], ...],
+        models: list[str],
     ) -> None:
         self.now_s = now_s
         self.windows = windows  # every window in the fit's time window
         self.new = new  # those that came since the last refit
-        self.rows = rows  # the rows cached for a prefix of the windows, under ``layout``
+        # the rows of a prefix of the windows, under ``layout`` (the fit extends them to every
+        # window, under its own layout)
+        self.rows = rows
         self.layout = layout
-        self.models = list(energy._models)  # every model the windows saw busy
+        self.models = models  # every model the windows saw busy
         self._energy = energy
         # What :meth:`run` learns: the fit; the tables that changed; per model refitted, its
-        # energy error (None: not judged); curves left out as diluted, per model; every
-        # window's row under ``layout_out``.
+        # energy error (None: not judged); curves left out as diluted, per model.
         self.fit: _Fit | None = None
         self.tables: dict[str, ModelTable] = {}
         self.measured: dict[str, float | None] = {}
         self.diluted: dict[str, int] = {}
-        self.rows_out: list[tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]] = []
-        self.layout_out: tuple[tuple[str, int], ...] = ()
 
     def run(self, prior: TableSet, tables: TableSet) -> None:
         """New energy for the models of ``tables`` (their times refitted, or not, from
@@ -571,7 +571,8 @@ class OnlineEnergy:
         dropped)."""
         self._prune(now_s)
         new, self._new = self._new, []
-        return EnergyRefit(self, now_s, list(self._windows), new, list(self._rows), self._layout)
+        windows, rows = list(self._windows), list(self._rows)
+        return EnergyRefit(self, now_s, windows, new, rows, self._layout, list(self._models))
 
     def adopt(self, job: EnergyRefit) -> None:
         """The last step of a refit, on the caller's thread: what ``job`` (run) learned."""
@@ -588,12 +589,12 @@ class OnlineEnergy:
             state.last_error = state.last_error if error is None else error
         # The rows built for the job's windows, less those dropped meanwhile, are the rows of a
         # prefix of the windows now (windows only come at the end and go at the start).
-        if job.layout_out and self._windows:
+        if self._windows:
             first = self._windows[0]
             gone = next((i for i, w in enumerate(job.windows) if w is first), None)
             if gone is not None:
-                self._layout = job.layout_out
-                self._rows = deque(job.rows_out[gone:])
+                self._layout = job.layout
+                self._rows = deque(job.rows[gone:])
 
     def restore(self, job: EnergyRefit) -> None:
         """Give back the windows ``job`` took as new (its tables were dropped): the next refit
@@ -627,8 +628,9 @@ class OnlineEnergy:
         f_max = float(self.clocks_mhz[-1])
         k = p.power_exponent
         width = 2 + 2 * len(comps)
-        rows = job.rows if tuple(comps) == job.layout else []
-        job.layout_out, job.rows_out = tuple(comps), rows
+        if tuple(comps) != job.layout:
+            job.layout, job.rows = tuple(comps), []
+        rows = job.rows
         windows = job.windows
         for w in windows[len(rows) :]:
             row = np.zeros(width)
