@@ -6,7 +6,8 @@ Limits uvicorn's httptools protocol does not enforce itself: uvicorn bounds open
 of any size and waits for them forever: one client sending a 64 MB header, or 200 sending a byte
 a second, held the sidecar. This protocol answers 431 once the request line and headers pass
 ``max_header_bytes``, and 408 when they have not arrived within ``header_timeout_s`` of the
-connection opening (or of the request's first byte); then closes.
+connection opening (or of the request's first byte); then closes, once the client has stopped
+sending (within ``linger_s``), so that no reset overtakes the reply.
 
 Inference (``POST /v2/models/<m>[/versions/<v>]/infer``) does not go through ASGI: the protocol
 collects the body (bounded by ``--max-body-bytes``, each chunk due within ``--read-timeout-s``),
@@ -95,6 +96,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     max_header_bytes = 64 * 1024
     header_timeout_s = 10.0
+    linger_s = 2.0  # after a refusal, how long the rest of the request is read and dropped
     runtime: Runtime | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -154,11 +156,20 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self._header_timer = None
 
     def _reject(self, status: str, message: str) -> None:
+        """Answer ``status`` and end the connection. It is closed once the client stops sending
+        (or after ``linger_s``), what it still sends read and dropped: a socket closed with
+        bytes unread is reset by the kernel, and the reset can reach the client before it has
+        read the reply (a 431 behind a header still arriving was lost so)."""
         self._rejected = True
         self._disarm()
-        if not self.transport.is_closing():
-            self.transport.write(_reply(status, message))
+        if self.transport.is_closing():
+            return
+        self.transport.write(_reply(status, message))
+        if not self.transport.can_write_eof():
             self.transport.close()
+            return
+        self.transport.write_eof()
+        self._header_timer = self.loop.call_later(self.linger_s, self.transport.close)
 
     def _too_slow(self) -> None:
         self._header_timer = None

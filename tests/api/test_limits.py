@@ -62,6 +62,22 @@ def test_header_over_the_limit_is_431(sidecar: LiveSidecar) -> None:
     assert reply.startswith(b"HTTP/1.1 431") and b'"error"' in reply
 
 
+def test_a_refused_client_still_sending_reads_its_431(sidecar: LiveSidecar) -> None:
+    """The header goes past the limit and keeps coming after the 431 is written: the sidecar
+    reads and drops the rest until the client is done, so no reset overtakes its reply."""
+    host, port = sidecar.url.split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nX-Big: ")
+        for _ in range(50):  # 800 KB after the 8 KB limit
+            s.sendall(b"a" * 16_000)
+        s.shutdown(socket.SHUT_WR)
+        chunks = []
+        while chunk := s.recv(65536):
+            chunks.append(chunk)
+    reply = b"".join(chunks)
+    assert reply.startswith(b"HTTP/1.1 431") and b'"error"' in reply
+
+
 def test_slow_headers_are_cut_off_and_others_are_served(sidecar: LiveSidecar) -> None:
     host, port = sidecar.url.split(":")
     slow = [socket.create_connection((host, int(port)), timeout=10) for _ in range(20)]
