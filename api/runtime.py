@@ -97,6 +97,8 @@ class Gpu:
     saver: LearnedTableSaver | None = None
     energy_reader: EnergyReader | None = None
     learned_models: list[str] = field(default_factory=list)  # loaded from its learned file
+    # the tables given or profiled, which the learned ones move from (time2clock.online)
+    reference: TableSet = field(default_factory=TableSet)
     name: str = ""  # the profile (simulated) or the GPU's name, for tables
     learned_key: str = ""  # what its learned tables are filed under
     idle_w: float | None = None  # board power with nothing to do, for energy placement
@@ -247,7 +249,7 @@ class Runtime:
         clocks = gpu.device.supported_clocks_mhz()
         policy = self.build_policy(gpu=gpu)
         if self.learning:
-            gpu.learner = OnlineTables(clocks, gpu=tables.gpu or gpu.name)
+            gpu.learner = OnlineTables(clocks, gpu=tables.gpu or gpu.name, base=gpu.reference)
         scheduler: Scheduler[Job] = Scheduler(
             tables, policy, self.config.scheduler, learner=gpu.learner, ledger=self.ledger
         )
@@ -387,11 +389,11 @@ class Runtime:
         learned = load_learned(self.learned_path_of(gpu)) if self.learning else TableSet()
         gpu.learned_models = learned.models
         if cfg.table:
-            return _prefer(TableSet.load_many(cfg.table), learned)
+            gpu.reference = TableSet.load_many(cfg.table)
+            return _prefer(gpu.reference, learned)
         if cfg.embedded:
-            return _prefer(
-                self._profile_embedded(gpu.name, skip=set(learned.models), gpu=gpu), learned
-            )
+            gpu.reference = self._profile_embedded(gpu.name, skip=set(learned.models), gpu=gpu)
+            return _prefer(gpu.reference, learned)
         if len(learned):
             return learned
         if gpu is self.gpus[0] and cfg.policy.name in ("seed", "slack", "adaptive"):
@@ -406,8 +408,9 @@ class Runtime:
         self, gpu_name: str, skip: set[str] | None = None, gpu: Gpu | None = None
     ) -> TableSet:
         """Each emulated model's table: from the cache, or profiled through ``gpu``'s Triton
-        (default GPU 0) and cached (not the models in ``skip``: they have a learned table).
-        GPUs of one profile share the cache: the first profiles, the others read it."""
+        (default GPU 0) and cached (the models in ``skip``, which have a learned table, only
+        from the cache, as their learning's reference). GPUs of one profile share the cache:
+        the first profiles, the others read it."""
         cfg = self.config
         gpu = gpu or self._first()
         tables = TableSet()
@@ -418,12 +421,13 @@ class Runtime:
                 f"known: {', '.join(EMULATED)}"
             )
         for name in cfg.profile_models:
-            if name in (skip or ()):
-                continue
             cache = cfg.state_dir / "tables" / f"{gpu_name}-{name}-v{TABLES_VERSION}.json"
             with contextlib.suppress(TableError, OSError):
                 tables.add(next(iter(TableSet.load(cache))))
-                log.info("using the cached time2clock table %s", cache)
+                learned = " (the reference of its learned one)" if name in (skip or ()) else ""
+                log.info("using the cached time2clock table %s%s", cache, learned)
+                continue
+            if name in (skip or ()):
                 continue
             if cfg.shadow:
                 raise ValueError(

@@ -503,7 +503,7 @@ def simulated(
         learner = None
         if energy is not None:
             clocks = get_profile(gpu).clocks_mhz
-            learner = OnlineTables(list(clocks), gpu=gpu, learn_energy=energy)
+            learner = OnlineTables(list(clocks), gpu=gpu, learn_energy=energy, base=tables)
         cfg = replace(base, policy=pol, learn=learner is not None)
         result = simulate(cfg, tables, learner=learner).to_json()
         j = float(result["energy_per_inference_j"])

@@ -180,7 +180,11 @@ def simulate_node(
         policy = policy_config.build(clocks)
         fit = None
         if cfg.learn:
-            fit = learner if learner is not None and i == 0 else OnlineTables(clocks, gpu=cfg.gpu)
+            fit = (
+                learner
+                if learner is not None and i == 0
+                else OnlineTables(clocks, gpu=cfg.gpu, base=tables)
+            )
         sched: Scheduler[None] = Scheduler(
             tables, policy, sched_config, serving=serving, learner=fit, ledger=ledger
         )

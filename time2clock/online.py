@@ -3,7 +3,8 @@
 Every isolated execution the scheduler sees (:mod:`scheduler.observe`) is a measurement of one
 cell (model, batch, clock). Cells are windowed (``window_s``, at most ``cell_cap`` samples each,
 newest kept) and summarised as the offline fit does (:mod:`time2clock.fit`: a trimmed mean,
-trim 0.2). Each refit starts from a **prior**, the table in force:
+trim 0.2). Each refit starts from a **prior**: the model's *reference* table (the profiled one,
+``base``) where there is one, else the table in force:
 
 * a cell with at least ``min_cell_samples`` live samples is a point of its curve at its
   trimmed mean, weighted by its number of samples, so live cells dominate;
@@ -16,7 +17,13 @@ trim 0.2). Each refit starts from a **prior**, the table in force:
   slow only energy, and the clocks the policy then picks measure the rest. Within
   ``factor_band`` (5%) of the prior, always the factor: the choice of the slower guess would
   otherwise ratchet the unmeasured clocks up a little at every refit with the noise of the
-  measured ones (seen live: +15% at the lowest clock in 60 s);
+  measured ones (seen live: +15% at the lowest clock in 60 s). The moves are made from the
+  reference, not from the table in force: with the table in force as the prior, a busy spell
+  moved the points nobody measured up by the factor, and the quiet after it moved them back
+  only by the constant (the slower guess each time), so every busy spell left the large
+  batches slower for good (a busy minute, then ten quiet ones: batch 32 at 2.2× its time).
+  From the reference, a point nobody measures is where the evidence of the window puts it,
+  whatever came before;
 * the law ``1/(m·x + b)`` is fitted by weighted least squares of ``1/y`` on ``x``;
 * the tail margins (pooled residual quantiles) come from the live residuals once there are
   ``min_residual_samples`` of them, else stay the prior's.
@@ -171,6 +178,7 @@ class FitInput:
     prior: ModelTable | None
     cells: dict[tuple[int, int], list[tuple[float, float]]]
     recent: list[tuple[int, int, float]]
+    base: ModelTable | None = None
 
 
 class TableRefit:
@@ -199,7 +207,9 @@ class TableRefit:
         """Fit every model's times, then the energy over them (what a fit raises is raised
         here, as before the split)."""
         fit = self._online.fit_model
-        self.fitted = {i.model: fit(i.model, i.prior, i.cells, i.recent) for i in self.inputs}
+        self.fitted = {
+            i.model: fit(i.model, i.prior, i.cells, i.recent, i.base) for i in self.inputs
+        }
         result = TableSet(list(self.prior))
         for fitted in self.fitted.values():
             if fitted is not None:
@@ -226,9 +236,12 @@ class OnlineTables:
         params: OnlineParams | None = None,
         learn_energy: bool = True,
         energy_params: EnergyParams | None = None,
+        base: TableSet | None = None,
     ) -> None:
         """``learn_energy``: also refit the energy per inference from the GPU's energy counter
-        (:mod:`time2clock.online_energy`), when its values are handed to :meth:`on_energy`."""
+        (:mod:`time2clock.online_energy`), when its values are handed to :meth:`on_energy`.
+        ``base``: the reference tables (profiled) the refits move from (see the module
+        docstring); a model without one moves from its table in force."""
         if not clocks_mhz:
             raise ValueError("the online fit needs the GPU's clock ladder")
         self.clocks_mhz = sorted(clocks_mhz)
@@ -238,6 +251,7 @@ class OnlineTables:
             OnlineEnergy(self.clocks_mhz, energy_params) if learn_energy else None
         )
         self._models: dict[str, _ModelState] = {}
+        self.base = base if base is not None else TableSet()
         self._last_refit_s: float | None = None
         self.version = 0  # bumped by every refit that changed a table
         self.latest: TableSet | None = None  # what the last such refit returned
@@ -322,7 +336,8 @@ class OnlineTables:
             state.last_error = self._median_error(state) if state.ratios else state.last_error
             state.ratios.clear()
             cells = {key: list(cell) for key, cell in state.cells.items()}
-            inputs.append(FitInput(model, tables.get(model), cells, [r[1:] for r in state.recent]))
+            recent = [r[1:] for r in state.recent]
+            inputs.append(FitInput(model, tables.get(model), cells, recent, self.base.get(model)))
         energy = self.energy.prepare(now_s) if self.energy is not None else None
         return TableRefit(self, tables, now_s, inputs, energy)
 
@@ -363,11 +378,13 @@ class OnlineTables:
         prior: ModelTable | None,
         cells: Mapping[tuple[int, int], Iterable[tuple[float, float]]],
         recent: Sequence[tuple[int, int, float]] | None = None,
+        base: ModelTable | None = None,
     ) -> ModelTable | None:
-        """``model``'s table from ``prior`` and the live ``cells[(batch, clock)]`` (times as
-        ``(at_s, ms)``); its tail margins from the ``recent`` samples ``(batch, clock, ms)``
-        (default: those of the cells). None when there is nothing to fit (no table and no live
-        cell yet)."""
+        """``model``'s table from the live ``cells[(batch, clock)]`` (times as ``(at_s, ms)``),
+        the points they do not measure moved from ``base`` (the reference) or, without one, from
+        ``prior`` (the table in force); its tail margins from the ``recent`` samples ``(batch,
+        clock, ms)`` (default: those of the cells). None when there is nothing to fit (no table
+        and no live cell yet)."""
         p = self.params
         samples = {key: [ms for _, ms in cell] for key, cell in cells.items()}
         live = {
@@ -382,9 +399,10 @@ class OnlineTables:
             top_ms = {b: (c, ms) for (b, c), (ms, _) in live.items() if c == top}
             gpu = self.gpu
             prior = compute_bound_prior(gpu, model, top_ms, self.clocks_mhz, p.new_model_clocks)
-        priors = {key: prior.predict_ms(key[1], key[0]) for key in live}
+        ref = base if base is not None else prior
+        priors = {key: ref.predict_ms(key[1], key[0]) for key in live}
         usable = [k for k, v in priors.items() if v > 0 and math.isfinite(v)]
-        batches = sorted({*prior.batches, *(b for b, _ in live)})
+        batches = sorted({*prior.batches, *ref.batches, *(b for b, _ in live)})
         means: dict[int, InverseLinearFit] = {}
         for batch in batches:
             # a batch measured moves by its own cells (the curve then goes through them, and
@@ -392,10 +410,10 @@ class OnlineTables:
             own = [k for k in usable if k[0] == batch] or usable
             scale = float(np.median([live[k][0] / priors[k] for k in own])) if own else 1.0
             shift = float(np.median([live[k][0] - priors[k] for k in own])) if own else 0.0
-            low = prior.predict_ms(self.clocks_mhz[0], batch)
+            low = ref.predict_ms(self.clocks_mhz[0], batch)
             by_factor = abs(scale - 1.0) <= p.factor_band or low * scale >= low + shift
-            clocks = sorted({*prior.curve(batch).clocks_mhz, *(c for b, c in live if b == batch)})
-            guesses = [prior.predict_ms(c, batch) for c in clocks]
+            clocks = sorted({*ref.curve(batch).clocks_mhz, *(c for b, c in live if b == batch)})
+            guesses = [ref.predict_ms(c, batch) for c in clocks]
             moved = [g * scale if by_factor else g + shift for g in guesses]
             if not all(v > 0 for v in moved):  # a constant would take a time below zero
                 moved = [g * scale for g in guesses]

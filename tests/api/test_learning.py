@@ -251,3 +251,20 @@ def test_the_energy_reader_hands_every_new_value_in_order_to_the_loop() -> None:
     assert energies == sorted(energies)
     with pytest.raises(ValueError, match="poll_s"):
         EnergyReader(device, lambda r, i: None, poll_s=0.0)
+
+
+def test_a_learned_model_keeps_its_profiled_table_as_the_reference(tmp_path: Path) -> None:
+    """A model with a learned table is not profiled again, but its cached profile is read: the
+    online fit moves from it (time2clock.online). With no cache, nothing is profiled for it."""
+    from api.metrics import GatewayMetrics
+    from api.runtime import Runtime
+
+    runtime = Runtime(embedded_config(tmp_path), GatewayMetrics())
+    runtime.device = SimulatedDevice("v100")
+    assert len(runtime._profile_embedded("v100", skip={"simnet"})) == 0  # nothing to read
+    cache = tmp_path / "tables" / f"v100-simnet-v{TABLES_VERSION}.json"
+    cache.parent.mkdir(parents=True)
+    simnet_tables().save(cache)
+    reference = runtime._profile_embedded("v100", skip={"simnet"})
+    assert reference.models == ["simnet"]
+    assert reference.get("simnet") == simnet_tables().get("simnet")

@@ -269,3 +269,43 @@ def test_noise_at_one_clock_does_not_ratchet_the_others() -> None:
     assert learned is not None and learner.refits(MODEL) > 100
     assert learned.predict_ms(300) == pytest.approx(prior.predict_ms(300), rel=0.05)
     assert learned.predict_ms(300, 8) == pytest.approx(prior.predict_ms(300, 8), rel=0.05)
+
+
+def _busy_then_quiet(base: TableSet | None) -> ModelTable:
+    """Traffic at batches 1 and 2 only: five minutes on a busy host (every execution 30 ms of
+    host time longer), then ten quiet minutes, refitted every 5 s; the table at the end."""
+    reference = make_model_table(batches={1: 1.0, 8: 3.0, 32: 9.0})
+    learner = OnlineTables(CLOCKS, params=OnlineParams(window_s=120.0), base=base)
+    rng = np.random.default_rng(11)
+    tables = TableSet([reference])
+    cells = ((1, 900), (1, 2100), (2, 2100))
+    t = 0.0
+    for host_ms, seconds in ((30.0, 300.0), (0.0, 600.0)):
+        for _ in range(int(seconds / 0.1)):
+            t += 0.1
+            batch, clock = cells[int(rng.integers(len(cells)))]
+            ms = (reference.predict_ms(clock, batch) + host_ms) * float(rng.lognormal(0.0, 0.03))
+            learner.observe(ExecutionSample(MODEL, clock, batch, ms, t), tables.get(MODEL))
+            if learner.due(t):
+                tables = learner.refit(tables, t) or tables
+    learned = tables.get(MODEL)
+    assert learned is not None and learner.refits(MODEL) > 100
+    return learned
+
+
+def test_a_busy_spell_leaves_nothing_behind_where_nobody_measures() -> None:
+    """Moved from the reference, the batches and clocks the traffic never measures are back at
+    the reference once the host is quiet again, and the measured ones at their measured times.
+    Moved from the table in force, the same traffic leaves batch 32 far slower for good: each
+    busy refit moved it up by the factor, each quiet one back only by the constant."""
+    reference = make_model_table(batches={1: 1.0, 8: 3.0, 32: 9.0})
+    learned = _busy_then_quiet(TableSet([reference]))
+    for batch in (8, 32):
+        for clock in (300, 900, 2100):
+            assert learned.predict_ms(clock, batch) == pytest.approx(
+                reference.predict_ms(clock, batch), rel=0.03
+            )
+    for clock in (900, 2100):
+        assert learned.predict_ms(clock) == pytest.approx(reference.predict_ms(clock), rel=0.03)
+    ratcheted = _busy_then_quiet(None)
+    assert ratcheted.predict_ms(300, 32) > 1.3 * reference.predict_ms(300, 32)
