@@ -260,9 +260,11 @@ class GpuDispatcher:
     def tables(self) -> TableSet:
         return self.scheduler.tables
 
-    def set_tables(self, tables: TableSet) -> None:
-        """Replace every model's table; the policy re-plans from the next event."""
-        self.scheduler.set_tables(tables)
+    def set_tables(self, tables: TableSet, reference: TableSet | None = None) -> None:
+        """Replace every model's table (``reference``: those loaded from a file, the
+        reference of their models' learning from now on); the policy re-plans from the next
+        event."""
+        self.scheduler.set_tables(tables, reference)
         self._pump()
 
     def set_serving(self, model: str, serving: ModelServing) -> None:

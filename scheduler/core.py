@@ -191,8 +191,12 @@ class Scheduler(Generic[P]):
     def tables(self) -> TableSet:
         return self._tables
 
-    def set_tables(self, tables: TableSet) -> None:
-        """Replace every model's table (the admin API does this)."""
+    def set_tables(self, tables: TableSet, reference: TableSet | None = None) -> None:
+        """Replace every model's table (the admin API does this). ``reference``: tables loaded
+        from outside (a profile), which their models' learning moves from from now on."""
+        if reference is not None and self.learner is not None:
+            for table in reference:
+                self.learner.base.add(table)
         self._tables = tables
         self._derived.clear()
         self._charges.clear()

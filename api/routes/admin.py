@@ -196,7 +196,7 @@ async def reload_table(request: Request, rt: Admin) -> dict[str, Any]:
         tables = TableSet(dispatcher.tables)
         for table in loaded:
             tables.add(table)
-        dispatcher.set_tables(tables)
+        dispatcher.set_tables(tables, reference=loaded)
     assert rt.dispatcher is not None
     name = rt.dispatcher.policy.name
     if name == "fixed":

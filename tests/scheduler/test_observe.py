@@ -180,3 +180,20 @@ def test_a_refit_made_from_tables_replaced_meanwhile_is_dropped_and_done_again()
     assert sched.tables is replaced and learner.refits(MODEL) == 0
     _serve(sched, t + 2.0, 1, 2.0 * make_model_table().predict_ms(900))
     assert len(handed) == 2  # its models are refitted from the tables in force
+
+
+def test_tables_loaded_from_a_file_become_the_learnings_reference() -> None:
+    """Tables the operator loads (the admin API) are what their models' learning moves from
+    next; tables a refit made never are."""
+    sched, learner, handed = _learning_scheduler()
+    t = _serve(sched, 0.0, 40, 2.0 * make_model_table().predict_ms(900))
+    assert len(handed) == 1 and handed[0].inputs[0].base is None
+    sched.set_tables(TableSet([make_model_table(slower=2.0)]))  # e.g. a refit's
+    assert learner.base.get(MODEL) is None
+    loaded = TableSet([make_model_table(slower=0.5)])
+    sched.set_tables(loaded, reference=loaded)
+    assert learner.base.get(MODEL) is loaded.get(MODEL)
+    handed[0].run()
+    sched.adopt_refit(handed[0])  # made from tables replaced since: dropped
+    _serve(sched, t + 2.0, 1, 2.0 * make_model_table().predict_ms(900))
+    assert len(handed) == 2 and handed[1].inputs[0].base is loaded.get(MODEL)
