@@ -21,7 +21,7 @@ trim 0.2). Each refit starts from a **prior**: the model's *reference* table (th
   reference, not from the table in force: with the table in force as the prior, a busy spell
   moved the points nobody measured up by the factor, and the quiet after it moved them back
   only by the constant (the slower guess each time), so every busy spell left the large
-  batches slower for good (a busy minute, then ten quiet ones: batch 32 at 2.2× its time).
+  batches slower for good (five busy minutes, then ten quiet ones: batch 32 at 2.2× its time).
   From the reference, a point nobody measures is where the evidence of the window puts it,
   whatever came before;
 * the law ``1/(m·x + b)`` is fitted by weighted least squares of ``1/y`` on ``x``;
