@@ -145,7 +145,12 @@ async def _admit(rt: Runtime, inbound: Inbound, tally: _Tally) -> Admission:
     except BadRequestError as err:
         return done(Outcome.BAD_REQUEST, str(err))
     inbound.job.timeout_us = hints.timeout_us
-    request = hints.request(model, inbound.arrival_s, rt.config.slo_ms, inbound.job)
+    try:
+        request = hints.request(
+            model, inbound.arrival_s, rt.config.slo_ms, inbound.job, rt.config.slo_outside_ms
+        )
+    except BadRequestError as err:
+        return done(Outcome.BAD_REQUEST, str(err))
     request.prompt_tokens = inbound.prompt_tokens
     target = rt.place(request)  # the GPU that takes it (the only one, on a node of one)
     try:

@@ -44,18 +44,37 @@ class Hints:
     tpot_ms: float | None = None  # and time per output token after it
 
     def request(
-        self, model: str, arrival_s: float, default_slo_ms: float, job: Job
+        self,
+        model: str,
+        arrival_s: float,
+        default_slo_ms: float,
+        job: Job,
+        outside_ms: float = 0.0,
     ) -> Request[Job]:
-        """The scheduler's request with these hints, whatever the protocol that carried them."""
+        """The scheduler's request with these hints, whatever the protocol that carried them.
+
+        ``outside_ms``: the part of the SLO (and of the TTFT) spent outside the sidecar; the
+        request is held to the rest. A hint that leaves nothing is a bad request."""
+        slo_ms = self.slo_ms or default_slo_ms
+        ttft_ms = self.ttft_ms
+        if outside_ms > 0.0:
+            for name, value in (("slo_ms", slo_ms), ("ttft_ms", ttft_ms)):
+                if value is not None and value <= outside_ms:
+                    raise BadRequestError(
+                        f"{name} {value:g} leaves nothing for the sidecar: {outside_ms:g} ms of "
+                        "every SLO is spent outside it (--slo-outside-ms)"
+                    )
+            slo_ms -= outside_ms
+            ttft_ms = None if ttft_ms is None else ttft_ms - outside_ms
         return Request(
             model=model,
             arrival_s=arrival_s,
-            slo_ms=self.slo_ms or default_slo_ms,
+            slo_ms=slo_ms,
             priority=self.priority,
             nice=self.nice,
             client_id=self.client_id,
             payload=job,
-            ttft_ms=self.ttft_ms,
+            ttft_ms=ttft_ms,
             tpot_ms=self.tpot_ms,
         )
 

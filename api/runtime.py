@@ -413,6 +413,7 @@ class Runtime:
         the first profiles, the others read it."""
         cfg = self.config
         gpu = gpu or self._first()
+        skip = skip or set()
         tables = TableSet()
         unknown = sorted(set(cfg.profile_models) - set(EMULATED))
         if unknown:
@@ -424,10 +425,10 @@ class Runtime:
             cache = cfg.state_dir / "tables" / f"{gpu_name}-{name}-v{TABLES_VERSION}.json"
             with contextlib.suppress(TableError, OSError):
                 tables.add(next(iter(TableSet.load(cache))))
-                learned = " (the reference of its learned one)" if name in (skip or ()) else ""
+                learned = " (the reference of its learned one)" if name in skip else ""
                 log.info("using the cached time2clock table %s%s", cache, learned)
                 continue
-            if name in (skip or ()):
+            if name in skip:
                 continue
             if cfg.shadow:
                 raise ValueError(

@@ -30,7 +30,14 @@ import numpy as np
 
 from api.config import GatewayConfig, from_options, to_flags
 from api.embedded import INPUT_WIDTH, SIMNET
-from benchmarks.live import admin_state, percentile_interval_ms, percentile_ms, set_policy
+from benchmarks.live import (
+    add_load_arguments,
+    admin_state,
+    check_load_arguments,
+    percentile_interval_ms,
+    percentile_ms,
+    set_policy,
+)
 from benchmarks.sidecar import OWNED_FLAGS, running
 from loadgen.classes import RequestClass
 from loadgen.engine import Recorder, Target, build_payloads, new_session, open_loop, schedule
@@ -86,6 +93,7 @@ def trace(
     payloads = build_payloads(
         [RequestClass("trace", slo_ms=slo_ms)], input_name="INPUT0", datatype="FP32", data=data
     )
+    held_ms = slo_ms - cfg.slo_outside_ms  # the SLO the sidecar holds its requests to
     with running(flags, state_dir=cfg.state_dir, admin_token=token, starts=3) as sc:
 
         async def main() -> Trace:
@@ -97,7 +105,7 @@ def trace(
                 states: list[dict[str, Any]] = []
                 running_run = True
                 started = time.monotonic()
-                before = _feedback(await admin_state(session, sc.url, token), slo_ms)
+                before = _feedback(await admin_state(session, sc.url, token), held_ms)
                 lag_before = await _loop_lag(session, sc.url)
 
                 async def poll() -> None:
@@ -114,7 +122,7 @@ def trace(
                 finally:
                     running_run = False
                     await poller
-                after = _feedback(await admin_state(session, sc.url, token), slo_ms)
+                after = _feedback(await admin_state(session, sc.url, token), held_ms)
                 lag = await _loop_lag(session, sc.url)
                 lag = {le: n - lag_before.get(le, 0.0) for le, n in lag.items()}
             requests = [
@@ -147,7 +155,15 @@ async def _loop_lag(session: aiohttp.ClientSession, url: str) -> dict[float, flo
         return histogram_buckets(await resp.text(), LOOP_LAG)
 
 
-def summary(t: Trace, slo_ms: float, setpoint: float, target: float) -> dict[str, Any]:
+def client_setpoint_ms(slo_ms: float, outside_ms: float, setpoint: float) -> float:
+    """The controller's setpoint as the client sees it: the setpoint of the SLO the sidecar
+    holds (``slo_ms`` less ``outside_ms``), plus the time allowed outside the sidecar."""
+    return setpoint * (slo_ms - outside_ms) + outside_ms
+
+
+def summary(
+    t: Trace, slo_ms: float, setpoint: float, target: float, outside_ms: float = 0.0
+) -> dict[str, Any]:
     """The figures the results file gives for a trace."""
     latency_s = [r[1] for r in t.requests]
     outside_s = [r[2] for r in t.requests if math.isfinite(r[2])]
@@ -163,7 +179,11 @@ def summary(t: Trace, slo_ms: float, setpoint: float, target: float) -> dict[str
         "p99_low_ms": low,
         "p99_high_ms": high,
         "within_slo": float(np.mean(lat_ms <= slo_ms)) if len(lat_ms) else math.nan,
-        "over_setpoint": float(np.mean(lat_ms > setpoint * slo_ms)) if len(lat_ms) else math.nan,
+        "over_setpoint": (
+            float(np.mean(lat_ms > client_setpoint_ms(slo_ms, outside_ms, setpoint)))
+            if len(lat_ms)
+            else math.nan
+        ),
         "outside_p50_ms": percentile_ms(outside_s, 50),
         "outside_p99_ms": percentile_ms(outside_s, 99),
         "controller_completions": t.completions,
@@ -185,7 +205,7 @@ def summary(t: Trace, slo_ms: float, setpoint: float, target: float) -> dict[str
     }
 
 
-def plot(t: Trace, slo_ms: float, setpoint: float, path: Path) -> Path:
+def plot(t: Trace, slo_ms: float, setpoint: float, path: Path, outside_ms: float = 0.0) -> Path:
     """Latency over time against the SLO and the setpoint; base clock and clock under it."""
     from time2clock.plot import pyplot
 
@@ -195,12 +215,18 @@ def plot(t: Trace, slo_ms: float, setpoint: float, path: Path) -> Path:
     lat_ms = [r[1] * 1000.0 for r in t.requests]
     top.scatter(when, lat_ms, s=4, color="C0", label="request latency (client)")
     top.axhline(slo_ms, color="red", linestyle="--", label=f"SLO {slo_ms:g} ms")
-    top.axhline(setpoint * slo_ms, color="orange", linestyle=":", label="controller's setpoint")
+    top.axhline(
+        client_setpoint_ms(slo_ms, outside_ms, setpoint),
+        color="orange",
+        linestyle=":",
+        label="controller's setpoint (+ the time allowed outside the sidecar)",
+    )
     top.set_ylabel("latency (ms)")
     top.legend(loc="upper right", fontsize="small")
     times = [s["t_s"] for s in t.states]
     bottom.step(times, [s.get("clock_mhz") for s in t.states], where="post", label="clock")
-    bases = [(f or {}).get("base_mhz") for f in (_feedback(s, slo_ms) for s in t.states)]
+    held_ms = slo_ms - outside_ms
+    bases = [(f or {}).get("base_mhz") for f in (_feedback(s, held_ms) for s in t.states)]
     if any(b is not None for b in bases):
         bottom.step(times, bases, where="post", label="base clock (tail controller)")
     bottom.set_ylabel("MHz (sampled each second)")
@@ -221,17 +247,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.tailtrace", description=__doc__)
     parser.add_argument("--policy", default="adaptive")
     parser.add_argument("--gpu", default="v100", help="simulated GPU profile")
-    parser.add_argument("--rate", type=float, default=40.0, help="requests per second (Poisson)")
-    parser.add_argument("--slo-ms", type=float, default=40.0)
+    add_load_arguments(parser)
     parser.add_argument("--duration-s", type=float, default=60.0, help="measured")
     parser.add_argument("--warmup-s", type=float, default=10.0, help="unmeasured, before")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("-o", "--out-dir", type=Path, default=Path("out/tailtrace"))
     parser.add_argument("--results-dir", type=Path, default=DEFAULT_DIR)
     args = parser.parse_args(argv)
-    if args.rate <= 0 or args.slo_ms <= 0 or args.duration_s <= 0 or args.warmup_s < 0:
-        parser.error("--rate, --slo-ms and --duration-s must be > 0, --warmup-s >= 0")
-    config = from_options(device=f"sim:{args.gpu}", profile_models=(SIMNET,))
+    check_load_arguments(parser, args)
+    if args.duration_s <= 0 or args.warmup_s < 0:
+        parser.error("--duration-s must be > 0, --warmup-s >= 0")
+    config = from_options(
+        device=f"sim:{args.gpu}", profile_models=(SIMNET,), slo_outside_ms=args.slo_outside_ms
+    )
     feedback = config.policy.feedback
     print(
         f"{args.policy} on {args.rate:g} requests/s, SLO {args.slo_ms:g} ms: "
@@ -247,8 +275,9 @@ def main(argv: list[str] | None = None) -> int:
         warmup_s=args.warmup_s,
         seed=args.seed,
     )
-    s = summary(t, args.slo_ms, feedback.setpoint, feedback.target)
-    png = plot(t, args.slo_ms, feedback.setpoint, args.out_dir / "tailtrace.png")
+    outside = args.slo_outside_ms
+    s = summary(t, args.slo_ms, feedback.setpoint, feedback.target, outside)
+    png = plot(t, args.slo_ms, feedback.setpoint, args.out_dir / "tailtrace.png", outside)
     rows = [
         ("requests", str(s["requests"])),
         ("p50 ms (client)", _fmt(s["p50_ms"], ".1f")),
@@ -277,7 +306,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name}: {value}")
     markdown = (
         f"Policy `{args.policy}`, simulated {args.gpu}, Poisson {args.rate:g} requests/s "
-        f"(seed {args.seed}), SLO {args.slo_ms:g} ms, setpoint {feedback.setpoint:g} of it; "
+        f"(seed {args.seed}), SLO {args.slo_ms:g} ms at the client, {outside:g} ms of it "
+        f"allowed outside the sidecar (`--slo-outside-ms`): the sidecar holds "
+        f"{args.slo_ms - outside:g} ms, its controller's setpoint {feedback.setpoint:g} of that "
+        f"({client_setpoint_ms(args.slo_ms, outside, feedback.setpoint):.1f} ms at the client); "
         f"{args.warmup_s:g} s unmeasured, then {args.duration_s:g} s traced. *Outside the "
         "sidecar*: a request's latency less the time from its body written to the reply's "
         "headers read (the client's own send and receive). *The controller's count*: the "
@@ -294,6 +326,7 @@ def main(argv: list[str] | None = None) -> int:
                 "gpu": args.gpu,
                 "rate_rps": args.rate,
                 "slo_ms": args.slo_ms,
+                "slo_outside_ms": outside,
                 "duration_s": args.duration_s,
                 "warmup_s": args.warmup_s,
                 "seed": args.seed,

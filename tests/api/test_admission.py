@@ -212,3 +212,33 @@ def test_unknown_tenant_token_is_unauthorized(device: SimulatedDevice, tmp_path:
         return await admit(rt, inbound(grpc_body(), answered, {"authorization": "Bearer nope"}))
 
     assert asyncio.run(main()).outcome is Outcome.UNAUTHORIZED
+
+
+def test_an_slo_the_time_outside_leaves_nothing_of_is_a_bad_request(
+    device: SimulatedDevice,
+) -> None:
+    """With ``--slo-outside-ms``, an SLO hint no longer than it is refused over both protocols,
+    and nothing is sent upstream; a longer one is served."""
+    sent: list[int] = []
+
+    async def send(_: Upstream) -> UpstreamResponse:
+        sent.append(1)
+        return OK
+
+    async def main() -> list[Admission]:
+        rt = runtime(device, slo_ms=40.0, slo_outside_ms=2.0)
+        rt.dispatcher.start()  # type: ignore[union-attr]
+        try:
+            return [
+                await admit(rt, inbound(HttpBody(http_body({"slo_ms": 2}), {}), send)),
+                await admit(rt, inbound(HttpBody(http_body(), {}), send, {"x-slo-ms": "1.5"})),
+                await admit(rt, inbound(grpc_body({"slo_ms": 2}), send)),
+                await admit(rt, inbound(grpc_body({"slo_ms": 3}), send)),
+            ]
+        finally:
+            await rt.dispatcher.stop()  # type: ignore[union-attr]
+
+    *refused, served = asyncio.run(main())
+    assert all(a.outcome is Outcome.BAD_REQUEST for a in refused)
+    assert all("leaves nothing for the sidecar" in a.message for a in refused)
+    assert served.outcome is Outcome.OK and sent == [1]

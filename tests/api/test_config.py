@@ -82,6 +82,8 @@ def test_bad_values_name_their_flag_or_variable() -> None:
         parse([], {"SIDECAR_SLACK_SAFETY": "high"})
     with pytest.raises(ValueError, match="quantile must be one of"):
         parse(["--slack-quantile", "p42"])
+    with pytest.raises(ValueError, match="--slo-outside-ms must be >= 0 and under --slo-ms"):
+        parse(["--slo-ms", "40", "--slo-outside-ms", "40"])
 
 
 def test_from_options_uses_flag_names() -> None:

@@ -1,9 +1,11 @@
 from __future__ import annotations
 
 import json
+from typing import cast
 
 import pytest
 
+from api.dispatcher import Job
 from api.hints import BadRequestError, Hints, json_header, parse_hints
 
 
@@ -107,3 +109,18 @@ def test_hostile_json_is_a_bad_request_not_a_crash() -> None:
         json_header(b'{"inputs": ' + b"9" * 5000 + b"}", {})
     with pytest.raises(BadRequestError, match="malformed request body"):
         json_header(b'{"a": "\xff"}', {})
+
+
+def test_the_time_outside_the_sidecar_comes_off_every_slo() -> None:
+    """``--slo-outside-ms``: the request is held to its SLO and TTFT less the time spent
+    outside the sidecar; the default SLO too; TPOT (a gap between tokens) is left alone."""
+    job = cast(Job, object())  # carried, never looked at
+    hinted = Hints(slo_ms=30.0, ttft_ms=400.0, tpot_ms=25.0)
+    request = hinted.request("m", 1.0, 100.0, job, outside_ms=1.5)
+    assert (request.slo_ms, request.ttft_ms, request.tpot_ms) == (28.5, 398.5, 25.0)
+    assert Hints().request("m", 1.0, 100.0, job, outside_ms=1.5).slo_ms == 98.5
+    assert Hints(slo_ms=30.0).request("m", 1.0, 100.0, job).slo_ms == 30.0
+    with pytest.raises(BadRequestError, match="slo_ms 1 leaves nothing for the sidecar"):
+        Hints(slo_ms=1.0).request("m", 1.0, 100.0, job, outside_ms=1.5)
+    with pytest.raises(BadRequestError, match=r"ttft_ms 1\.5 leaves nothing"):
+        Hints(ttft_ms=1.5).request("m", 1.0, 100.0, job, outside_ms=1.5)

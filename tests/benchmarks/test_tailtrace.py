@@ -50,6 +50,19 @@ def test_the_summary_counts_against_the_setpoint_and_the_budget() -> None:
     assert math.isnan(s["p99_low_ms"])  # 100 requests cannot bound a p99 from above
 
 
+def test_the_setpoint_the_client_sees_adds_the_time_allowed_outside() -> None:
+    """With ``--slo-outside-ms`` the sidecar holds the SLO less it, its controller the setpoint
+    of that: as the client sees it, the setpoint of the rest plus the time outside."""
+    requests = [(i * 0.01, (10 + i) / 1000.0, 0.001) for i in range(100)]  # 10..109 ms
+    t = tailtrace.Trace(requests=requests, states=[], completions=50, near_misses=3)
+    assert tailtrace.client_setpoint_ms(100.0, 20.0, 0.5) == pytest.approx(60.0)
+    inside = tailtrace.summary(t, slo_ms=100.0, setpoint=0.5, target=0.99)
+    outside = tailtrace.summary(t, slo_ms=100.0, setpoint=0.5, target=0.99, outside_ms=20.0)
+    assert inside["over_setpoint"] == pytest.approx(0.59)  # 51..109 ms
+    assert outside["over_setpoint"] == pytest.approx(0.49)  # 61..109 ms
+    assert outside["within_slo"] == inside["within_slo"]  # the SLO is the client's either way
+
+
 def test_the_summary_counts_the_loop_ticks_late() -> None:
     # 100 ticks: 90 within 5 ms, 7 within 10 ms, 2 within 25 ms, 1 within 50 ms
     lag = {0.005: 90.0, 0.01: 97.0, 0.025: 99.0, 0.05: 100.0, 0.1: 100.0, math.inf: 100.0}

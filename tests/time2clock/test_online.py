@@ -271,10 +271,11 @@ def test_noise_at_one_clock_does_not_ratchet_the_others() -> None:
     assert learned.predict_ms(300, 8) == pytest.approx(prior.predict_ms(300, 8), rel=0.05)
 
 
-def _busy_then_quiet(base: TableSet | None) -> ModelTable:
+def _busy_then_quiet(reference: ModelTable, *, from_reference: bool) -> ModelTable:
     """Traffic at batches 1 and 2 only: five minutes on a busy host (every execution 30 ms of
-    host time longer), then ten quiet minutes, refitted every 5 s; the table at the end."""
-    reference = make_model_table(batches={1: 1.0, 8: 3.0, 32: 9.0})
+    host time longer), then ten quiet minutes, refitted every 5 s, starting from ``reference``
+    (and moving from it, if ``from_reference``); the table at the end."""
+    base = TableSet([reference]) if from_reference else None
     learner = OnlineTables(CLOCKS, params=OnlineParams(window_s=120.0), base=base)
     rng = np.random.default_rng(11)
     tables = TableSet([reference])
@@ -299,7 +300,7 @@ def test_a_busy_spell_leaves_nothing_behind_where_nobody_measures() -> None:
     Moved from the table in force, the same traffic leaves batch 32 far slower for good: each
     busy refit moved it up by the factor, each quiet one back only by the constant."""
     reference = make_model_table(batches={1: 1.0, 8: 3.0, 32: 9.0})
-    learned = _busy_then_quiet(TableSet([reference]))
+    learned = _busy_then_quiet(reference, from_reference=True)
     for batch in (8, 32):
         for clock in (300, 900, 2100):
             assert learned.predict_ms(clock, batch) == pytest.approx(
@@ -307,5 +308,5 @@ def test_a_busy_spell_leaves_nothing_behind_where_nobody_measures() -> None:
             )
     for clock in (900, 2100):
         assert learned.predict_ms(clock) == pytest.approx(reference.predict_ms(clock), rel=0.03)
-    ratcheted = _busy_then_quiet(None)
+    ratcheted = _busy_then_quiet(reference, from_reference=False)
     assert ratcheted.predict_ms(300, 32) > 1.3 * reference.predict_ms(300, 32)
