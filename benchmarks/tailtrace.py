@@ -42,6 +42,7 @@ from benchmarks.sidecar import OWNED_FLAGS, running
 from loadgen.classes import RequestClass
 from loadgen.engine import Recorder, Target, build_payloads, new_session, open_loop, schedule
 from loadgen.metrics import histogram_buckets
+from scheduler.adaptive import slo_class
 from simulator.results import DEFAULT_DIR, markdown_table, write_results
 
 POLL_S = 1.0  # how often the admin state is read
@@ -67,7 +68,10 @@ class Trace:
 def _feedback(state: dict[str, Any], slo_ms: float) -> dict[str, Any] | None:
     """The SLO class's entry of the admin state's ``feedback`` (None: the policy has none)."""
     for entry in state.get("feedback") or []:
-        if entry.get("model") == SIMNET and math.isclose(entry.get("slo_ms", -1.0), slo_ms):
+        # the policy keys its classes by the SLO to 0.1 ms (scheduler.adaptive.slo_class)
+        if entry.get("model") == SIMNET and math.isclose(
+            entry.get("slo_ms", -1.0), slo_class(SIMNET, slo_ms)[1]
+        ):
             return dict(entry)
     return None
 

@@ -93,3 +93,11 @@ def test_bad_arguments_are_refused(bad: list[str], tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as info:
         tailtrace.main([*bad, "--results-dir", str(tmp_path)])
     assert info.value.code == 2
+
+
+def test_the_controllers_class_is_found_under_the_slo_the_sidecar_holds() -> None:
+    """The policy keys its classes by the SLO to 0.1 ms: 40 less 1.25 is the class 38.8."""
+    entry = {"model": "simnet", "slo_ms": 38.8, "completions": 7}
+    state = {"feedback": [{"model": "simnet", "slo_ms": 40.0}, entry]}
+    assert tailtrace._feedback(state, 40.0 - 1.25) == entry
+    assert tailtrace._feedback(state, 38.5) is None
