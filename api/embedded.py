@@ -372,13 +372,14 @@ class EmbeddedTriton:
 
     def _start_once(self) -> None:
         ctx = mp.get_context("spawn")
-        self._proc = ctx.Process(
+        proc = ctx.Process(
             target=_serve,
             name="embedded-triton",
             daemon=False,
             args=(str(self.state_path), self.ports, self.instances, self.binder, os.getpid()),
         )
-        self._proc.start()
+        proc.start()  # one that failed to start is never stopped (joining it would raise)
+        self._proc = proc
         try:
             self._wait_ready(time.monotonic() + self.start_timeout_s)
         except BaseException:

@@ -172,12 +172,16 @@ def test_energy_refits_show_in_the_admin_state_and_the_metrics(tmp_path: Path) -
     """Served from a table whose energy curve is wrong, with learning on: the GPU's energy
     counter is attributed to clock windows, the model's energy is refitted, and the admin
     state and the metrics say so (refits, windows, the table's energy error); the learned
-    batch-1 floor comes down from the top clock."""
+    batch-1 floor comes down from the top clock.
+
+    The SLO is loose so that only the wrong floor keeps the clock at the top: on a loaded
+    machine the emulated GPU runs up to twice its law's time, and a 40 ms SLO then needs the top
+    clock itself, so no clock under it would be measured (nothing to learn from, rightly)."""
     table = tmp_path / "table.json"
     wrong_energy(simnet_tables()).save(table)
     top = get_profile("v100").max_clock_mhz
     assert floor_of(TableSet.load(table).get("simnet")) >= top - 60
-    config = embedded_config(tmp_path, table=(table,), slo_ms=40.0, max_queue=100, policy="slack")
+    config = embedded_config(tmp_path, table=(table,), slo_ms=200.0, max_queue=100, policy="slack")
     x = httpclient.InferInput("INPUT0", [1, 16], "FP32")
     x.set_data_from_numpy(np.ones((1, 16), np.float32))
     with LiveSidecar(config) as sc:
