@@ -46,6 +46,26 @@ def test_trimmed_fit_recovers_m_and_b_and_the_trim_is_why(seed: int) -> None:
     assert trimmed.r2 > untrimmed.r2
 
 
+def test_the_tail_margin_is_the_spread_not_the_fits_error_at_one_clock() -> None:
+    """Ten executions at each of eight clocks, 1% gaussian spread around the law, except the
+    lowest clock, whose mean is 25% over it (what is not the GPU's work weighs most there): the
+    fit misses that clock by several milliseconds, and the p99 margin is still the spread of one
+    execution, the same at every clock, not that one clock's miss."""
+    rng = np.random.default_rng(3)
+    clocks = [135, 338, 532, 735, 930, 1132, 1328, 1530]
+    samples: dict[int, list[float]] = {}
+    means = {c: 1.0 / (TRUE_M * c + TRUE_B) * (1.25 if c == 135 else 1.0) for c in clocks}
+    for clock, mean in means.items():
+        samples[clock] = list(mean + rng.normal(0.0, 0.01 * mean, 10))
+    table = fit_table(samples, trim=0.2)
+    missed_ms = trimmed_mean(samples[135], 0.2) - table.predict_ms(135)
+    assert missed_ms > 5.0  # the law cannot follow the lowest clock
+    spread_ms = 3 * 0.01 * max(means.values())  # three standard deviations at the slowest
+    assert 0.0 < table.tail_margin_ms("p90") < table.tail_margin_ms("p99") < spread_ms
+    # pooled against the fit, the lowest clock's ten (of 80) would have been the p90 and up
+    assert table.tail_margin_ms("p90") < missed_ms / 10.0
+
+
 def test_exact_data_fits_exactly() -> None:
     clocks = [300.0, 900.0, 1500.0, 2100.0]
     fit = fit_inverse_linear(clocks, [1.0 / (TRUE_M * c + TRUE_B) for c in clocks])
