@@ -3,7 +3,7 @@ export, and the reader that feeds the GPU's energy counter to the energy fit.
 
 The scheduler core refits the tables (:mod:`time2clock.online`); this module keeps the result
 across restarts. Every ``save_every_s`` the tables of the models refitted since the last save
-are written to ``<state-dir>/tables/<gpu>-learned-v2.json`` (atomically: a temporary file
+are written to ``<state-dir>/tables/<gpu>-learned-v3.json`` (atomically: a temporary file
 renamed over the old one, so a crash never leaves half a table), and once more on the way out.
 The next start loads that file in preference to the profiled cache.
 """

@@ -56,7 +56,9 @@ log = logging.getLogger(__name__)
 # A decoupled model's engine batches on its own: as many sequences as vLLM runs by default
 # (max_num_seqs); the token policy may hold fewer.
 ENGINE_SEQUENCES = 256
-TABLES_VERSION = 2  # in the cache's file names: a new table format never reads an old cache
+# In the cache's file names: a new table format, or a new fit of the same samples, never reads an
+# old cache (3: tail margins from the spread around each clock's own mean, not around the fit).
+TABLES_VERSION = 3
 
 
 def serving_from_config(config: dict[str, Any]) -> ModelServing:

@@ -104,7 +104,7 @@ def test_a_model_without_a_table_learns_one_and_keeps_it_across_a_restart(
 
 def test_the_learned_table_is_written_atomically(tmp_path: Path) -> None:
     path = learned_path(tmp_path, "NVIDIA H100 80GB HBM3", TABLES_VERSION)
-    assert path.name == "NVIDIA_H100_80GB_HBM3-learned-v2.json"
+    assert path.name == "NVIDIA_H100_80GB_HBM3-learned-v3.json"
     tables = simnet_tables()
     save_atomic(tables, path)
     assert TableSet.load(path) == tables
