@@ -11,7 +11,8 @@ now: a held-back model blocks nothing behind it, and lower levels go to Triton i
 chunks, spaced as far apart as what is at Triton needs, not as the cap would; and CFS charging
 each request its model's GPU time per request in full batches, not its time from dispatch to
 completion, which changes the order of the two nice clients' requests; the tail controller's
-step settling as a class's completions add up, and its setpoint at 0.97):
+step settling as a class's completions add up, and its setpoint at 0.97; the tables' tail
+margins taken as the spread around each clock's own mean, not against the fit):
 every clock change, batch and completion time feeds into them, so a single decision that
 differs shows. A change that means to alter decisions updates them
 (``python -m tests.scheduler.test_plan_decisions`` prints the current ones).
@@ -30,10 +31,10 @@ from simulator.simulate import ModelMix, SimConfig, mix_capacity_rps, simulate
 # sum of latencies ms, median latency ms, largest latency ms)
 BEFORE = {
     ("adaptive", "poisson", 3): (
-        1175, 975, 11, 974, 1190.199295, 1517.552983, 477755.689331, 23.373347, 6948.473478
+        1175, 975, 11, 974, 1190.194529, 1517.552928, 477737.947114, 23.381504, 6948.429085
     ),
     ("adaptive", "bursty", 5): (
-        961, 608, 7, 642, 965.570784, 1525.653237, 203913.626823, 46.654549, 2012.166511
+        961, 610, 7, 642, 965.283198, 1525.652176, 203690.559594, 47.152006, 2009.949497
     ),
     ("slack", "poisson", 3): (
         1175, 1004, 5, 858, 1134.587973, 1519.604874, 364840.404731, 28.619334, 5198.20511
