@@ -13,6 +13,7 @@ import asyncio
 import inspect
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -93,6 +94,10 @@ def post(path: str, body: bytes, headers: dict[str, str]) -> Send:
         return upstream.begin("POST", path, body, headers)
 
     return send
+
+
+#: Clock changes the admin state lists per GPU (the newest first).
+RECENT_CLOCK_SETS = 32
 
 
 class ClockApplier:
@@ -181,6 +186,9 @@ class GpuDispatcher:
         self._timer_at: float | None = None
         self._closed = False
         self._refit: asyncio.Future[None] | None = None  # a refit's fits, running
+        # The last clocks applied, with when (for the admin state: what the policy did lately,
+        # including a rise too short for anyone polling the target to see).
+        self._clock_sets: deque[tuple[float, int | None]] = deque(maxlen=RECENT_CLOCK_SETS)
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -468,6 +476,7 @@ class GpuDispatcher:
         if self.shadow is not None:
             self.shadow.would_set(clock_mhz)
             return
+        self._clock_sets.append((self._now(), clock_mhz))
         self.metrics.clock_changes.labels(self.gpu).inc()
         self.metrics.clock_set.labels(self.gpu).set(0.0 if clock_mhz is None else clock_mhz * 1e6)
 
@@ -510,6 +519,10 @@ class GpuDispatcher:
             "policy": s.policy.name,
             "mode": "active" if self.shadow is None else "shadow",
             "clock_target_mhz": s.clock_target_mhz,
+            "recent_clock_sets": [
+                {"age_s": round(now - at, 3), "clock_mhz": clock}
+                for at, clock in reversed(self._clock_sets)
+            ],
             "queue_length": s.queue_len,
             "queue_by_level": s.queue.level_sizes(),
             "inflight": len(s.inflight),

@@ -95,9 +95,9 @@ def generative_table(runs: list[GenPolicyRun]) -> Table:
         "requests",
         "tokens/s",
         "p50 TTFT ms",
-        "p99 TTFT ms",
+        "p99 TTFT ms (95% CI)",
         "p50 TPOT ms",
-        "p99 TPOT ms",
+        "p99 TPOT ms (95% CI)",
         "SLOs met",
         "J/token",
         "vs max",
@@ -106,8 +106,9 @@ def generative_table(runs: list[GenPolicyRun]) -> Table:
     ):
         view.add_column(col, justify="right")
 
-    def tail(value: float, slo: float) -> str:
-        return f"{value:.1f}" if value <= slo else f"[red]{value:.1f}[/red]"
+    def tail(value: float, low: float, high: float, slo: float) -> str:
+        shown = f"{value:.1f}" if value <= slo else f"[red]{value:.1f}[/red]"
+        return shown if math.isnan(low) else f"{shown} ({low:.0f}–{high:.0f})"
 
     for r in runs:
         saving = 1.0 - r.energy_per_token_j / base.energy_per_token_j
@@ -116,9 +117,9 @@ def generative_table(runs: list[GenPolicyRun]) -> Table:
             f"{r.completed}/{r.sent}",
             f"{r.output_tokens_per_s:.0f}",
             f"{r.p50_ttft_ms:.1f}",
-            tail(r.p99_ttft_ms, r.ttft_slo_ms),
+            tail(r.p99_ttft_ms, r.p99_ttft_low_ms, r.p99_ttft_high_ms, r.ttft_slo_ms),
             f"{r.p50_tpot_ms:.1f}",
-            tail(r.p99_tpot_ms, r.tpot_slo_ms),
+            tail(r.p99_tpot_ms, r.p99_tpot_low_ms, r.p99_tpot_high_ms, r.tpot_slo_ms),
             f"{r.slo_attainment:.1%}",
             f"{r.energy_per_token_j:.3f}",
             "—" if r is base else f"{-saving:+.0%}",
@@ -249,8 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--generative-only", action="store_true", help="run only it")
     gen.add_argument("--gen-gpu", default="h100", help="simulated GPU with an LLM profile")
     gen.add_argument("--gen-rate", type=float, default=8.0, help="streams per second (Poisson)")
-    gen.add_argument("--gen-duration-s", type=float, default=15.0, help="measured, per policy")
-    gen.add_argument("--gen-warmup-s", type=float, default=15.0, help="unmeasured, per policy")
+    gen.add_argument("--gen-duration-s", type=float, default=60.0, help="measured, per policy")
+    gen.add_argument("--gen-warmup-s", type=float, default=30.0, help="unmeasured, per policy")
     gen.add_argument("--gen-input-tokens", type=int, default=1000, help="mean (stddev: 1/5)")
     gen.add_argument("--gen-output-tokens", type=int, default=64, help="mean (stddev: 1/4)")
     gen.add_argument("--gen-policies", default="max,tokens")

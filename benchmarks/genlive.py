@@ -29,10 +29,10 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.live import set_policy
+from benchmarks.live import percentile_interval_ms, set_policy
 from benchmarks.sidecar import running
 from loadgen.engine import new_session, schedule
-from loadgen.generative import TokenSloSpec
+from loadgen.generative import TokenSloSpec, per_request
 from loadgen.genrun import GenRun, open_loop, read_energy_j
 from loadgen.metrics import ClockSampler
 from loadgen.stream import GENERATE_STREAM, GenTarget, TimedStream
@@ -46,8 +46,8 @@ class GenWorkload:
     """What every policy is sent: Poisson arrivals and synthetic lengths, seeded."""
 
     rate_rps: float = 8.0
-    duration_s: float = 15.0  # measured, after the warm-up
-    warmup_s: float = 15.0
+    duration_s: float = 60.0  # measured, after the warm-up
+    warmup_s: float = 30.0  # the token policy trusts its static clock after 200 streams
     input_tokens: LengthSpec = field(default_factory=lambda: LengthSpec(1000, 200.0))
     output_tokens: LengthSpec = field(default_factory=lambda: LengthSpec(64, 16.0))
     ttft_ms: float = 500.0
@@ -74,6 +74,10 @@ class GenPolicyRun:
     p99_ttft_ms: float
     p50_tpot_ms: float
     p99_tpot_ms: float
+    p99_ttft_low_ms: float  # the p99's 95% confidence interval
+    p99_ttft_high_ms: float
+    p99_tpot_low_ms: float
+    p99_tpot_high_ms: float
     ttft_slo_ms: float
     tpot_slo_ms: float
     slo_attainment: float
@@ -103,12 +107,22 @@ class Window:
         return sum(self.start_s <= t <= self.end_s for t in self.token_times_s)
 
 
+def p99_interval_ms(values_ms: Sequence[float]) -> tuple[float, float]:
+    """The p99's 95% confidence interval (ms) from the sample's order statistics (nan, nan
+    where too few): over a couple of hundred streams the p99 is one of the two or three
+    slowest, and moves by much more than the policies differ by."""
+    return percentile_interval_ms([v / 1000.0 for v in values_ms], 99.0)
+
+
 def policy_run(
     policy: str, work: GenWorkload, window: Window, clock: ClockSampler | None
 ) -> GenPolicyRun:
     """One policy's figures (TPOT: aiperf's inter-token latency, per request)."""
     run = GenRun(window.streams)
     report = run.report(TokenSloSpec(work.ttft_ms, work.tpot_ms))
+    values_ms = per_request(run.records)
+    ttft_low, ttft_high = p99_interval_ms(values_ms["time_to_first_token"])
+    tpot_low, tpot_high = p99_interval_ms(values_ms["inter_token_latency"])
     joules = window.energy_j if window.energy_j is not None else math.nan
     tokens = window.tokens
     span_s = window.end_s - window.start_s
@@ -123,6 +137,10 @@ def policy_run(
         p99_ttft_ms=report["time_to_first_token"]["p99"],
         p50_tpot_ms=report["inter_token_latency"]["p50"],
         p99_tpot_ms=report["inter_token_latency"]["p99"],
+        p99_ttft_low_ms=ttft_low,
+        p99_ttft_high_ms=ttft_high,
+        p99_tpot_low_ms=tpot_low,
+        p99_tpot_high_ms=tpot_high,
         ttft_slo_ms=work.ttft_ms,
         tpot_slo_ms=work.tpot_ms,
         slo_attainment=report.get("slo_attainment", {}).get("both", math.nan),
@@ -223,13 +241,20 @@ def plot(runs: Sequence[GenPolicyRun], path: Path) -> Path:
     names = [r.policy for r in runs]
     colors = [f"C{i}" for i in range(len(runs))]
     fig, axes = plt.subplots(1, 3, figsize=(12, 4))
+    nan = math.nan
     panels = (
-        ([r.energy_per_token_j for r in runs], "energy per output token (J)", None),
-        ([r.p99_ttft_ms for r in runs], "p99 time to first token (ms)", runs[0].ttft_slo_ms),
-        ([r.p99_tpot_ms for r in runs], "p99 time per output token (ms)", runs[0].tpot_slo_ms),
-    )
-    for ax, (values, label, slo) in zip(axes, panels, strict=True):
-        ax.bar(names, values, color=colors)
+        ([(r.energy_per_token_j, nan, nan) for r in runs], "energy per output token (J)", None),
+        ([(r.p99_ttft_ms, r.p99_ttft_low_ms, r.p99_ttft_high_ms) for r in runs],
+         "p99 time to first token (ms, 95% CI)", runs[0].ttft_slo_ms),
+        ([(r.p99_tpot_ms, r.p99_tpot_low_ms, r.p99_tpot_high_ms) for r in runs],
+         "p99 time per output token (ms, 95% CI)", runs[0].tpot_slo_ms),
+    )  # fmt: skip
+    for ax, (bars, label, slo) in zip(axes, panels, strict=True):
+        values = [v for v, _, _ in bars]
+        # the interval as error bars (none where the run is too short to have one)
+        below = [0.0 if math.isnan(lo) else v - lo for v, lo, _ in bars]
+        above = [0.0 if math.isnan(hi) else hi - v for v, _, hi in bars]
+        ax.bar(names, values, color=colors, yerr=[below, above], capsize=6)
         ax.set_ylabel(label)
         if slo is not None:
             ax.axhline(slo, color="red", linestyle="--", label=f"SLO {slo:g} ms")

@@ -78,7 +78,10 @@ whose mean clocks were nearest ``f``. Before ``min_samples`` streams finished, `
 * The admission limit: the most running sequences whose mean gap at the chosen clock stays
   within the TPOT SLO × ``headroom``. Past it every stream would miss on average, so new
   requests wait at the sidecar (their TTFT grows, running streams keep their pace). It guards
-  against overload; the tails are the clock's job.
+  against overload; the tails are the clock's job. So while any request waits there, the base
+  goes to the lowest clock whose limit lets them all in (the top where none does): without
+  this, a clock low enough for the streams already running kept the rest out while their TTFT
+  grew, and the engine served fewer tokens a second than arrived.
 
 What the GPU's energy counter measured per clock is kept for the admin state, not used to
 decide: between clocks measured at different loads it compares the loads as much as the clocks
@@ -410,8 +413,14 @@ class TokenPolicy:
         self._tokens_total = 0
         self._measured: dict[int, tuple[float, int]] = {}  # clock -> (J, output tokens)
         self.admission_limit = self.params.max_seqs
+        self.held = 0  # requests waiting at the sidecar for a place in the engine
 
     # -- what the caller reports ------------------------------------------------------------
+
+    def on_held(self, count: int) -> None:
+        """How many requests wait at the sidecar for a place in the engine (held by the
+        admission limit); told before each decision."""
+        self.held = max(0, count)
 
     @property
     def running(self) -> int:
@@ -558,6 +567,11 @@ class TokenPolicy:
             recent = max(need for at, need in self._needs if at >= now_s - rise_s)
             self.base_mhz = max(self.static_mhz, recent)
         self.base_mhz = max(self.base_mhz, self.floor_mhz)
+        if self.held:
+            # The engine is full at this clock and requests wait for it at the sidecar, their
+            # TTFT growing: a faster clock admits more (the mean gap stays within the SLO with
+            # more sequences), so the base goes to the lowest one that admits them all.
+            self.base_mhz = self._admitting_clock(running + self.held)
         self.admission_limit = self._limit(self.base_mhz)
 
     def _confident(self) -> bool:
@@ -740,6 +754,7 @@ class TokenPolicy:
             "static_trusted": self._confident(),
             "energy_floor_mhz": self.floor_mhz,
             "admission_limit": self.admission_limit,
+            "held": self.held,
             "running": self.running,
             "waiting_prompts": self._waiting,
             "prompt_tokens_per_s": round(self._rate, 1),
@@ -814,6 +829,15 @@ class TokenPolicy:
         )
         return step_ms / (1.0 - share)
 
+    def _admitting_clock(self, sequences: int) -> int:
+        """The lowest clock from the base up whose admission limit lets ``sequences`` run (the
+        top where none does)."""
+        start = bisect.bisect_left(self.clocks, self.base_mhz)
+        for f in self.clocks[start:]:
+            if self._limit(f) >= sequences:
+                return f
+        return self.clocks[-1]
+
     def _limit(self, clock: int) -> int:
         """The most sequences whose mean gap at ``clock`` stays within the TPOT SLO × headroom
         (module docstring)."""
@@ -866,24 +890,26 @@ class TokenClockPolicy(ClockPolicy):
     def on_dispatch(self, s: SchedulerView, request: QueuedRequest, now_s: float) -> int | None:
         if s.serving(request.model).streams:
             self.tokens.on_release(request.seq, now_s, request.arrival_s, request.prompt_tokens)
-        return self._decide(now_s)
+        return self._decide(s, now_s)
 
     def on_token(self, s: SchedulerView, request: QueuedRequest, now_s: float) -> int | None:
         self.tokens.on_token(request.seq, now_s)
         if now_s - self._decided_s < self.DECIDE_EVERY_S:
             return None  # a boost for waiting prompts need not be checked at every token
-        return self._decide(now_s)
+        return self._decide(s, now_s)
 
-    def _decide(self, now_s: float) -> int | None:
+    def _decide(self, s: SchedulerView, now_s: float) -> int | None:
         self._decided_s = now_s
+        held = s.queued_by_model()
+        self.tokens.on_held(sum(n for m, n in held.items() if s.serving(m).streams))
         return self.tokens.decide(now_s)
 
     def on_complete(self, s: SchedulerView, request: QueuedRequest, now_s: float) -> int | None:
         self.tokens.on_finish(request.seq, now_s)
-        return self._decide(now_s)
+        return self._decide(s, now_s)
 
     def poll(self, s: SchedulerView, now_s: float) -> int | None:
-        return self._decide(now_s)
+        return self._decide(s, now_s)
 
     def wake_at_s(self) -> float | None:
         return self.tokens.wake_at_s()

@@ -489,6 +489,7 @@ def simulate_generative(cfg: GenConfig) -> GenResult:
             wake = policy.wake_at_s()
             if wake is None or t >= wake:
                 policy.on_energy(t, energy)
+            policy.on_held(len(queue))
             choice = policy.decide(t)
             if choice is not None:
                 clock.request(choice, t)
@@ -503,6 +504,7 @@ def simulate_generative(cfg: GenConfig) -> GenResult:
                 policy.on_release(i, t, float(arrivals[i]), int(prompts[i]))
         if policy is not None and released:
             # As the sidecar's core does: a release is a decision point (on_dispatch).
+            policy.on_held(len(queue))
             choice = policy.decide(t)
             if choice is not None:
                 clock.request(choice, t)

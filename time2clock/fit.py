@@ -113,20 +113,20 @@ def fit_inverse_linear(
 
 
 def tail_fits(
-    samples: Mapping[int, Sequence[float]], mean_fit: InverseLinearFit, trim: float = 0.2
+    clocks_mhz: Sequence[int], mean_fit: InverseLinearFit, quantiles_ms: Mapping[str, float]
 ) -> dict[str, InverseLinearFit]:
     """Fits of the p90 and p99 latency, from the spread pooled over every clock.
 
     Ten or twenty requests at one clock cannot show its p99 (their top sample is nearer p95),
     but a sweep has thousands of requests in all. The spread at one clock is about the same
     across clocks (seed 003 reports one std per GPU), so the residuals around each clock's own
-    center are pooled (:func:`residual_quantiles`), their quantile added to the mean fit at each
-    clock, and the law fitted to that.
+    center are pooled (``quantiles_ms``, from :func:`residual_quantiles`), their quantile added
+    to the mean fit at each measured clock, and the law fitted to that.
     """
-    clocks = sorted(c for c, v in samples.items() if len(v))
+    clocks = sorted(clocks_mhz)
     return {
         name: fit_inverse_linear(clocks, [mean_fit.predict_ms(c) + shift_ms for c in clocks])
-        for name, shift_ms in residual_quantiles(samples, trim).items()
+        for name, shift_ms in quantiles_ms.items()
     }
 
 
@@ -194,7 +194,7 @@ def fit_table(
         )
     clocks = [p.clock_mhz for p in points]
     mean_fit = fit_inverse_linear(clocks, [p.trimmed_mean_ms for p in points])
-    tails = tail_fits(samples, mean_fit, trim)
+    quantiles_ms = residual_quantiles(samples, trim)
     return Time2ClockTable(
         gpu=gpu,
         model=model,
@@ -202,8 +202,8 @@ def fit_table(
         concurrency=concurrency,
         mean_fit=mean_fit,
         points=tuple(points),
-        tail_fits=tails,
-        residual_quantiles_ms=residual_quantiles(samples, trim),
+        tail_fits=tail_fits(clocks, mean_fit, quantiles_ms),
+        residual_quantiles_ms=quantiles_ms,
         batch=batch,
     )
 

@@ -273,6 +273,33 @@ def test_the_admission_limit_caps_sequences_whose_mean_gap_would_miss() -> None:
             assert 1 < limit < policy.params.max_seqs  # 3 + 0.05·n ms a step caps it
 
 
+def test_requests_held_at_the_sidecar_raise_the_clock_until_the_engine_admits_them() -> None:
+    """Past the admission limit requests wait at the sidecar, their TTFT growing; while any
+    does, the base goes to the lowest clock whose limit lets them all in (a faster clock
+    shortens the gaps, so more sequences fit), and back to the need once none waits."""
+    policy = TokenPolicy(CLOCKS, TokenSlo(ttft_ms=500.0, tpot_ms=10.0), prior())
+    running = 8
+    for rid in range(running):
+        policy.on_release(rid, 0.0, 0.0, 10)
+    needs = [CLOCKS[0]] * 3
+    policy._tpot_clock = lambda running, rate: needs.pop(0)  # type: ignore[method-assign]
+    policy._static_clock = lambda now_s: None  # type: ignore[method-assign]
+    policy._energy_floor = lambda gaps, counts, rate: CLOCKS[0]  # type: ignore[method-assign]
+    policy._period(0.0)
+    assert policy.base_mhz == CLOCKS[0]
+    wanted = policy.admission_limit + 5
+    policy.on_held(wanted - running)
+    policy._period(0.25)
+    limits = {f: policy._limit(f) for f in CLOCKS}
+    assert CLOCKS[0] < policy.base_mhz < TOP  # the ladder has a clock that admits them
+    assert policy.admission_limit == limits[policy.base_mhz] >= wanted
+    assert all(limits[f] < wanted for f in CLOCKS if f < policy.base_mhz)
+    assert policy.state()["held"] == wanted - running
+    policy.on_held(0)
+    policy._period(0.5)
+    assert policy.base_mhz == CLOCKS[0]
+
+
 def test_state_is_plain_data() -> None:
     policy = make_policy()
     Plant(policy).run(10.0, **STEADY)  # type: ignore[arg-type]
