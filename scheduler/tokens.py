@@ -900,8 +900,14 @@ class TokenClockPolicy(ClockPolicy):
 
     def _decide(self, s: SchedulerView, now_s: float) -> int | None:
         self._decided_s = now_s
-        held = s.queued_by_model()
-        self.tokens.on_held(sum(n for m, n in held.items() if s.serving(m).streams))
+        # Requests the admission limit holds: a model whose own release depth is full would
+        # hold them at any clock.
+        held = sum(
+            n
+            for m, n in s.queued_by_model().items()
+            if s.serving(m).streams and s.inflight_count(m) < s.release_depth(m)
+        )
+        self.tokens.on_held(held)
         return self.tokens.decide(now_s)
 
     def on_complete(self, s: SchedulerView, request: QueuedRequest, now_s: float) -> int | None:

@@ -349,6 +349,7 @@ def test_in_the_core_its_admission_limit_caps_streams_and_it_hears_every_token()
         assert core.enqueue(request, 0.0).accepted
     sent = [d.request for _ in range(4) if (d := core.next_dispatch(0.01)) is not None]
     assert len(sent) == 2 and core.queue_len == 2 and policy.tokens.running == 2
+    assert policy.tokens.held == 2  # the requests the limit holds are told to the policy
     for t in (0.05, 0.06, 0.07):
         core.on_token(sent[0], t)
     core.on_complete(sent[0], 0.07, 0.07, measured=False)
@@ -356,6 +357,26 @@ def test_in_the_core_its_admission_limit_caps_streams_and_it_hears_every_token()
     assert core.next_dispatch(0.08) is not None and core.next_dispatch(0.08) is None
     state = policy.state()
     assert state is not None and state[0]["admission_limit"] == 2
+
+
+def test_in_the_core_requests_the_engines_own_depth_holds_are_not_held_for_the_clock() -> None:
+    """Requests wait because the engine's own sequence limit (its release depth) is full, not
+    the admission limit: no clock would let them in, so they do not raise it."""
+    from scheduler.core import Scheduler
+    from scheduler.request import Request
+    from scheduler.tokens import TokenClockPolicy
+    from scheduler.view import ModelServing
+    from time2clock.table import TableSet
+
+    policy = TokenClockPolicy(CLOCKS, TokenSlo(500.0, 30.0), prior())
+    core: Scheduler[None] = Scheduler(TableSet(), policy)
+    core.set_serving("llm", ModelServing(streams=2))
+    for _ in range(4):
+        request: Request[None] = Request("llm", arrival_s=0.0, slo_ms=1e6, prompt_tokens=8)
+        assert core.enqueue(request, 0.0).accepted
+    sent = [d.request for _ in range(4) if (d := core.next_dispatch(0.01)) is not None]
+    assert len(sent) == 2 and core.queue_len == 2
+    assert policy.tokens.admission_limit > 2 and policy.tokens.held == 0
 
 
 def scripted(policy: TokenPolicy, needs: list[int], static: int | None) -> list[int]:
