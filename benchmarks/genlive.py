@@ -251,10 +251,11 @@ def plot(runs: Sequence[GenPolicyRun], path: Path) -> Path:
     )  # fmt: skip
     for ax, (bars, label, slo) in zip(axes, panels, strict=True):
         values = [v for v, _, _ in bars]
-        # the interval as error bars (none where the run is too short to have one)
+        # a p99's interval as error bars (none where the run is too short to have one)
         below = [0.0 if math.isnan(lo) else v - lo for v, lo, _ in bars]
         above = [0.0 if math.isnan(hi) else hi - v for v, _, hi in bars]
-        ax.bar(names, values, color=colors, yerr=[below, above], capsize=6)
+        errors = [below, above] if any(below) or any(above) else None
+        ax.bar(names, values, color=colors, yerr=errors, capsize=6)
         ax.set_ylabel(label)
         if slo is not None:
             ax.axhline(slo, color="red", linestyle="--", label=f"SLO {slo:g} ms")
