@@ -9,15 +9,20 @@ import math
 import numpy as np
 import pytest
 
+from scheduler.core import Scheduler
+from scheduler.request import Request
 from scheduler.tokens import (
     SEQ_BUCKETS,
     EnginePrior,
     StepTimeModel,
+    TokenClockPolicy,
     TokenPolicy,
     TokenPolicyParams,
     TokenSlo,
     seq_bucket,
 )
+from scheduler.view import ModelServing
+from time2clock.table import TableSet
 
 CLOCKS = list(range(300, 2001, 100))  # 300..2000 MHz
 TOP = CLOCKS[-1]
@@ -325,15 +330,22 @@ def test_bad_settings_are_refused() -> None:
         TokenPolicyParams(prior_tail=0.5)
 
 
+def four_streams(
+    policy: TokenClockPolicy, depth: int
+) -> tuple[Scheduler[None], list[Request[None]]]:
+    """A core with ``policy`` serving one stream model of release ``depth``: four requests
+    enqueued at 0 s, and those it sends at 10 ms."""
+    core: Scheduler[None] = Scheduler(TableSet(), policy)
+    core.set_serving("llm", ModelServing(streams=depth))
+    for _ in range(4):
+        request: Request[None] = Request("llm", arrival_s=0.0, slo_ms=1e6, prompt_tokens=8)
+        assert core.enqueue(request, 0.0).accepted
+    return core, [d.request for _ in range(4) if (d := core.next_dispatch(0.01)) is not None]
+
+
 def test_in_the_core_its_admission_limit_caps_streams_and_it_hears_every_token() -> None:
     """``TokenClockPolicy`` in a :class:`Scheduler`: streams are released up to the admission
     limit, and releases, tokens and ends reach the token policy."""
-    from scheduler.core import Scheduler
-    from scheduler.request import Request
-    from scheduler.tokens import TokenClockPolicy
-    from scheduler.view import ModelServing
-    from time2clock.table import TableSet
-
     # A TPOT SLO whose 90% falls between the prior's gaps of 2 and 3 sequences at the top
     # clock (tight enough that no lower clock fits): 2 sequences at once.
     probe = make_policy()
@@ -342,12 +354,7 @@ def test_in_the_core_its_admission_limit_caps_streams_and_it_hears_every_token()
     policy = TokenClockPolicy(CLOCKS, TokenSlo(500.0, tpot_ms), prior())
     policy.tokens.decide(0.0)  # the first control period sets the limit
     assert policy.tokens.admission_limit == 2
-    core: Scheduler[None] = Scheduler(TableSet(), policy)
-    core.set_serving("llm", ModelServing(streams=256))
-    for _ in range(4):
-        request: Request[None] = Request("llm", arrival_s=0.0, slo_ms=1e6, prompt_tokens=8)
-        assert core.enqueue(request, 0.0).accepted
-    sent = [d.request for _ in range(4) if (d := core.next_dispatch(0.01)) is not None]
+    core, sent = four_streams(policy, depth=256)
     assert len(sent) == 2 and core.queue_len == 2 and policy.tokens.running == 2
     assert policy.tokens.held == 2  # the requests the limit holds are told to the policy
     for t in (0.05, 0.06, 0.07):
@@ -362,19 +369,8 @@ def test_in_the_core_its_admission_limit_caps_streams_and_it_hears_every_token()
 def test_in_the_core_requests_the_engines_own_depth_holds_are_not_held_for_the_clock() -> None:
     """Requests wait because the engine's own sequence limit (its release depth) is full, not
     the admission limit: no clock would let them in, so they do not raise it."""
-    from scheduler.core import Scheduler
-    from scheduler.request import Request
-    from scheduler.tokens import TokenClockPolicy
-    from scheduler.view import ModelServing
-    from time2clock.table import TableSet
-
     policy = TokenClockPolicy(CLOCKS, TokenSlo(500.0, 30.0), prior())
-    core: Scheduler[None] = Scheduler(TableSet(), policy)
-    core.set_serving("llm", ModelServing(streams=2))
-    for _ in range(4):
-        request: Request[None] = Request("llm", arrival_s=0.0, slo_ms=1e6, prompt_tokens=8)
-        assert core.enqueue(request, 0.0).accepted
-    sent = [d.request for _ in range(4) if (d := core.next_dispatch(0.01)) is not None]
+    core, sent = four_streams(policy, depth=2)
     assert len(sent) == 2 and core.queue_len == 2
     assert policy.tokens.admission_limit > 2 and policy.tokens.held == 0
 
