@@ -22,7 +22,11 @@ def test_a_short_trace_is_written_with_the_controllers_counts(tmp_path: Path) ->
     results = json.loads((tmp_path / "tailtrace.json").read_text())["results"]
     s = results["summary"]
     assert s["requests"] == sent  # every request answered, the warm-up's not counted
-    assert 0 < s["p50_ms"] <= s["p99_ms"] and s["within_slo"] == 1.0
+    assert 0 < s["p50_ms"] <= s["p99_ms"]
+    # How many of 48 requests meet the SLO in a 3 s run on a shared machine is the benchmark's
+    # figure, not this test's (one stall of the host misses some); the counts must agree: a
+    # request over the SLO is over the client's setpoint (under the SLO) too.
+    assert 0.0 < s["within_slo"] <= 1.0 and s["over_setpoint"] >= 1.0 - s["within_slo"]
     assert s["outside_p50_ms"] >= 0
     # adaptive keeps a controller per SLO class: its counts over the run are there
     assert s["controller_completions"] > 0
