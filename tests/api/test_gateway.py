@@ -367,7 +367,7 @@ def _clocks_set_since(sc: LiveSidecar, since_s: float) -> list[int | None]:
     """The clocks the sidecar applied since ``since_s`` (this process's monotonic clock), from
     the admin state's ``recent_clock_sets`` (their ages)."""
     elapsed_s = time.monotonic() - since_s
-    recent = sc.get("/admin/state", headers=ADMIN).json()["recent_clock_sets"]
+    recent = admin(sc, "GET", "/state").json()["recent_clock_sets"]
     return [s["clock_mhz"] for s in recent if s["age_s"] <= elapsed_s]
 
 
