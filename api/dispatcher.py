@@ -189,6 +189,7 @@ class GpuDispatcher:
         # The last clocks applied, with when (for the admin state: what the policy did lately,
         # including a rise too short for anyone polling the target to see).
         self._clock_sets: deque[tuple[float, int | None]] = deque(maxlen=RECENT_CLOCK_SETS)
+        self._clock_targets: deque[tuple[float, int | None]] = deque(maxlen=RECENT_CLOCK_SETS)
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -245,7 +246,7 @@ class GpuDispatcher:
 
     def _policy_changed(self) -> None:
         """The core's policy is new (or first): apply its clock, publish it, arm its timer."""
-        self._clock.request(self.scheduler.clock_target_mhz)
+        self._ask(self.scheduler.clock_target_mhz)
         self.metrics.set_policy(self.gpu, self.scheduler.policy.name)
         self._arm_timer()
 
@@ -470,7 +471,15 @@ class GpuDispatcher:
 
     def _apply(self, clock_mhz: int | None) -> None:
         if clock_mhz is not None:
-            self._clock.request(clock_mhz)
+            self._ask(clock_mhz)
+
+    def _ask(self, clock_mhz: int | None) -> None:
+        """Ask the applier for ``clock_mhz``, keeping each change of target for the admin state:
+        an applier that lags behind (a slow device call) applies only the latest target, so a
+        short rise may never reach the GPU, and the targets show what the policy asked for."""
+        if not self._clock_targets or self._clock_targets[-1][1] != clock_mhz:
+            self._clock_targets.append((self._now(), clock_mhz))
+        self._clock.request(clock_mhz)
 
     def _clock_applied(self, clock_mhz: int | None) -> None:
         if self.shadow is not None:
@@ -522,6 +531,10 @@ class GpuDispatcher:
             "recent_clock_sets": [
                 {"age_s": round(now - at, 3), "clock_mhz": clock}
                 for at, clock in reversed(self._clock_sets)
+            ],
+            "recent_clock_targets": [
+                {"age_s": round(now - at, 3), "clock_mhz": clock}
+                for at, clock in reversed(self._clock_targets)
             ],
             "queue_length": s.queue_len,
             "queue_by_level": s.queue.level_sizes(),

@@ -265,6 +265,26 @@ def test_stop_ends_the_clock_applier_and_a_clock_asked_for_later_is_not_written(
     run_virtual(main)
 
 
+def test_the_admin_state_lists_every_target_asked_for_and_the_clocks_applied() -> None:
+    """Targets asked for at once reach the device as the latest alone; the admin state still
+    shows each target, so a rise that never reached the GPU is seen."""
+
+    async def main(clock: VirtualTime) -> None:
+        async with gateway(clock, MaxPolicy) as gw:
+            await idle()
+            c = gw.device.supported_clocks_mhz()
+            for target in (c[0], c[10], c[10], c[20], c[5]):
+                gw.dispatcher.set_policy(FixedPolicy(c, target))
+            await idle()
+            assert gw.device.writes == [c[-1], c[5]]
+            state = gw.dispatcher.state()
+            asked = [t["clock_mhz"] for t in state["recent_clock_targets"]]  # type: ignore[attr-defined]
+            applied = [t["clock_mhz"] for t in state["recent_clock_sets"]]  # type: ignore[attr-defined]
+            assert asked == [c[5], c[20], c[10], c[0], c[-1]] and applied == [c[5], c[-1]]
+
+    run_virtual(main)
+
+
 # -- errors from the upstream ------------------------------------------------------------------
 
 

@@ -363,25 +363,31 @@ def _resting_clock_mhz(sc: LiveSidecar, still_s: float = 0.3, timeout_s: float =
     return last
 
 
-def _clocks_set_since(sc: LiveSidecar, since_s: float) -> list[int | None]:
-    """The clocks the sidecar applied since ``since_s`` (this process's monotonic clock), from
-    the admin state's ``recent_clock_sets`` (their ages)."""
+def _clocks_asked_since(sc: LiveSidecar, since_s: float) -> list[int | None]:
+    """The clock targets the sidecar's policy asked for since ``since_s`` (this process's
+    monotonic clock), from the admin state's list of recent targets. Their ages are counted at
+    the sidecar while it answers, so the time since ``since_s`` is read once the answer is in:
+    every target asked for after ``since_s`` is then no older than it."""
+    recent = admin(sc, "GET", "/state").json()["recent_clock_targets"]
     elapsed_s = time.monotonic() - since_s
-    recent = admin(sc, "GET", "/state").json()["recent_clock_sets"]
     return [s["clock_mhz"] for s in recent if s["age_s"] <= elapsed_s]
 
 
 def test_the_default_policy_moves_the_clock_with_the_queue(sidecar: LiveSidecar) -> None:
     """A queue that needs a faster clock gets it, and the clock comes back down after it. The
-    clocks applied are read from the admin state's list of recent changes (a rise lasts tens
-    of milliseconds: polling the target can miss it on a busy machine)."""
+    clocks asked for are read from the admin state's list of recent targets (a rise lasts tens
+    of milliseconds: polling the target can miss it on a busy machine, and an applier slowed by
+    the machine applies only the latest target, so a rise may never be applied)."""
     floor = _resting_clock_mhz(sidecar)
     mark = time.monotonic()
     x = np.ones((1, 16), dtype=np.float32)
-    with ThreadPoolExecutor(8) as pool:  # 8 at once, 25 ms SLO: the queue needs a faster clock
+    # 8 at once with a 15 ms SLO: one alone takes about 12 ms at the top clock (1,530 MHz) by
+    # the table, so the queue needs a faster clock whatever the resting one (the energy fit's
+    # floor moves: with a 25 ms SLO, 8 at once fit at 705 MHz)
+    with ThreadPoolExecutor(8) as pool:
         list(
             pool.map(
-                lambda _: client(sidecar).infer("simnet", [tensor(x)], parameters={"slo_ms": 25}),
+                lambda _: client(sidecar).infer("simnet", [tensor(x)], parameters={"slo_ms": 15}),
                 range(8),
             )
         )
@@ -391,8 +397,8 @@ def test_the_default_policy_moves_the_clock_with_the_queue(sidecar: LiveSidecar)
     while _clock_target_mhz(sidecar) > floor:
         assert time.monotonic() < deadline, "the clock stayed up after the queue was served"
         time.sleep(0.02)
-    applied = _clocks_set_since(sidecar, mark)
-    assert any(c is not None and c > floor for c in applied), (floor, applied)
+    asked = _clocks_asked_since(sidecar, mark)
+    assert any(c is not None and c > floor for c in asked), (floor, asked)
 
 
 def test_triton_down_is_503_and_admin_can_be_disabled(tmp_path: Path) -> None:
