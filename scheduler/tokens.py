@@ -69,7 +69,8 @@ whose mean clocks were nearest ``f``. Before ``min_samples`` streams finished, `
   tokens still come before the later prompts'): it is lost to the p99 at any clock, and
   planning for it ran the top clock for nothing. Before then (a slow engine, few streams a
   minute) the top clock is kept for it: there a long backlog of late prompts also stretches
-  every running stream's gaps.
+  every running stream's gaps. The prompts' time is the prior's, scaled up by what lone
+  prompts measured against it (``prefill_factor``, :meth:`TokenPolicy._learn_prefill`).
 * The feedback closes the loop on the measured token tails: a
   :class:`scheduler.feedback.ScaleController` per SLO, fed every measured TTFT and TPOT. The TTFT
   one moves the boost target both ways (misses cut it, a tail well under the SLO lets it rise
@@ -207,6 +208,8 @@ class TokenPolicyParams:
     headroom: float = 0.9  # the admission limit keeps the mean gap within SLO × this
     batched_tokens: int = 2048  # the engine's tokens per iteration (its own setting)
     change_latency_s: float = 0.05  # how long a clock change takes to land (the GPU's)
+    prefill_samples: int = 100  # lone prompts' measured/predicted times kept for the factor
+    min_prefill_samples: int = 20  # before this many, the prompts' times are the prior's
     settle_s: float = 0.3  # gaps this soon after a clock request are not learned from
     gap_cap: int = 400  # gaps kept per (bucket, clock)
     min_gap_samples: int = 20
@@ -246,6 +249,8 @@ class TokenPolicyParams:
             raise ValueError(f"max_share must be in (0, 1), got {self.max_share}")
         if self.batched_tokens < 2 or self.boost_hold_s < 0 or self.change_latency_s < 0:
             raise ValueError("batched_tokens must be >= 2, boost_hold_s and change_latency_s >= 0")
+        if not 1 <= self.min_prefill_samples <= self.prefill_samples:
+            raise ValueError("need 1 <= min_prefill_samples <= prefill_samples")
 
 
 class StepTimeModel:
@@ -338,6 +343,7 @@ class _Stream:
     gap_at_first: float = 0.0  # the model's gap integral (ms·s) at its first token
     clock_at_first: float = 0.0  # the clock integral (MHz·s) at its first token
     fixed_at_first: FloatArray | None = None  # the per-clock gap integrals at its first token
+    predicted_ms: float | None = None  # a lone prompt's first token after release, predicted
 
 
 @dataclass(frozen=True)
@@ -375,6 +381,9 @@ class TokenPolicy:
             raise ValueError("the prior has no prefill measurements")
         self._prefill_fit = prefill
         self._prefill_at: dict[int, float] = {}  # clock -> ms per prompt token
+        # A lone prompt's measured time to its first token over the model's prediction
+        self._prefill_ratios: deque[float] = deque(maxlen=self.params.prefill_samples)
+        self.prefill_factor = 1.0
         self.clock_mhz = self.clocks[-1]  # the clock asked for last (the top until told)
         self._clock_since_s = -math.inf
         self.base_mhz = self.clocks[-1]  # the clock the TPOT tail needs, held
@@ -434,7 +443,14 @@ class TokenPolicy:
         if self._started_s is None:
             self._started_s = now_s
         self._advance(now_s)
-        self._streams[request_id] = _Stream(now_s, arrival_s, prompt_tokens)
+        stream = _Stream(now_s, arrival_s, prompt_tokens)
+        if self._waiting <= 0 and self._landed(now_s):
+            # Alone in the prefill, at a clock that has landed: its time to a first token is
+            # the model's for its own tokens, to learn the engine's speed from.
+            stream.predicted_ms = float(
+                self._prefill_model_ms(self.clock_mhz, np.asarray([prompt_tokens], float))[0]
+            )
+        self._streams[request_id] = stream
         self._prompts.append((now_s, prompt_tokens))
         self._waiting += 1
         self._prefill_free_since_s = math.inf
@@ -454,6 +470,8 @@ class TokenPolicy:
             s.fixed_at_first = self._fixed_integral.copy()
             self.ttft_loop.observe(now_s, (now_s - s.arrival_s) * 1000.0, self.slo.ttft_ms)
             self._prefill_done(now_s)
+            if s.predicted_ms is not None and self._clock_since_s <= s.released_s:
+                self._learn_prefill((now_s - s.released_s) * 1000.0 / s.predicted_ms)
         elif (
             s.last_s is not None
             and self._prefill_free_since_s <= s.last_s
@@ -671,19 +689,14 @@ class TokenPolicy:
         if not waiting:
             return None
         target_ms = self.budgets()[0]
-        n = max(1, len(self._streams))
-        per_iteration = max(1, self.params.batched_tokens - n)
         latency_ms = self.params.change_latency_s * 1000.0
         cums = np.cumsum([s.prompt_tokens for s in waiting], dtype=float)
         waited_ms = np.asarray([(now_s - s.arrival_s) * 1000.0 for s in waiting])
-        iterations = cums / per_iteration + 1.0
         # The clock asked for last may not have landed yet: only the rest of its latency counts.
         landing_ms = max(0.0, (self._clock_since_s - now_s) * 1000.0 + latency_ms)
 
         def finish_ms(f: int, *, landed: bool = False) -> FloatArray:
-            done_ms = cums * self._prefill_ms_per_token(f) + iterations * self.steps.predict_ms(
-                f, n
-            )
+            done_ms = self._prefill_model_ms(f, cums) * self.prefill_factor
             extra = 0.0 if landed else landing_ms if f == self.clock_mhz else latency_ms
             return np.asarray(waited_ms + extra + done_ms)
 
@@ -758,6 +771,11 @@ class TokenPolicy:
             "running": self.running,
             "waiting_prompts": self._waiting,
             "prompt_tokens_per_s": round(self._rate, 1),
+            "prefill_factor": round(self.prefill_factor, 4),
+            "prefill_ratio": (
+                round(float(np.median(self._prefill_ratios)), 4) if self._prefill_ratios else None
+            ),
+            "prefill_samples": len(self._prefill_ratios),
             "tail_factor": round(self.tail_factor(self.clock_mhz), 4),
             "tail_samples": len(self._ratios),
             "ttft_target_ms": round(ttft_b, 3),
@@ -795,6 +813,34 @@ class TokenPolicy:
             value = self._prefill_fit.predict_ms(clock_mhz) / self.prior.prefill_tokens
             self._prefill_at[clock_mhz] = value
         return value
+
+    def _prefill_model_ms(self, clock_mhz: int, cum_tokens: FloatArray) -> FloatArray:
+        """The model's time (ms) until prompts whose tokens, with those queued before them in
+        the engine, add up to ``cum_tokens`` get their first token, at ``clock_mhz``: the prompt
+        tokens at the prior's time per token, ``batched_tokens − n`` of them per iteration, and
+        each iteration also a decode step of the running sequences."""
+        n = max(1, len(self._streams))
+        iterations = cum_tokens / max(1, self.params.batched_tokens - n) + 1.0
+        step_ms = self.steps.predict_ms(clock_mhz, n)
+        return np.asarray(cum_tokens * self._prefill_ms_per_token(clock_mhz) + iterations * step_ms)
+
+    def _landed(self, now_s: float) -> bool:
+        """Whether the clock asked for last has had the change latency to land."""
+        return now_s >= self._clock_since_s + self.params.change_latency_s
+
+    def _learn_prefill(self, ratio: float) -> None:
+        """A lone prompt's measured time to its first token over the model's: once
+        ``min_prefill_samples`` are in, the prompts' time model is scaled up by the median of
+        the last ``prefill_samples`` where that is over 1 (an engine slower than its offline
+        profile: another host, model or engine version). Never down: the model counts an
+        iteration's prefill and decode work one after the other, where an engine overlaps some
+        of it, so it over-predicts a little (by about 15% on the simulated H100), and that
+        margin is the boost's against the prompts behind the ones it sees."""
+        if not (ratio > 0 and math.isfinite(ratio)):
+            return
+        self._prefill_ratios.append(ratio)
+        if len(self._prefill_ratios) >= self.params.min_prefill_samples:
+            self.prefill_factor = max(1.0, float(np.median(self._prefill_ratios)))
 
     def _prompt_rate(self, now_s: float, *, short: bool = True) -> float:
         """Prompt tokens released per second: the higher of the rates over ``window_s`` and

@@ -253,9 +253,10 @@ def test_a_prompt_that_would_be_late_is_boosted_and_the_boost_ends() -> None:
     base = policy.base_mhz
     assert base < TOP
     t = plant.t + 1.0
-    # A 15,000-token prompt arrives: at the base clock it would miss its first token's target
-    # (the top clock makes it).
-    policy.on_release(10_000, t, t, 15_000)
+    # A 4,000-token prompt arrives: at the base clock it would miss its first token's target
+    # (the top clock makes it, at the prompts' speed learned from the plant: 3.5x the prior).
+    assert 3.0 < policy.prefill_factor < 4.0
+    policy.on_release(10_000, t, t, 4_000)
     boosted = policy.decide(t + 0.01)
     assert boosted is not None and boosted > base and policy.boosts == 1
     policy.on_token(10_000, t + 0.2)
@@ -559,3 +560,72 @@ def test_a_trusted_static_clock_lets_boosts_give_up_on_prompts_no_clock_can_save
 def test_confident_samples_below_the_static_minimum_is_refused() -> None:
     with pytest.raises(ValueError, match="confident_samples"):
         TokenPolicyParams(static_min_samples=100, confident_samples=50)
+
+
+def lone_prompts(policy: TokenPolicy, slowdown: float, count: int, start_s: float = 10.0) -> None:
+    """``count`` prompts of 1,000 tokens, one at a time, each getting its first token
+    ``slowdown`` times the model's time after its release, and ending there."""
+    now = start_s
+    for i in range(count):
+        model_ms = float(policy._prefill_model_ms(policy.clock_mhz, np.asarray([1000.0]))[0])
+        policy.on_release(i, now, now, 1000)
+        now += slowdown * model_ms / 1000.0
+        policy.on_token(i, now)
+        policy.on_finish(i, now)
+        now += 0.5
+
+
+def test_prompts_slower_than_the_prior_scale_the_boosts_model_up() -> None:
+    """Lone prompts whose first token comes twice as late as the prior says: from the
+    ``min_prefill_samples``-th on, the model of waiting prompts is scaled by 2, and a prompt
+    that waited the same gets a faster clock than it would from the prior alone."""
+    slow = make_policy(min_prefill_samples=20)
+    lone_prompts(slow, 2.0, 19)
+    assert slow.prefill_factor == 1.0  # not yet
+    lone_prompts(slow, 2.0, 1, start_s=100.0)
+    assert slow.prefill_factor == pytest.approx(2.0, rel=1e-6)
+    assert slow.state()["prefill_samples"] == 20
+
+    def urgent(policy: TokenPolicy) -> int | None:
+        policy.base_mhz = CLOCKS[0]
+        now = 200.0
+        policy.on_release(99, now, now - 0.3, 1000)  # waited 300 ms of its 475 ms target
+        return policy._urgent_clock(now)
+
+    fresh_clock, slow_clock = urgent(make_policy()), urgent(slow)
+    assert fresh_clock is not None and slow_clock is not None
+    assert CLOCKS[0] < fresh_clock < slow_clock < TOP
+    # each the lowest clock where the (scaled) model meets the target, the change's 50 ms in
+    target_ms = make_policy().budgets()[0]
+    for policy, clock, factor in ((make_policy(), fresh_clock, 1.0), (slow, slow_clock, 2.0)):
+        model_ms = {f: float(policy._prefill_model_ms(f, np.asarray([1000.0]))[0]) for f in CLOCKS}
+        at = {f: 300.0 + 50.0 + factor * ms for f, ms in model_ms.items()}
+        assert at[clock] <= target_ms < at[clock - 100]
+
+
+def test_prompts_faster_than_the_prior_keep_its_margin() -> None:
+    """An engine faster than its profile leaves the model as it is (its margin is the boost's),
+    and the admin state shows how much faster."""
+    policy = make_policy()
+    lone_prompts(policy, 0.5, 30)
+    assert policy.prefill_factor == 1.0
+    assert policy.state()["prefill_ratio"] == pytest.approx(0.5, rel=1e-3)
+
+
+def test_only_lone_prompts_at_a_landed_clock_are_learned_from() -> None:
+    """A prompt released while another waits for its first token (its time includes the
+    other's), or whose clock changed before its first token, is not a measurement of the
+    prior's prediction for it."""
+    policy = make_policy()
+    policy.on_release(1, 10.0, 10.0, 1000)
+    policy.on_release(2, 10.0, 10.0, 1000)  # behind the first
+    policy.on_token(1, 10.1)
+    policy.on_token(2, 10.2)
+    assert policy.state()["prefill_samples"] == 1
+    policy.on_release(3, 11.0, 11.0, 1000)
+    policy._clock_since_s = 11.01  # a change asked for during its prefill
+    policy.on_token(3, 11.1)
+    assert policy.state()["prefill_samples"] == 1
+    policy.on_release(4, 11.03, 11.03, 1000)  # that change has not landed yet
+    policy.on_token(4, 11.2)
+    assert policy.state()["prefill_samples"] == 1
