@@ -832,10 +832,11 @@ class TokenPolicy:
         """A lone prompt's measured time to its first token over the model's: once
         ``min_prefill_samples`` are in, the prompts' time model is scaled up by the median of
         the last ``prefill_samples`` where that is over 1 (an engine slower than its offline
-        profile: another host, model or engine version). Never down: the model counts an
-        iteration's prefill and decode work one after the other, where an engine overlaps some
-        of it, so it over-predicts a little (by about 15% on the simulated H100), and that
-        margin is the boost's against the prompts behind the ones it sees."""
+        profile: another host, model or engine version). Never down: the model adds a
+        prompt's time and a decode step's, each profiled alone with its own fixed costs (the
+        host's work, reading the weights), where an iteration doing both pays them once, so it
+        over-predicts a little, and that margin is the boost's against the prompts it does not
+        see yet."""
         if not (ratio > 0 and math.isfinite(ratio)):
             return
         self._prefill_ratios.append(ratio)
