@@ -343,7 +343,10 @@ def test_an_external_triton_that_returns_is_served_again(tmp_path: Path) -> None
 def test_a_start_that_never_becomes_ready_is_retried_then_reported(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # A model that never loads stands for a start-up stuck in PyTriton's handshake.
+    # A model that never loads stands for a start-up stuck in PyTriton's handshake. The GPU's
+    # state exists, so that a child quick enough to bind its models within the 2 s serves
+    # them (and is still never ready) rather than exiting without the state.
+    SimulatedDevice("v100", state_path=tmp_path / "gpu.state").close()
     triton = EmbeddedTriton(tmp_path / "gpu.state", start_timeout_s=2.0, ready_model="absent")
     with pytest.raises(TimeoutError, match=r"not ready after 2 s; the end of its log"):
         triton.start(attempts=2)
