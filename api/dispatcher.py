@@ -100,6 +100,13 @@ def post(path: str, body: bytes, headers: dict[str, str]) -> Send:
 RECENT_CLOCK_SETS = 32
 
 
+def _newest_first(
+    changes: deque[tuple[float, int | None]], now_s: float
+) -> list[dict[str, object]]:
+    """Clock changes ``(at_s, clock_mhz)`` for the admin state: newest first, with their ages."""
+    return [{"age_s": round(now_s - at, 3), "clock_mhz": clock} for at, clock in reversed(changes)]
+
+
 class ClockApplier:
     """Sets the GPU's clock in a worker thread, always to the latest target asked for.
 
@@ -528,14 +535,8 @@ class GpuDispatcher:
             "policy": s.policy.name,
             "mode": "active" if self.shadow is None else "shadow",
             "clock_target_mhz": s.clock_target_mhz,
-            "recent_clock_sets": [
-                {"age_s": round(now - at, 3), "clock_mhz": clock}
-                for at, clock in reversed(self._clock_sets)
-            ],
-            "recent_clock_targets": [
-                {"age_s": round(now - at, 3), "clock_mhz": clock}
-                for at, clock in reversed(self._clock_targets)
-            ],
+            "recent_clock_sets": _newest_first(self._clock_sets, now),
+            "recent_clock_targets": _newest_first(self._clock_targets, now),
             "queue_length": s.queue_len,
             "queue_by_level": s.queue.level_sizes(),
             "inflight": len(s.inflight),

@@ -95,7 +95,7 @@ import bisect
 import itertools
 import math
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -383,7 +383,7 @@ class TokenPolicy:
         self._prefill_at: dict[int, float] = {}  # clock -> ms per prompt token
         # A lone prompt's measured time to its first token over the model's prediction
         self._prefill_ratios: deque[float] = deque(maxlen=self.params.prefill_samples)
-        self.prefill_factor = 1.0
+        self._prefill_median: float | None = None  # of those ratios
         self.clock_mhz = self.clocks[-1]  # the clock asked for last (the top until told)
         self._clock_since_s = -math.inf
         self.base_mhz = self.clocks[-1]  # the clock the TPOT tail needs, held
@@ -447,9 +447,8 @@ class TokenPolicy:
         if self._waiting <= 0 and self._landed(now_s):
             # Alone in the prefill, at a clock that has landed: its time to a first token is
             # the model's for its own tokens, to learn the engine's speed from.
-            stream.predicted_ms = float(
-                self._prefill_model_ms(self.clock_mhz, np.asarray([prompt_tokens], float))[0]
-            )
+            lone = self._prefill_model(np.asarray([prompt_tokens], float))
+            stream.predicted_ms = float(lone(self.clock_mhz)[0])
         self._streams[request_id] = stream
         self._prompts.append((now_s, prompt_tokens))
         self._waiting += 1
@@ -694,9 +693,10 @@ class TokenPolicy:
         waited_ms = np.asarray([(now_s - s.arrival_s) * 1000.0 for s in waiting])
         # The clock asked for last may not have landed yet: only the rest of its latency counts.
         landing_ms = max(0.0, (self._clock_since_s - now_s) * 1000.0 + latency_ms)
+        model_ms, factor = self._prefill_model(cums), self.prefill_factor
 
         def finish_ms(f: int, *, landed: bool = False) -> FloatArray:
-            done_ms = self._prefill_model_ms(f, cums) * self.prefill_factor
+            done_ms = model_ms(f) * factor
             extra = 0.0 if landed else landing_ms if f == self.clock_mhz else latency_ms
             return np.asarray(waited_ms + extra + done_ms)
 
@@ -773,7 +773,7 @@ class TokenPolicy:
             "prompt_tokens_per_s": round(self._rate, 1),
             "prefill_factor": round(self.prefill_factor, 4),
             "prefill_ratio": (
-                round(float(np.median(self._prefill_ratios)), 4) if self._prefill_ratios else None
+                None if self._prefill_median is None else round(self._prefill_median, 4)
             ),
             "prefill_samples": len(self._prefill_ratios),
             "tail_factor": round(self.tail_factor(self.clock_mhz), 4),
@@ -814,15 +814,32 @@ class TokenPolicy:
             self._prefill_at[clock_mhz] = value
         return value
 
-    def _prefill_model_ms(self, clock_mhz: int, cum_tokens: FloatArray) -> FloatArray:
-        """The model's time (ms) until prompts whose tokens, with those queued before them in
-        the engine, add up to ``cum_tokens`` get their first token, at ``clock_mhz``: the prompt
-        tokens at the prior's time per token, ``batched_tokens − n`` of them per iteration, and
-        each iteration also a decode step of the running sequences."""
+    def _prefill_model(self, cum_tokens: FloatArray) -> Callable[[int], FloatArray]:
+        """The model's time (ms), per clock, until prompts whose tokens, with those queued before
+        them in the engine, add up to ``cum_tokens`` get their first token: the prompt tokens at
+        the prior's time per token, ``batched_tokens − n`` of them per iteration, and each
+        iteration also a decode step of the running sequences. What does not depend on the
+        clock is computed once, for a search over the ladder."""
         n = max(1, len(self._streams))
         iterations = cum_tokens / max(1, self.params.batched_tokens - n) + 1.0
-        step_ms = self.steps.predict_ms(clock_mhz, n)
-        return np.asarray(cum_tokens * self._prefill_ms_per_token(clock_mhz) + iterations * step_ms)
+
+        def at(clock_mhz: int) -> FloatArray:
+            step_ms = self.steps.predict_ms(clock_mhz, n)
+            return np.asarray(
+                cum_tokens * self._prefill_ms_per_token(clock_mhz) + iterations * step_ms
+            )
+
+        return at
+
+    @property
+    def prefill_factor(self) -> float:
+        """What the prompts' time model is scaled by (:meth:`_learn_prefill`)."""
+        if (
+            self._prefill_median is None
+            or len(self._prefill_ratios) < self.params.min_prefill_samples
+        ):
+            return 1.0
+        return max(1.0, self._prefill_median)
 
     def _landed(self, now_s: float) -> bool:
         """Whether the clock asked for last has had the change latency to land."""
@@ -840,8 +857,7 @@ class TokenPolicy:
         if not (ratio > 0 and math.isfinite(ratio)):
             return
         self._prefill_ratios.append(ratio)
-        if len(self._prefill_ratios) >= self.params.min_prefill_samples:
-            self.prefill_factor = max(1.0, float(np.median(self._prefill_ratios)))
+        self._prefill_median = float(np.median(self._prefill_ratios))
 
     def _prompt_rate(self, now_s: float, *, short: bool = True) -> float:
         """Prompt tokens released per second: the higher of the rates over ``window_s`` and

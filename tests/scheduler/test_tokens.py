@@ -567,7 +567,7 @@ def lone_prompts(policy: TokenPolicy, slowdown: float, count: int, start_s: floa
     ``slowdown`` times the model's time after its release, and ending there."""
     now = start_s
     for i in range(count):
-        model_ms = float(policy._prefill_model_ms(policy.clock_mhz, np.asarray([1000.0]))[0])
+        model_ms = float(policy._prefill_model(np.asarray([1000.0]))(policy.clock_mhz)[0])
         policy.on_release(i, now, now, 1000)
         now += slowdown * model_ms / 1000.0
         policy.on_token(i, now)
@@ -598,7 +598,8 @@ def test_prompts_slower_than_the_prior_scale_the_boosts_model_up() -> None:
     # each the lowest clock where the (scaled) model meets the target, the change's 50 ms in
     target_ms = make_policy().budgets()[0]
     for policy, clock, factor in ((make_policy(), fresh_clock, 1.0), (slow, slow_clock, 2.0)):
-        model_ms = {f: float(policy._prefill_model_ms(f, np.asarray([1000.0]))[0]) for f in CLOCKS}
+        model = policy._prefill_model(np.asarray([1000.0]))
+        model_ms = {f: float(model(f)[0]) for f in CLOCKS}
         at = {f: 300.0 + 50.0 + factor * ms for f, ms in model_ms.items()}
         assert at[clock] <= target_ms < at[clock - 100]
 
