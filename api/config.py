@@ -6,7 +6,9 @@ classes the simulator nests, so each default is written once. Every leaf of the 
 ``python -m api serve`` (``--max-inflight``, ``--slack-hold-s``, ``--feedback-target``…), a
 variable (``SIDECAR_MAX_INFLIGHT``…) and a key in the file given by ``--config``
 (``SIDECAR_CONFIG``), whose tables mirror the tree: top-level keys for the gateway,
-``[scheduler]``, ``[placement]``, ``[policy]``, ``[policy.slack]``, ``[policy.feedback]``.
+``[scheduler]``, ``[placement]``, ``[policy]``, ``[policy.slack]``, ``[policy.feedback]``,
+``[policy.tokens]`` (and its loops, ``[policy.tokens.ttft_feedback]``,
+``[policy.tokens.tpot_feedback]``).
 Precedence, highest first: flag, variable, file, built-in default.
 """
 
@@ -23,10 +25,11 @@ from typing import Any
 from dvfs.factory import parse_device_list
 from scheduler.config import PolicyConfig
 from scheduler.core import SchedulerConfig
-from scheduler.feedback import FeedbackParams
+from scheduler.feedback import FeedbackParams, ScaleParams
 from scheduler.placement import PLACEMENTS, PlacementParams
 from scheduler.policies import SlackParams
 from scheduler.registry import POLICIES
+from scheduler.tokens import TokenPolicyParams
 
 ENV_PREFIX = "SIDECAR_"
 CONFIG_ENV = ENV_PREFIX + "CONFIG"
@@ -164,7 +167,9 @@ def _split(urls: str | None) -> list[str] | None:
 class Option:
     """One leaf of the tree: where it sits, its flag and what it means."""
 
-    path: tuple[str, ...]  # ("port",), ("scheduler", "max_inflight"), ("policy", "slack", "hold_s")
+    # ("port",), ("scheduler", "max_inflight"), ("policy", "slack", "hold_s"),
+    # ("policy", "tokens", "tpot_feedback", "setpoint")
+    path: tuple[str, ...]
     flag: str  # without the leading dashes
     help: str
     type_name: str
@@ -311,6 +316,64 @@ _FEEDBACK_HELP = {
     "the idle clock up",
 }
 
+_TOKENS_HELP = {
+    "period_s": "tokens: seconds between control periods (the base clock, the admission limit)",
+    "hold_s": "tokens: seconds the base clock holds the highest need before it comes down",
+    "rise_s": "tokens: above the static clock, seconds a need raises the base (none once the "
+    "static clock is trusted)",
+    "static_window_s": "tokens: seconds of ended streams the static clock is judged on",
+    "static_min_samples": "tokens: ended streams the static clock is judged on at least "
+    "(before: no static clock)",
+    "confident_samples": "tokens: ended streams on which the static clock is trusted",
+    "window_s": "tokens: seconds the prompt rate is measured over",
+    "short_window_s": "tokens: the prompt rate's short window, seconds (a rising load is seen "
+    "within it)",
+    "tail_quantile": "tokens: the quantile of requests the token SLOs hold at",
+    "tail_samples": "tokens: ended streams whose TPOT over the model's mean gap is kept (the "
+    "tail factor)",
+    "tail_neighbours": "tokens: the tail factor at a clock is over this many streams whose mean "
+    "clocks were nearest it",
+    "min_samples": "tokens: ended streams before the tail factor is measured (before: "
+    "--tokens-prior-tail)",
+    "prior_tail": "tokens: the p99 TPOT over the model's mean gap, assumed until measured",
+    "tpot_share": "tokens: the TPOT budget, as a share of the TPOT SLO (times the TPOT loop's "
+    "scale)",
+    "ttft_share": "tokens: the waiting prompts' TTFT target, as a share of the TTFT SLO (times "
+    "the TTFT loop's scale)",
+    "boost_hold_s": "tokens: seconds a boost for waiting prompts lasts at least",
+    "max_share": "tokens: the most of the engine's time prompts may take",
+    "headroom": "tokens: the admission limit keeps the mean gap within the TPOT SLO times this",
+    "batched_tokens": "tokens: the engine's tokens per iteration, as the engine is set (vLLM's "
+    "max_num_batched_tokens)",
+    "change_latency_s": "tokens: seconds a clock change takes to land on the GPU",
+    "prefill_samples": "tokens: lone prompts' measured over predicted times kept (the prefill "
+    "factor)",
+    "min_prefill_samples": "tokens: lone prompts measured before the prefill factor applies",
+    "settle_s": "tokens: seconds after a clock request whose token gaps are not learned from",
+    "gap_cap": "tokens: token gaps kept per (running sequences, clock)",
+    "min_gap_samples": "tokens: token gaps before a (running sequences, clock) cell is learned "
+    "from",
+    "max_seqs": "tokens: the engine's most sequences at once, as the engine is set (vLLM's "
+    "max_num_seqs)",
+}
+_SCALE_HELP = {
+    "target": "the share of streams within the SLO it holds",
+    "setpoint": "below this share of the SLO at the target's quantile, the scale creeps up",
+    "window_s": "seconds of streams it measures over",
+    "max_samples": "most streams kept in its window",
+    "min_samples": "streams since its last cut before it steps",
+    "period_s": "seconds between its steps",
+    "gain": "exponent of its step toward the setpoint",
+    "max_step": "largest step up, as a share of the scale",
+    "backoff": "the factor the scale is cut by when misses pass the target's budget",
+    "backoff_gap_s": "seconds between two cuts at least",
+    "settle_s": "seconds after a cut without a rise",
+    "min_scale": "lowest scale",
+    "max_scale": "highest scale",
+    "start_scale": "scale at start",
+}
+_TOKEN_LOOPS = {"ttft_feedback": "TTFT", "tpot_feedback": "TPOT"}
+
 
 def _builtin(f: Field[Any]) -> Any:
     if f.default is not MISSING:
@@ -350,6 +413,23 @@ def _options() -> tuple[Option, ...]:
             out.append(
                 Option(("policy", section, f.name), f"{section}-{f.name.replace('_', '-')}",
                        texts[f.name], str(f.type), _builtin(f))
+            )  # fmt: skip
+    tokens = TokenPolicyParams()
+    for f in fields(TokenPolicyParams):
+        if f.name in _TOKEN_LOOPS:
+            continue
+        out.append(
+            Option(("policy", "tokens", f.name), f"tokens-{f.name.replace('_', '-')}",
+                   _TOKENS_HELP[f.name], str(f.type), getattr(tokens, f.name))
+        )  # fmt: skip
+    for loop, what in _TOKEN_LOOPS.items():
+        defaults = getattr(tokens, loop)  # the token policy's own, not ScaleParams()'s
+        for f in fields(ScaleParams):
+            flag = f"tokens-{loop}-{f.name}".replace("_", "-")
+            out.append(
+                Option(("policy", "tokens", loop, f.name), flag,
+                       f"tokens, its {what} loop: {_SCALE_HELP[f.name]}", str(f.type),
+                       getattr(defaults, f.name))
             )  # fmt: skip
     return tuple(out)
 
@@ -519,6 +599,7 @@ def build(leaves: Mapping[tuple[str, ...], Any]) -> GatewayConfig:
         **{p[1]: v for p, v in leaves.items() if len(p) == 2 and p[0] == "policy"},
         slack=part(SlackParams, ("policy", "slack")),
         feedback=part(FeedbackParams, ("policy", "feedback")),
+        tokens=_tokens(leaves),
     )
     return GatewayConfig(
         **values,
@@ -526,6 +607,23 @@ def build(leaves: Mapping[tuple[str, ...], Any]) -> GatewayConfig:
         policy=policy,
         placement=part(PlacementParams, ("placement",)),
     )
+
+
+def _tokens(leaves: Mapping[tuple[str, ...], Any]) -> TokenPolicyParams:
+    """The token policy's parameters from the leaves under ``policy.tokens``: each loop's from
+    the token policy's own defaults for it. ValueError says which part is wrong."""
+    prefix = ("policy", "tokens")
+    given = {p[len(prefix) :]: v for p, v in leaves.items() if p[: len(prefix)] == prefix}
+    defaults = TokenPolicyParams()
+    try:
+        loops = {
+            loop: replace(getattr(defaults, loop),
+                          **{p[1]: v for p, v in given.items() if len(p) == 2 and p[0] == loop})
+            for loop in _TOKEN_LOOPS
+        }  # fmt: skip
+        return replace(defaults, **{p[0]: v for p, v in given.items() if len(p) == 1}, **loops)
+    except ValueError as err:
+        raise ValueError(f"the token policy's parameters (--tokens-*): {err}") from None
 
 
 def read_token(path: Path) -> str:

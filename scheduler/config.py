@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from scheduler.feedback import FeedbackParams
 from scheduler.policies import ClockPolicy, SlackParams
 from scheduler.registry import DEFAULT_POLICY, POLICIES, make_policy
-from scheduler.tokens import EnginePrior, TokenClockPolicy, TokenSlo
+from scheduler.tokens import EnginePrior, TokenClockPolicy, TokenPolicyParams, TokenSlo
 
 TOKENS = TokenClockPolicy.name
 
@@ -20,7 +20,7 @@ TOKENS = TokenClockPolicy.name
 @dataclass(frozen=True)
 class PolicyConfig:
     """Which clock policy runs, and its parameters: ``slack`` tunes ``slack`` and ``adaptive``,
-    ``feedback`` the latter's tail loop."""
+    ``feedback`` the latter's tail loop, ``tokens`` the token policy (and its two loops)."""
 
     name: str = DEFAULT_POLICY
     slack: SlackParams = field(default_factory=SlackParams)
@@ -28,6 +28,7 @@ class PolicyConfig:
     # ``tokens`` (a GPU serving an LLM engine): the token SLOs it holds at the p99.
     ttft_ms: float = 500.0
     tpot_ms: float = 30.0
+    tokens: TokenPolicyParams = field(default_factory=TokenPolicyParams)
 
     def __post_init__(self) -> None:
         known = (*POLICIES, TOKENS)
@@ -49,5 +50,7 @@ class PolicyConfig:
                     "--policy tokens needs a profile of the LLM engine: the embedded default's "
                     "simulated engines (sim:h100, sim:a100) have one"
                 )
-            return TokenClockPolicy(clocks_mhz, TokenSlo(self.ttft_ms, self.tpot_ms), engine)
+            return TokenClockPolicy(
+                clocks_mhz, TokenSlo(self.ttft_ms, self.tpot_ms), engine, self.tokens
+            )
         return make_policy(name, clocks_mhz, self.slack, self.feedback)

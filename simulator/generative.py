@@ -35,7 +35,7 @@ import subprocess
 import sys
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -759,9 +759,11 @@ def write_results(
     json_path.write_text(json.dumps(payload, indent=2, default=str) + "\n")
     md_path = out_dir / "generative.md"
     prov = payload["provenance"]
+    changed = meta.get("tokens")
+    settings = f"token policy parameters changed: {', '.join(changed)}\n\n" if changed else ""
     md_path.write_text(
         f"commit {prov['commit']}{' (with changes)' if prov['dirty'] else ''}, "
-        f"machine {prov['machine']} ({prov['platform']})\n\n{markdown_table(rows)}\n"
+        f"machine {prov['machine']} ({prov['platform']})\n\n{settings}{markdown_table(rows)}\n"
     )
     return [csv_path, json_path, md_path]
 
@@ -782,6 +784,41 @@ def _loads(text: str) -> tuple[float | str, ...]:
                 f"loads are shares of capacity or {VARYING!r}, got {part!r}"
             ) from None
     return tuple(out)
+
+
+def token_params(items: Sequence[str]) -> TokenPolicyParams:
+    """The token policy's parameters with ``name=value`` items applied, named as the fields of
+    :class:`scheduler.tokens.TokenPolicyParams` (``tpot_share=0.94``) or of one of its loops
+    (``tpot_feedback.setpoint=0.95``), each value of its field's type. ValueError names a bad
+    item. (``max_seqs``, ``batched_tokens`` and ``change_latency_s`` follow the simulated
+    engine, as a run sets them.)"""
+    params = TokenPolicyParams()
+    top: dict[str, Any] = {}
+    loops: dict[str, dict[str, Any]] = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        name = name.strip().replace("-", "_")
+        loop, dot, leaf = name.rpartition(".")
+        own = {f.name for f in fields(params)}
+        owner = params if not dot else getattr(params, loop) if loop in own else None
+        known = {f.name for f in fields(owner)} if is_dataclass(owner) else set()
+        if not sep or leaf not in known or is_dataclass(getattr(owner, leaf)):
+            raise ValueError(
+                f"--tokens {item!r}: give NAME=VALUE, NAME a parameter of the token policy "
+                f"({', '.join(f.name for f in fields(TokenPolicyParams))}, or LOOP.NAME)"
+            )
+        kind = type(getattr(owner, leaf))
+        try:
+            value = kind(text.strip())
+        except ValueError:
+            what = {int: "a whole number", float: "a number"}.get(kind, kind.__name__)
+            raise ValueError(f"--tokens {item!r}: {name} must be {what}") from None
+        (loops.setdefault(loop, {}) if dot else top)[leaf] = value
+    try:
+        nested = {loop: replace(getattr(params, loop), **values) for loop, values in loops.items()}
+        return replace(params, **top, **nested)
+    except ValueError as err:
+        raise ValueError(f"--tokens: {err}") from None
 
 
 def add_parser(sub: Any) -> None:
@@ -805,6 +842,14 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--duration-s", type=float, default=180.0)
     p.add_argument("--seeds", default="0", help="e.g. 0,1,2")
     p.add_argument("--clock-change-ms", type=float, default=50.0)
+    p.add_argument(
+        "--tokens",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a parameter of the token policy (tpot_share=0.94, tpot_feedback.setpoint=0.95; "
+        "the sidecar's --tokens-* flags); repeatable",
+    )
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("-o", "--out-dir", default="out/generative")
     p.set_defaults(run=_cmd_generative)
@@ -822,6 +867,7 @@ def _cmd_generative(args: argparse.Namespace, console: Any) -> int:
             raise ValueError(f"unknown length mix {mix!r}; known: {', '.join(LENGTH_MIXES)}")
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    params = token_params(args.tokens)
     cells = [
         GenConfig(
             gpu=args.gpu,
@@ -831,6 +877,7 @@ def _cmd_generative(args: argparse.Namespace, console: Any) -> int:
             duration_s=args.duration_s,
             slo=slo,
             clock_change_s=args.clock_change_ms / 1000.0,
+            params=params,
         )
         for mix in mixes
         for load in args.loads
@@ -861,6 +908,7 @@ def _cmd_generative(args: argparse.Namespace, console: Any) -> int:
         "slo": {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms},
         "duration_s": args.duration_s,
         "clock_change_ms": args.clock_change_ms,
+        "tokens": list(args.tokens),
     }
     for path in write_results(rows, Path(args.out_dir), meta, prov):
         console.print(f"wrote {path}")

@@ -16,7 +16,10 @@ from api.config import (
     from_options,
     to_flags,
 )
+from dvfs.llm_profiles import get_llm_profile
 from scheduler.core import SchedulerConfig
+from scheduler.tokens import TokenClockPolicy, TokenPolicyParams
+from simulator.generative import engine_prior
 from simulator.simulate import SimConfig
 
 
@@ -39,6 +42,45 @@ def test_every_policy_parameter_is_settable(tmp_path: Path) -> None:
     assert config.policy.slack.hold_s == 0.2 and config.policy.feedback.target == 0.95
     flags = {o.flag for o in OPTIONS}
     assert {"slack-quantile", "feedback-setpoint", "max-inflight", "slo-ms"} <= flags
+
+
+def test_the_token_policy_and_its_loops_are_settable_and_reach_the_policy(tmp_path: Path) -> None:
+    """Every parameter of ``tokens``, its two loops' included, by flag, variable and file key;
+    a loop's parameters left alone keep the token policy's own defaults for that loop (not
+    ScaleParams'); the policy built for a GPU runs with them."""
+    file = tmp_path / "sidecar.toml"
+    file.write_text(
+        '[policy]\nname = "tokens"\n[policy.tokens]\nbatched_tokens = 8192\nhold_s = 3.0\n'
+        "[policy.tokens.tpot_feedback]\nsetpoint = 0.95\n"
+    )
+    env = {"SIDECAR_CONFIG": str(file), "SIDECAR_TOKENS_MAX_SEQS": "128"}
+    config = parse(["--tokens-tpot-share", "0.9", "--tokens-ttft-feedback-min-scale", "0.6"], env)
+    tokens = config.policy.tokens
+    default = TokenPolicyParams()
+    assert tokens.tpot_share == 0.9 and tokens.ttft_feedback.min_scale == 0.6  # flags
+    assert tokens.max_seqs == 128  # variable
+    assert tokens.batched_tokens == 8192 and tokens.hold_s == 3.0  # file
+    assert tokens.tpot_feedback.setpoint == 0.95
+    assert tokens.tpot_feedback.backoff == default.tpot_feedback.backoff != 0.7  # its own
+    assert tokens.ttft_feedback.setpoint == default.ttft_feedback.setpoint
+    assert tokens.period_s == default.period_s
+    settable = {o.path for o in OPTIONS}
+    for name in TokenPolicyParams.__dataclass_fields__:
+        if name in ("ttft_feedback", "tpot_feedback"):
+            assert ("policy", "tokens", name, "setpoint") in settable
+        else:
+            assert ("policy", "tokens", name) in settable
+    clocks = list(get_llm_profile("h100").clocks_mhz)
+    policy = config.policy.build(clocks, engine=engine_prior("h100", 256, 0, 0.03))
+    assert isinstance(policy, TokenClockPolicy)
+    assert policy.tokens.params == tokens
+    assert parse(to_flags(config)) == config
+    with pytest.raises(ValueError, match=r"--tokens-\*\): tpot_share must be in"):
+        parse(["--tokens-tpot-share", "2"])
+    with pytest.raises(ValueError, match="SIDECAR_TOKENS_GAP_CAP must be a whole number"):
+        parse([], {"SIDECAR_TOKENS_GAP_CAP": "many"})
+    with pytest.raises(ValueError, match="setpoint must be in"):
+        parse(["--tokens-tpot-feedback-setpoint", "1.5"])
 
 
 def test_flag_beats_variable_beats_file_beats_default(tmp_path: Path) -> None:

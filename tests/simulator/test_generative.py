@@ -13,6 +13,7 @@ import pytest
 
 from dvfs.llm_engine import EngineLimits
 from dvfs.llm_profiles import get_llm_profile
+from scheduler.tokens import TokenPolicyParams
 from simulator.cli import main
 from simulator.generative import (
     VARYING,
@@ -22,6 +23,7 @@ from simulator.generative import (
     energy_lower_bound,
     sample_lengths,
     simulate_generative,
+    token_params,
     varying_arrivals,
     workload,
 )
@@ -147,3 +149,38 @@ def test_the_command_writes_results_with_commit_and_machine(tmp_path: Path) -> N
     assert (out / "generative.csv").read_text().startswith("gpu,mix,load")
     assert "lower bound" in (out / "generative.md").read_text()
     assert main(["generative", "--mixes", "poetry", "-o", str(out)]) == 2
+
+
+def test_token_parameters_are_set_by_name_and_reach_the_runs(tmp_path: Path) -> None:
+    """``--tokens NAME=VALUE``: a field of the token policy or of one of its loops, of its own
+    type; a loop keeps its own defaults for what is not named; a bad item is named."""
+    default = TokenPolicyParams()
+    params = token_params(["tpot_share=0.9", "tpot_feedback.setpoint=0.95", "min-samples=10"])
+    assert params.tpot_share == 0.9 and params.min_samples == 10
+    assert isinstance(params.min_samples, int)
+    assert params.tpot_feedback.setpoint == 0.95
+    assert params.tpot_feedback.backoff == default.tpot_feedback.backoff
+    assert params.ttft_feedback == default.ttft_feedback and token_params([]) == default
+    for bad, problem in (
+        ("tpot_share", "NAME=VALUE"),
+        ("nope=1", "NAME=VALUE"),
+        ("tpot_feedback=1", "NAME=VALUE"),
+        ("nope.setpoint=1", "NAME=VALUE"),
+        ("__class__.tpot_share=1", "NAME=VALUE"),
+        ("min_samples=1.5", "min_samples must be a whole number"),
+        ("tpot_share=3", "tpot_share must be in"),
+        ("ttft_feedback.setpoint=2", "setpoint must be in"),
+    ):
+        with pytest.raises(ValueError, match=problem):
+            token_params([bad])
+    # A run uses them: a tighter TPOT budget runs a faster clock on the same arrivals.
+    base = row(replace(CELL, policy="tokens"))
+    tight = row(replace(CELL, policy="tokens", params=token_params(["tpot_share=0.5"])))
+    assert tight["mean_clock_mhz"] > base["mean_clock_mhz"]
+    out = tmp_path / "gen"
+    argv = ["generative", "--loads", "0.3", "--duration-s", "15", "--policies", "tokens"]
+    assert main([*argv, "--tokens", "tpot_share=0.5", "-o", str(out)]) == 0
+    data = json.loads((out / "generative.json").read_text())
+    assert data["tokens"] == ["tpot_share=0.5"]
+    assert "tpot_share=0.5" in (out / "generative.md").read_text()
+    assert main([*argv, "--tokens", "bogus=1", "-o", str(out)]) == 2
