@@ -786,12 +786,16 @@ def _loads(text: str) -> tuple[float | str, ...]:
     return tuple(out)
 
 
+# The token policy's parameters that a run sets from the simulated engine it drives.
+ENGINE_SET = frozenset({"max_seqs", "batched_tokens", "change_latency_s"})
+
+
 def token_params(items: Sequence[str]) -> TokenPolicyParams:
     """The token policy's parameters with ``name=value`` items applied, named as the fields of
     :class:`scheduler.tokens.TokenPolicyParams` (``tpot_share=0.94``) or of one of its loops
     (``tpot_feedback.setpoint=0.95``), each value of its field's type. ValueError names a bad
-    item. (``max_seqs``, ``batched_tokens`` and ``change_latency_s`` follow the simulated
-    engine, as a run sets them.)"""
+    item; the three a run takes from the simulated engine (:data:`ENGINE_SET`;
+    ``--clock-change-ms`` sets the clock change's latency) are refused, not silently replaced."""
     params = TokenPolicyParams()
     top: dict[str, Any] = {}
     loops: dict[str, dict[str, Any]] = {}
@@ -806,6 +810,11 @@ def token_params(items: Sequence[str]) -> TokenPolicyParams:
             raise ValueError(
                 f"--tokens {item!r}: give NAME=VALUE, NAME a parameter of the token policy "
                 f"({', '.join(f.name for f in fields(TokenPolicyParams))}, or LOOP.NAME)"
+            )
+        if not dot and leaf in ENGINE_SET:
+            raise ValueError(
+                f"--tokens {item!r}: {leaf} is the simulated engine's own (its max_seqs and "
+                "batched tokens; --clock-change-ms for the clock change)"
             )
         kind = type(getattr(owner, leaf))
         try:

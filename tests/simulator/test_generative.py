@@ -170,6 +170,8 @@ def test_token_parameters_are_set_by_name_and_reach_the_runs(tmp_path: Path) -> 
         ("min_samples=1.5", "min_samples must be a whole number"),
         ("tpot_share=3", "tpot_share must be in"),
         ("ttft_feedback.setpoint=2", "setpoint must be in"),
+        ("change_latency_s=0.2", "the simulated engine's own"),
+        ("max_seqs=64", "the simulated engine's own"),
     ):
         with pytest.raises(ValueError, match=problem):
             token_params([bad])
