@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from dvfs.factory import parse_device_list
-from scheduler.config import PolicyConfig
+from scheduler.config import TOKEN_LOOPS, PolicyConfig, token_default, token_params
 from scheduler.core import SchedulerConfig
 from scheduler.feedback import FeedbackParams, ScaleParams
 from scheduler.placement import PLACEMENTS, PlacementParams
@@ -372,7 +372,7 @@ _SCALE_HELP = {
     "max_scale": "highest scale",
     "start_scale": "scale at start",
 }
-_TOKEN_LOOPS = {"ttft_feedback": "TTFT", "tpot_feedback": "TPOT"}
+_LOOP_NAMES = {"ttft_feedback": "TTFT", "tpot_feedback": "TPOT"}
 
 
 def _builtin(f: Field[Any]) -> Any:
@@ -408,28 +408,22 @@ def _options() -> tuple[Option, ...]:
         out.append(Option(("policy", name), name.replace("_", "-"), text, "float",
                           getattr(PolicyConfig(), name)))  # fmt: skip
     for cls, section, texts in ((SlackParams, "slack", _SLACK_HELP),
-                                (FeedbackParams, "feedback", _FEEDBACK_HELP)):  # fmt: skip
+                                (FeedbackParams, "feedback", _FEEDBACK_HELP),
+                                (TokenPolicyParams, "tokens", _TOKENS_HELP)):  # fmt: skip
         for f in fields(cls):
+            if f.name in TOKEN_LOOPS:
+                continue  # the token policy's loops: their own leaves, below
             out.append(
                 Option(("policy", section, f.name), f"{section}-{f.name.replace('_', '-')}",
                        texts[f.name], str(f.type), _builtin(f))
             )  # fmt: skip
-    tokens = TokenPolicyParams()
-    for f in fields(TokenPolicyParams):
-        if f.name in _TOKEN_LOOPS:
-            continue
-        out.append(
-            Option(("policy", "tokens", f.name), f"tokens-{f.name.replace('_', '-')}",
-                   _TOKENS_HELP[f.name], str(f.type), getattr(tokens, f.name))
-        )  # fmt: skip
-    for loop, what in _TOKEN_LOOPS.items():
-        defaults = getattr(tokens, loop)  # the token policy's own, not ScaleParams()'s
+    for loop in TOKEN_LOOPS:
         for f in fields(ScaleParams):
             flag = f"tokens-{loop}-{f.name}".replace("_", "-")
             out.append(
                 Option(("policy", "tokens", loop, f.name), flag,
-                       f"tokens, its {what} loop: {_SCALE_HELP[f.name]}", str(f.type),
-                       getattr(defaults, f.name))
+                       f"tokens, its {_LOOP_NAMES[loop]} loop: {_SCALE_HELP[f.name]}",
+                       str(f.type), token_default((loop, f.name)))
             )  # fmt: skip
     return tuple(out)
 
@@ -610,18 +604,11 @@ def build(leaves: Mapping[tuple[str, ...], Any]) -> GatewayConfig:
 
 
 def _tokens(leaves: Mapping[tuple[str, ...], Any]) -> TokenPolicyParams:
-    """The token policy's parameters from the leaves under ``policy.tokens``: each loop's from
-    the token policy's own defaults for it. ValueError says which part is wrong."""
+    """The token policy's parameters from the leaves under ``policy.tokens``
+    (:func:`scheduler.config.token_params`); ValueError says which part is wrong."""
     prefix = ("policy", "tokens")
-    given = {p[len(prefix) :]: v for p, v in leaves.items() if p[: len(prefix)] == prefix}
-    defaults = TokenPolicyParams()
     try:
-        loops = {
-            loop: replace(getattr(defaults, loop),
-                          **{p[1]: v for p, v in given.items() if len(p) == 2 and p[0] == loop})
-            for loop in _TOKEN_LOOPS
-        }  # fmt: skip
-        return replace(defaults, **{p[0]: v for p, v in given.items() if len(p) == 1}, **loops)
+        return token_params({p[2:]: v for p, v in leaves.items() if p[:2] == prefix})
     except ValueError as err:
         raise ValueError(f"the token policy's parameters (--tokens-*): {err}") from None
 

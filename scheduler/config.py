@@ -7,14 +7,47 @@ The gateway (:class:`api.config.GatewayConfig`) and the simulator
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
-from scheduler.feedback import FeedbackParams
+from scheduler.feedback import FeedbackParams, ScaleParams
 from scheduler.policies import ClockPolicy, SlackParams
 from scheduler.registry import DEFAULT_POLICY, POLICIES, make_policy
 from scheduler.tokens import EnginePrior, TokenClockPolicy, TokenPolicyParams, TokenSlo
 
 TOKENS = TokenClockPolicy.name
+# The token policy's loops on the measured token tails: each a ScaleParams of the policy's own.
+TOKEN_LOOPS = ("ttft_feedback", "tpot_feedback")
+_TOKEN_SCALARS = frozenset(f.name for f in fields(TokenPolicyParams)) - set(TOKEN_LOOPS)
+_SCALE_FIELDS = frozenset(f.name for f in fields(ScaleParams))
+
+
+def token_default(path: tuple[str, ...]) -> Any:
+    """The token policy's default at ``path``: ``(name,)`` for a parameter of the policy,
+    ``(loop, name)`` for one of its loops' (the policy's own for that loop, not
+    ScaleParams'); KeyError when ``path`` names no parameter."""
+    if len(path) == 1 and path[0] in _TOKEN_SCALARS:
+        return getattr(TokenPolicyParams(), path[0])
+    if len(path) == 2 and path[0] in TOKEN_LOOPS and path[1] in _SCALE_FIELDS:
+        return getattr(getattr(TokenPolicyParams(), path[0]), path[1])
+    raise KeyError(".".join(path))
+
+
+def token_params(values: Mapping[tuple[str, ...], Any]) -> TokenPolicyParams:
+    """The token policy's parameters with each of ``values`` at its path (as
+    :func:`token_default` names them): a loop's parameters not given keep the policy's own
+    defaults for that loop. KeyError for a path that names no parameter; ValueError (the
+    classes' own checks) for a value out of bounds."""
+    for path in values:
+        token_default(path)
+    defaults = TokenPolicyParams()
+    loops = {
+        loop: replace(getattr(defaults, loop),
+                      **{p[1]: v for p, v in values.items() if len(p) == 2 and p[0] == loop})
+        for loop in TOKEN_LOOPS
+    }  # fmt: skip
+    return replace(defaults, **{p[0]: v for p, v in values.items() if len(p) == 1}, **loops)
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ import subprocess
 import sys
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields, is_dataclass, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -45,6 +45,7 @@ import numpy as np
 from dvfs.llm_engine import ContinuousBatchingEngine, EngineLimits, Iteration
 from dvfs.llm_profiles import LLM_GPUS, IterationWork, LlmProfile, get_llm_profile
 from loadgen.generative import StreamRecord, TokenSloSpec, summarize
+from scheduler.config import token_default, token_params
 from scheduler.tokens import SEQ_BUCKETS, EnginePrior, TokenPolicy, TokenPolicyParams, TokenSlo
 from simulator.bestfixed import cheapest_meeting
 from simulator.workload import FloatArray, IntArray, poisson_arrivals
@@ -790,42 +791,41 @@ def _loads(text: str) -> tuple[float | str, ...]:
 ENGINE_SET = frozenset({"max_seqs", "batched_tokens", "change_latency_s"})
 
 
-def token_params(items: Sequence[str]) -> TokenPolicyParams:
+def parse_tokens(items: Sequence[str]) -> TokenPolicyParams:
     """The token policy's parameters with ``name=value`` items applied, named as the fields of
     :class:`scheduler.tokens.TokenPolicyParams` (``tpot_share=0.94``) or of one of its loops
-    (``tpot_feedback.setpoint=0.95``), each value of its field's type. ValueError names a bad
-    item; the three a run takes from the simulated engine (:data:`ENGINE_SET`;
-    ``--clock-change-ms`` sets the clock change's latency) are refused, not silently replaced."""
-    params = TokenPolicyParams()
-    top: dict[str, Any] = {}
-    loops: dict[str, dict[str, Any]] = {}
+    (``tpot_feedback.setpoint=0.95``), each value of its default's type
+    (:func:`scheduler.config.token_params` builds them, as for the sidecar's ``--tokens-*``).
+    ValueError names a bad item; the three a run takes from the simulated engine
+    (:data:`ENGINE_SET`; ``--clock-change-ms`` sets the clock change's latency) are refused,
+    not silently replaced."""
+    values: dict[tuple[str, ...], Any] = {}
     for item in items:
         name, sep, text = item.partition("=")
         name = name.strip().replace("-", "_")
-        loop, dot, leaf = name.rpartition(".")
-        own = {f.name for f in fields(params)}
-        owner = params if not dot else getattr(params, loop) if loop in own else None
-        known = {f.name for f in fields(owner)} if is_dataclass(owner) else set()
-        if not sep or leaf not in known or is_dataclass(getattr(owner, leaf)):
+        path = tuple(name.split("."))
+        try:
+            default = token_default(path)
+        except KeyError:
+            sep = ""  # no such parameter: the same answer as no value
+        if not sep:
             raise ValueError(
                 f"--tokens {item!r}: give NAME=VALUE, NAME a parameter of the token policy "
                 f"({', '.join(f.name for f in fields(TokenPolicyParams))}, or LOOP.NAME)"
             )
-        if not dot and leaf in ENGINE_SET:
+        if path[0] in ENGINE_SET:
             raise ValueError(
-                f"--tokens {item!r}: {leaf} is the simulated engine's own (its max_seqs and "
+                f"--tokens {item!r}: {name} is the simulated engine's own (its max_seqs and "
                 "batched tokens; --clock-change-ms for the clock change)"
             )
-        kind = type(getattr(owner, leaf))
+        kind = type(default)
         try:
-            value = kind(text.strip())
+            values[path] = kind(text.strip())
         except ValueError:
             what = {int: "a whole number", float: "a number"}.get(kind, kind.__name__)
             raise ValueError(f"--tokens {item!r}: {name} must be {what}") from None
-        (loops.setdefault(loop, {}) if dot else top)[leaf] = value
     try:
-        nested = {loop: replace(getattr(params, loop), **values) for loop, values in loops.items()}
-        return replace(params, **top, **nested)
+        return token_params(values)
     except ValueError as err:
         raise ValueError(f"--tokens: {err}") from None
 
@@ -876,7 +876,7 @@ def _cmd_generative(args: argparse.Namespace, console: Any) -> int:
             raise ValueError(f"unknown length mix {mix!r}; known: {', '.join(LENGTH_MIXES)}")
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    params = token_params(args.tokens)
+    params = parse_tokens(args.tokens)
     cells = [
         GenConfig(
             gpu=args.gpu,

@@ -21,9 +21,9 @@ from simulator.generative import (
     best_fixed_generative,
     capacity_rps,
     energy_lower_bound,
+    parse_tokens,
     sample_lengths,
     simulate_generative,
-    token_params,
     varying_arrivals,
     workload,
 )
@@ -155,12 +155,12 @@ def test_token_parameters_are_set_by_name_and_reach_the_runs(tmp_path: Path) -> 
     """``--tokens NAME=VALUE``: a field of the token policy or of one of its loops, of its own
     type; a loop keeps its own defaults for what is not named; a bad item is named."""
     default = TokenPolicyParams()
-    params = token_params(["tpot_share=0.9", "tpot_feedback.setpoint=0.95", "min-samples=10"])
+    params = parse_tokens(["tpot_share=0.9", "tpot_feedback.setpoint=0.95", "min-samples=10"])
     assert params.tpot_share == 0.9 and params.min_samples == 10
     assert isinstance(params.min_samples, int)
     assert params.tpot_feedback.setpoint == 0.95
     assert params.tpot_feedback.backoff == default.tpot_feedback.backoff
-    assert params.ttft_feedback == default.ttft_feedback and token_params([]) == default
+    assert params.ttft_feedback == default.ttft_feedback and parse_tokens([]) == default
     for bad, problem in (
         ("tpot_share", "NAME=VALUE"),
         ("nope=1", "NAME=VALUE"),
@@ -174,10 +174,10 @@ def test_token_parameters_are_set_by_name_and_reach_the_runs(tmp_path: Path) -> 
         ("max_seqs=64", "the simulated engine's own"),
     ):
         with pytest.raises(ValueError, match=problem):
-            token_params([bad])
+            parse_tokens([bad])
     # A run uses them: a tighter TPOT budget runs a faster clock on the same arrivals.
     base = row(replace(CELL, policy="tokens"))
-    tight = row(replace(CELL, policy="tokens", params=token_params(["tpot_share=0.5"])))
+    tight = row(replace(CELL, policy="tokens", params=parse_tokens(["tpot_share=0.5"])))
     assert tight["mean_clock_mhz"] > base["mean_clock_mhz"]
     out = tmp_path / "gen"
     argv = ["generative", "--loads", "0.3", "--duration-s", "15", "--policies", "tokens"]
