@@ -51,6 +51,7 @@ class GatewayConfig:
     upstream: str | None = None
     device: str | None = None
     table: tuple[Path, ...] = ()
+    engine_profile: Path | None = None
     admin_token: str | None = None
     admin_token_file: Path | None = None
     tenants: Path | None = None
@@ -206,6 +207,8 @@ _GATEWAY_HELP = {
     "device": "the GPU(s) to drive: sim:<profile> or nvml:<index>, or several, comma-separated "
     "(nvml:0,1,2,3; sim:v100x2; sim:v100,sim:a100) (default: NVML GPU 0 if present, else "
     "sim:v100)",
+    "engine_profile": "an LLM engine's profile (python -m time2clock profile-engine), which "
+    "--policy tokens plans with in front of an engine other than the embedded one",
     "table": "time2clock table file(s), comma-separated (each holds one or more models); "
     "omitted in the embedded default: profile and cache one per model",
     "admin_token": "bearer token for /admin (none: admin API disabled); prefer the variable "

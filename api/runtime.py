@@ -41,12 +41,15 @@ from dvfs.llm_profiles import LLM_GPUS
 from dvfs.lockrecord import GpuLockRecord
 from dvfs.profiles import get_profile
 from dvfs.readonly import ReadOnlyDevice
+from scheduler.config import TOKENS
 from scheduler.core import Scheduler
 from scheduler.placement import Placer
 from scheduler.policies import ClockPolicy
 from scheduler.queue import VruntimeLedger
 from scheduler.request import Request
+from scheduler.tokens import EnginePrior
 from scheduler.view import ModelServing
+from time2clock.engine import check_clocks, load_engine_profile
 from time2clock.fit import fit_model_table
 from time2clock.online import OnlineTables
 from time2clock.profile import TritonMeasurer, select_clocks, sweep
@@ -292,12 +295,24 @@ class Runtime:
         (default GPU 0); ``tokens`` gets the embedded engine's profile."""
         gpu = gpu or self._first()
         assert gpu.device is not None
-        engine = engine_prior(gpu.name) if gpu.embedded is not None else None
+        engine = self._engine_prior(gpu) if (name or self.config.policy.name) == TOKENS else None
         config = self.config.policy
         if config.feedback.idle_power_w is None and gpu.idle_w is not None:
             # adaptive's energy floor counts what a request adds above the GPU's idle power
             config = replace(config, feedback=replace(config.feedback, idle_power_w=gpu.idle_w))
         return config.build(gpu.device.supported_clocks_mhz(), name, engine)
+
+    def _engine_prior(self, gpu: Gpu) -> EnginePrior | None:
+        """The LLM engine's profile for ``gpu``: the file ``--engine-profile`` names, read at
+        each build (an admin switch to ``tokens`` reads it again), else the embedded engine's;
+        EngineProfileError when the file is unusable or of a GPU with other clocks."""
+        assert gpu.device is not None
+        path = self.config.engine_profile
+        if path is None:
+            return engine_prior(gpu.name) if gpu.embedded is not None else None
+        prior = load_engine_profile(path)
+        check_clocks(prior, gpu.device.supported_clocks_mhz(), str(path))
+        return prior
 
     @property
     def learning(self) -> bool:

@@ -1,8 +1,10 @@
-"""``python -m time2clock fit | clock | profile | plot``: measure, fit, choose a clock."""
+"""``python -m time2clock fit | clock | profile | profile-engine | plot``: measure, fit, choose a
+clock."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from pathlib import Path
@@ -13,6 +15,7 @@ from rich.table import Table
 
 from dvfs.__main__ import PIPE_WIDTH
 from dvfs.errors import DeviceError
+from time2clock.engine import EngineSweepSettings
 from time2clock.fit import Samples, fit_model_table, read_measurements, write_measurements
 from time2clock.profile import MeasureError
 from time2clock.table import ModelTable, TableError, TableSet
@@ -153,6 +156,18 @@ def _batches_for(model: str, max_batch: int, given: list[int] | None) -> list[in
     return given
 
 
+def _progress(console: Console, unit: str) -> Progress:
+    """A profiling run's bar: what is profiled, done/total ``unit``, time left."""
+    return Progress(
+        TextColumn("[bold]profiling {task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} " + unit),
+        TimeRemainingColumn(),
+        console=console,
+        transient=False,
+    )
+
+
 def _cmd_profile(args: argparse.Namespace, console: Console) -> int:
     from dvfs.device import Device
     from dvfs.factory import open_device, parse_device_spec
@@ -195,14 +210,7 @@ def _cmd_profile(args: argparse.Namespace, console: Console) -> int:
             jobs.append((model, device, triton, batches))
     tables = TableSet()
     measured: dict[str, Samples] = {}
-    with Progress(
-        TextColumn("[bold]profiling {task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total} clock × batch steps"),
-        TimeRemainingColumn(),
-        console=console,
-        transient=False,
-    ) as bar:
+    with _progress(console, "clock × batch steps") as bar:
         for model, device, measurer, batches in jobs:
             clocks = select_clocks(device.supported_clocks_mhz(), args.clocks)
             task = bar.add_task(
@@ -245,6 +253,104 @@ def _cmd_profile(args: argparse.Namespace, console: Console) -> int:
     for table in tables:
         _print_table(console, table)
     console.print(f"wrote {', '.join(map(str, wrote))}")
+    return 0
+
+
+def _cmd_profile_engine(args: argparse.Namespace, console: Console) -> int:
+    import asyncio
+    import contextlib
+    import datetime
+    import tempfile
+
+    from dvfs.factory import open_device, parse_device_spec
+    from dvfs.simulated import SimulatedDevice
+    from loadgen.stream import GenTarget, endpoint_name
+    from time2clock.engine import EngineSweepSettings, save_engine_profile, sweep_engine
+    from time2clock.profile import select_clocks
+
+    settings = EngineSweepSettings(
+        buckets=tuple(args.buckets),
+        prompt_tokens=args.prompt_tokens,
+        output_tokens=args.output_tokens,
+        prefill_tokens=args.prefill_tokens,
+        prefill_repeats=args.prefill_repeats,
+        settle_s=args.settle_s,
+    )
+    endpoint = endpoint_name(args.endpoint)
+    extra = json.loads(args.extra) if args.extra else {}
+    if not isinstance(extra, dict):
+        raise ValueError(f"--extra must be a JSON object, got {args.extra!r}")
+    kind, arg = parse_device_spec(args.device)
+    with contextlib.ExitStack() as stack:
+        if args.url is not None:
+            if kind == "sim" and args.state_path is None:
+                raise ValueError(
+                    "a simulated GPU behind --url needs --state-path (the state file the "
+                    "engine's simulated GPU runs on)"
+                )
+            device = (
+                SimulatedDevice.attach(args.state_path)
+                if args.state_path is not None
+                else open_device(args.device, seed=args.seed)
+            )
+            base_url = args.url.rstrip("/")
+        else:
+            if kind != "sim":
+                raise ValueError("profiling a real GPU needs --url: the engine to drive")
+            from api.embedded import EmbeddedTriton
+            from api.embedded_llm import SIMLLM
+            from dvfs.llm_profiles import LLM_GPUS
+
+            if arg not in LLM_GPUS:
+                raise ValueError(
+                    f"the embedded engine runs on a simulated GPU with an LLM profile "
+                    f"({', '.join('sim:' + g for g in LLM_GPUS)}), not {args.device}"
+                )
+            folder = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+            device = SimulatedDevice(arg, state_path=folder / "gpu0.state")
+            stack.callback(device.close)
+            console.print(f"starting the embedded Triton ({SIMLLM} on {args.device}) ...")
+            triton = stack.enter_context(EmbeddedTriton(folder / "gpu0.state"))
+            base_url = f"http://{triton.url}"
+            endpoint, args.model = "generate_stream", args.model or SIMLLM
+        if not args.model:
+            raise ValueError("--model is required with --url (the engine's model name)")
+        target = GenTarget(base_url, endpoint, args.model, extra=extra)
+        ladder = device.supported_clocks_mhz()
+        clocks = select_clocks(ladder, args.clocks)
+        gpu = device.identity.name
+        with _progress(console, "runs") as bar:
+            task = bar.add_task(f"{args.model} on {gpu}, {len(clocks)} clocks", total=None)
+
+            def advance(done: int, total: int) -> None:
+                bar.update(task, completed=done, total=total)
+
+            sweep = asyncio.run(
+                sweep_engine(device, target, clocks, settings, progress=advance, seed=args.seed)
+            )
+        about = {
+            "gpu": gpu,
+            "engine": {"url": base_url, "endpoint": endpoint, "model": args.model},
+            "made": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        }
+        out = Path(args.output)
+        prior = save_engine_profile(out, sweep, ladder, about)
+    table = Table(title=f"{args.model} on {gpu}: decode step ms (J) per sequences running")
+    table.add_column("clock MHz", justify="right")
+    for bucket in sorted(prior.step_ms):
+        table.add_column(f"{bucket} seq", justify="right")
+    table.add_column(f"prompt of {prior.prefill_tokens} ms (J)", justify="right")
+    for clock in sorted(prior.prefill_ms):
+        cells = [
+            f"{prior.step_ms[b][clock]:.2f} ({prior.step_j[b][clock]:.2f})"
+            for b in sorted(prior.step_ms)
+        ]
+        prompt = f"{prior.prefill_ms[clock]:.1f} ({prior.prefill_j[clock]:.1f})"
+        table.add_row(str(clock), *cells, prompt)
+    console.print(table)
+    console.print(
+        f"wrote {out} (use it with: python -m api serve --policy tokens --engine-profile {out})"
+    )
     return 0
 
 
@@ -342,6 +448,60 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("-o", "--out-dir", default="out/profile")
     p.set_defaults(run=_cmd_profile)
+
+    p = sub.add_parser(
+        "profile-engine",
+        help="sweep a GPU's clocks while driving an LLM engine's streams: the token policy's "
+        "engine profile",
+    )
+    p.add_argument("--device", default="sim:h100", help="sim:<profile> or nvml:<index> (sim:h100)")
+    p.add_argument(
+        "--url",
+        default=None,
+        help="the engine (http://host:port: Triton, or an OpenAI-compatible server); without "
+        "it the embedded Triton's simulated engine is started on the simulated --device",
+    )
+    p.add_argument(
+        "--endpoint",
+        default="generate_stream",
+        help="generate_stream (Triton), openai-completions or openai-chat (generate_stream)",
+    )
+    p.add_argument("--model", default=None, help="the engine's model (the embedded: simllm)")
+    p.add_argument(
+        "--state-path",
+        type=Path,
+        default=None,
+        help="with --url and a simulated GPU: the state file the engine's GPU runs on",
+    )
+    p.add_argument(
+        "--extra",
+        default=None,
+        help="JSON fields added to every request body (vLLM: '{\"ignore_eos\": true}', so "
+        "that each stream runs to its length)",
+    )
+    p.add_argument(
+        "--buckets",
+        type=_batch_list,
+        default=list(EngineSweepSettings().buckets),
+        help="sequences decoding at once, comma-separated (1,2,4,8,16,32,64)",
+    )
+    for name, default, text in (
+        ("prompt-tokens", EngineSweepSettings().prompt_tokens, "each decode run's prompt"),
+        ("output-tokens", EngineSweepSettings().output_tokens, "each decode run's streams"),
+        ("prefill-tokens", EngineSweepSettings().prefill_tokens, "the lone prompts timed"),
+        ("prefill-repeats", EngineSweepSettings().prefill_repeats, "lone prompts per clock"),
+    ):
+        p.add_argument(f"--{name}", type=int, default=default, help=f"{text} ({default})")
+    p.add_argument(
+        "--settle-s",
+        type=float,
+        default=EngineSweepSettings().settle_s,
+        help="wait after locking each clock (0.5)",
+    )
+    p.add_argument("--clocks", type=int, default=8, help="how many clocks, both ends kept (8)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("-o", "--output", default="out/engine/engine.json")
+    p.set_defaults(run=_cmd_profile_engine)
 
     p = sub.add_parser("plot", help="plot a table (and its measurements)")
     p.add_argument("table", type=Path)
