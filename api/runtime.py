@@ -252,6 +252,8 @@ class Runtime:
             liveness_grace_s=self.config.liveness_grace_s,
         )
         clocks = gpu.device.supported_clocks_mhz()
+        if self.config.engine_profile is not None:
+            self._engine_prior(gpu)  # a file it cannot use stops the start, whatever the policy
         policy = self.build_policy(gpu=gpu)
         if self.learning:
             gpu.learner = OnlineTables(clocks, gpu=tables.gpu or gpu.name, base=gpu.reference)
@@ -292,7 +294,7 @@ class Runtime:
 
     def build_policy(self, name: str | None = None, gpu: Gpu | None = None) -> ClockPolicy:
         """The configured policy (or ``name``, with the configured parameters) for ``gpu``
-        (default GPU 0); ``tokens`` gets the embedded engine's profile."""
+        (default GPU 0); ``tokens`` gets the engine's profile (:meth:`_engine_prior`)."""
         gpu = gpu or self._first()
         assert gpu.device is not None
         engine = self._engine_prior(gpu) if (name or self.config.policy.name) == TOKENS else None

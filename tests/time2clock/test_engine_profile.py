@@ -17,6 +17,7 @@ from api.embedded import EmbeddedTriton
 from api.embedded_llm import SIMLLM
 from api.metrics import GatewayMetrics
 from api.runtime import Gpu, Runtime
+from api.server import SidecarServer
 from dvfs.factory import open_device
 from dvfs.llm_profiles import IterationWork, get_llm_profile
 from dvfs.simulated import SimulatedDevice
@@ -249,3 +250,23 @@ def test_the_sidecar_plans_with_the_profile_in_front_of_the_engine(
         state = sidecar.get("/admin/state", headers={"Authorization": "Bearer t"}).json()
         (tokens,) = state["feedback"]
         assert state["policy"] == "tokens" and tokens["running"] == 0
+
+
+def test_a_profile_of_another_gpu_stops_the_start(
+    engine: tuple[EmbeddedTriton, Path], tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Checked at start whatever the policy: a file it cannot use is not found out later, at
+    an admin switch to ``tokens``."""
+    triton, _ = engine
+    path = tmp_path / "engine.json"
+    save_engine_profile(path, sweep_of([H100_CLOCKS[0], H100_CLOCKS[-1]]), H100_CLOCKS, {})
+    config = from_options(
+        triton_url=triton.url, device="sim:a100", policy="max", engine_profile=path,
+        state_dir=tmp_path, learn=False, port=0,
+    )  # fmt: skip
+    server = SidecarServer(config)
+    with pytest.raises(RuntimeError, match="failed to start"):
+        server.__enter__()
+    server.close()
+    assert not server.thread.is_alive()
+    assert "made on a GPU with other clocks" in capfd.readouterr().err
