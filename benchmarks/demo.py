@@ -170,6 +170,7 @@ def run_generative(args: argparse.Namespace, console: Console) -> None:
             work=work,
             state_dir=Path(state),
             progress=progress,
+            engine_profile=args.gen_engine_profile,
         )
     console.print(generative_table(runs))
     csv_path = genlive.write_csv(runs, args.out_dir / "demo_generative.csv")
@@ -257,6 +258,13 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--gen-policies", default="max,tokens")
     gen.add_argument("--ttft-ms", type=float, default=500.0, help="p99 TTFT SLO")
     gen.add_argument("--tpot-ms", type=float, default=30.0, help="p99 TPOT SLO")
+    gen.add_argument(
+        "--gen-engine-profile",
+        type=Path,
+        default=None,
+        help="the token policy plans with this engine profile (python -m time2clock "
+        "profile-engine) instead of the embedded engine's own",
+    )
     args = parser.parse_args(argv)
     check_load_arguments(parser, args)
     if args.gpus < 1:

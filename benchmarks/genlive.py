@@ -210,15 +210,19 @@ def compare_generative(
     work: GenWorkload | None = None,
     state_dir: Path,
     progress: Callable[[str, int, int], None] | None = None,
+    engine_profile: Path | None = None,
 ) -> list[GenPolicyRun]:
     """Start the embedded default on simulated ``gpu`` and run the same workload under each
-    policy (the token policy holding the workload's SLOs)."""
+    policy (the token policy holding the workload's SLOs, and planning with ``engine_profile``
+    when given instead of the embedded engine's own)."""
     work = work or GenWorkload()
     token = secrets.token_urlsafe(16)
     flags = [
         "--device", f"sim:{gpu}", "--profile-models", "", "--policy", "max",
         "--ttft-ms", str(work.ttft_ms), "--tpot-ms", str(work.tpot_ms), "--max-queue", "4096",
     ]  # fmt: skip
+    if engine_profile is not None:
+        flags += ["--engine-profile", str(engine_profile)]
     with running(flags, state_dir=state_dir, admin_token=token, starts=3) as sc:
         return asyncio.run(run_policies(sc.url, token, policies, work, progress))
 
