@@ -231,7 +231,10 @@ def test_a_profile_measured_through_the_engine_follows_its_laws(
 def test_the_sidecar_plans_with_the_profile_in_front_of_the_engine(
     engine: tuple[EmbeddedTriton, Path], tmp_path: Path
 ) -> None:
-    triton, _ = engine
+    """Started with a profile in front of an engine it did not start, the sidecar serves under
+    ``tokens``; and an OpenAI-compatible endpoint (the sidecar's own ``/v1/completions``) is
+    profiled as Triton's ``generate_stream`` is."""
+    triton, state = engine
     path = tmp_path / "engine.json"
     save_engine_profile(path, sweep_of([H100_CLOCKS[0], H100_CLOCKS[-1]]), H100_CLOCKS, {})
     config = from_options(
@@ -247,11 +250,24 @@ def test_the_sidecar_plans_with_the_profile_in_front_of_the_engine(
         url = f"http://{sidecar.url}/v2/models/{SIMLLM}/generate_stream"
         reply = httpx.post(url, json={"text_input": "a b", "max_tokens": 3}, timeout=30)
         assert reply.status_code == 200 and reply.text.count("data:") == 3
-        state = sidecar.get("/admin/state", headers={"Authorization": "Bearer t"}).json()
-        (tokens,) = state["feedback"]
-        assert state["policy"] == "tokens" and tokens["running"] == 0
+        admin = sidecar.get("/admin/state", headers={"Authorization": "Bearer t"}).json()
+        (tokens,) = admin["feedback"]
+        assert admin["policy"] == "tokens" and tokens["running"] == 0
+        out = tmp_path / "openai.json"
+        argv = ["profile-engine", "--url", f"http://{sidecar.url}", "--state-path", str(state)]
+        argv += ["--endpoint", "openai-completions", "--model", SIMLLM, "--clocks", "2"]
+        argv += ["--buckets", "1,4", "--prompt-tokens", "16", "--output-tokens", "16"]
+        argv += ["--prefill-tokens", "500", "--prefill-repeats", "2", "--settle-s", "0.1"]
+        assert main([*argv, "-o", str(out)]) == 0
+    prior = load_engine_profile(out)
+    assert sorted(prior.step_ms) == [1, 4]
+    work = IterationWork(decode_seqs=1, decode_context_tokens=24)
+    for clock in prior.prefill_ms:
+        assert law_ms(clock, work) * 0.9 < prior.step_ms[1][clock] < law_ms(clock, work) + 5
 
 
+# the server's thread ends with uvicorn's SystemExit: how a failed start is reported
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_a_profile_of_another_gpu_stops_the_start(
     engine: tuple[EmbeddedTriton, Path], tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
