@@ -266,6 +266,7 @@ def _cmd_profile_engine(args: argparse.Namespace, console: Console) -> int:
     from dvfs.simulated import SimulatedDevice
     from loadgen.stream import GenTarget, endpoint_name
     from time2clock.engine import EngineSweepSettings, save_engine_profile, sweep_engine
+    from time2clock.plot import PlotUnavailableError, plot_engine
     from time2clock.profile import select_clocks
 
     settings = EngineSweepSettings(
@@ -335,6 +336,12 @@ def _cmd_profile_engine(args: argparse.Namespace, console: Console) -> int:
         }
         out = Path(args.output)
         prior = save_engine_profile(out, sweep, ladder, about)
+    wrote = [out]
+    try:
+        title = f"{args.model} on {gpu}: engine profile"
+        wrote.append(plot_engine(prior, out.with_suffix(".png"), title))
+    except PlotUnavailableError as err:  # the profile is what matters; the plot is optional
+        console.print(f"no plot: {err}")
     table = Table(title=f"{args.model} on {gpu}: decode step ms (J) per sequences running")
     table.add_column("clock MHz", justify="right")
     for bucket in sorted(prior.step_ms):
@@ -349,7 +356,8 @@ def _cmd_profile_engine(args: argparse.Namespace, console: Console) -> int:
         table.add_row(str(clock), *cells, prompt)
     console.print(table)
     console.print(
-        f"wrote {out} (use it with: python -m api serve --policy tokens --engine-profile {out})"
+        f"wrote {', '.join(map(str, wrote))} (use it with: python -m api serve --policy tokens "
+        f"--engine-profile {out})"
     )
     return 0
 

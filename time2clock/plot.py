@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from scheduler.tokens import EnginePrior
 from time2clock.table import ModelTable, TableSet
 
 BatchSamples = Mapping[int, Mapping[int, Sequence[float]]]  # batch -> clock_mhz -> ms
@@ -91,3 +92,37 @@ def _draw_model(ax: Any, table: ModelTable, samples: BatchSamples | None) -> Non
     )
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)
+
+
+def plot_engine(prior: EnginePrior, out_path: Path, title: str) -> Path:
+    """Write a PNG of an engine profile: per bucket of sequences, a decode step's time and its
+    joules per sequence (one output token each) against the clock; and a prompt's time and
+    joules."""
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
+    clocks = sorted(prior.prefill_ms)
+    for i, bucket in enumerate(sorted(prior.step_ms)):
+        color = f"C{i % 10}"
+        ms = [prior.step_ms[bucket][f] for f in clocks]
+        joules = [prior.step_j[bucket][f] / bucket for f in clocks]
+        axes[0].plot(clocks, ms, "o-", color=color, label=f"{bucket} seq")
+        axes[1].plot(clocks, joules, "o-", color=color, label=f"{bucket} seq")
+    axes[0].set_ylabel("decode step (ms)")
+    axes[1].set_ylabel("decode energy per output token (J)")
+    axes[1].set_yscale("log")
+    prompt = axes[2]
+    prompt.plot(clocks, [prior.prefill_ms[f] for f in clocks], "o-", color="C0")
+    prompt.set_ylabel(f"prompt of {prior.prefill_tokens} tokens (ms)", color="C0")
+    twin = prompt.twinx()
+    twin.plot(clocks, [prior.prefill_j[f] for f in clocks], "s--", color="C3")
+    twin.set_ylabel("its energy (J)", color="C3")
+    for ax in axes:
+        ax.set_xlabel("SM clock (MHz)")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8, ncol=2)
+    fig.suptitle(title)
+    fig.tight_layout()
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_path, dpi=110)
+    plt.close(fig)
+    return out_path

@@ -210,6 +210,7 @@ def test_a_profile_measured_through_the_engine_follows_its_laws(
     argv += ["--output-tokens", "24", "--prefill-tokens", "2000", "--prefill-repeats", "3"]
     assert main([*argv, "--settle-s", "0.1", "-o", str(out)]) == 0
     assert not SimulatedDevice.attach(state).is_locked()  # the clock is given back
+    assert out.with_suffix(".png").stat().st_size > 0  # and the plot beside the profile
     prior = load_engine_profile(out)
     low, top = H100_CLOCKS[0], H100_CLOCKS[-1]
     assert sorted(prior.prefill_ms) == [low, top] and sorted(prior.step_ms) == [1, 8]
