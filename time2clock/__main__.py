@@ -278,7 +278,10 @@ def _cmd_profile_engine(args: argparse.Namespace, console: Console) -> int:
         settle_s=args.settle_s,
     )
     endpoint = endpoint_name(args.endpoint)
-    extra = json.loads(args.extra) if args.extra else {}
+    try:
+        extra = json.loads(args.extra) if args.extra else {}
+    except json.JSONDecodeError as err:
+        raise ValueError(f"--extra must be a JSON object: {err}") from None
     if not isinstance(extra, dict):
         raise ValueError(f"--extra must be a JSON object, got {args.extra!r}")
     kind, arg = parse_device_spec(args.device)

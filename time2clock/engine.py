@@ -320,7 +320,8 @@ def load_engine_profile(path: Path) -> EnginePrior:
             raise bad(f"{what} must be a non-empty object of clock: value")
         out: dict[int, float] = {}
         for key, v in value.items():
-            if not (str(key).isdigit() and isinstance(v, int | float) and math.isfinite(v)):
+            number = isinstance(v, int | float) and not isinstance(v, bool)
+            if not (str(key).isdigit() and number and math.isfinite(v)):
                 raise bad(f"{what}: {key!r}: {v!r} is not a clock and a number")
             if v <= 0:
                 raise bad(f"{what} at {key} MHz must be > 0, got {v}")

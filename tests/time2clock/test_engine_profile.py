@@ -126,6 +126,7 @@ def test_a_profile_is_saved_and_read_back(tmp_path: Path) -> None:
         (lambda d: d.update(version=99), "version 99"),
         (lambda d: d.pop("step_j"), "missing 'step_j'"),
         (lambda d: d["prefill_ms"].update({"1980": -1.0}), "must be > 0"),
+        (lambda d: d["prefill_j"].update({"1980": True}), "not a clock and a number"),
         (lambda d: d["step_ms"]["8"].pop("1980"), r"step_ms\[8\] is not measured"),
         (lambda d: d["step_ms"].update({"x": {}}), "bucket 'x'"),
         (lambda d: d.update(clocks_mhz=[345]), "not in its clocks_mhz"),
@@ -181,6 +182,9 @@ def test_the_embedded_engine_needs_a_gpu_with_an_llm_profile(
     assert "needs --url" in capsys.readouterr().err
     assert main(["profile-engine", "--url", "http://127.0.0.1:1", "--model", "m"]) == 2
     assert "--state-path" in capsys.readouterr().err
+    for extra in ("{", "[1]"):
+        assert main(["profile-engine", "--extra", extra]) == 2
+        assert "--extra must be a JSON object" in capsys.readouterr().err
 
 
 @pytest.fixture(scope="module")
