@@ -285,6 +285,7 @@ def _cmd_profile_engine(args: argparse.Namespace, console: Console) -> int:
     if not isinstance(extra, dict):
         raise ValueError(f"--extra must be a JSON object, got {args.extra!r}")
     kind, arg = parse_device_spec(args.device)
+    model = args.model
     with contextlib.ExitStack() as stack:
         if args.url is not None:
             if kind == "sim" and args.state_path is None:
@@ -316,15 +317,15 @@ def _cmd_profile_engine(args: argparse.Namespace, console: Console) -> int:
             console.print(f"starting the embedded Triton ({SIMLLM} on {args.device}) ...")
             triton = stack.enter_context(EmbeddedTriton(folder / "gpu0.state"))
             base_url = f"http://{triton.url}"
-            endpoint, args.model = "generate_stream", args.model or SIMLLM
-        if not args.model:
+            endpoint, model = "generate_stream", model or SIMLLM
+        if not model:
             raise ValueError("--model is required with --url (the engine's model name)")
-        target = GenTarget(base_url, endpoint, args.model, extra=extra)
+        target = GenTarget(base_url, endpoint, model, extra=extra)
         ladder = device.supported_clocks_mhz()
         clocks = select_clocks(ladder, args.clocks)
         gpu = device.identity.name
         with _progress(console, "runs") as bar:
-            task = bar.add_task(f"{args.model} on {gpu}, {len(clocks)} clocks", total=None)
+            task = bar.add_task(f"{model} on {gpu}, {len(clocks)} clocks", total=None)
 
             def advance(done: int, total: int) -> None:
                 bar.update(task, completed=done, total=total)
@@ -334,18 +335,18 @@ def _cmd_profile_engine(args: argparse.Namespace, console: Console) -> int:
             )
         about = {
             "gpu": gpu,
-            "engine": {"url": base_url, "endpoint": endpoint, "model": args.model},
+            "engine": {"url": base_url, "endpoint": endpoint, "model": model},
             "made": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         }
         out = Path(args.output)
         prior = save_engine_profile(out, sweep, ladder, about)
     wrote = [out]
     try:
-        title = f"{args.model} on {gpu}: engine profile"
+        title = f"{model} on {gpu}: engine profile"
         wrote.append(plot_engine(prior, out.with_suffix(".png"), title))
     except PlotUnavailableError as err:  # the profile is what matters; the plot is optional
         console.print(f"no plot: {err}")
-    table = Table(title=f"{args.model} on {gpu}: decode step ms (J) per sequences running")
+    table = Table(title=f"{model} on {gpu}: decode step ms (J) per sequences running")
     table.add_column("clock MHz", justify="right")
     for bucket in sorted(prior.step_ms):
         table.add_column(f"{bucket} seq", justify="right")
@@ -475,7 +476,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--endpoint",
         default="generate_stream",
-        help="generate_stream (Triton), openai-completions or openai-chat (generate_stream)",
+        help="with --url: generate_stream (Triton), openai-completions or openai-chat "
+        "(generate_stream)",
     )
     p.add_argument("--model", default=None, help="the engine's model (the embedded: simllm)")
     p.add_argument(
