@@ -233,6 +233,19 @@ def test_a_profile_measured_through_the_engine_follows_its_laws(
     assert all(j > 0 for j in prior.prefill_j.values())
 
 
+def test_an_engine_that_refuses_is_named_and_the_clock_given_back(
+    engine: tuple[EmbeddedTriton, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    triton, state = engine
+    argv = ["profile-engine", "--url", f"http://{triton.url}", "--state-path", str(state)]
+    argv += ["--model", "absent", "--clocks", "2", "--buckets", "1", "--settle-s", "0"]
+    assert main([*argv, "-o", str(tmp_path / "engine.json")]) == 2
+    err = capsys.readouterr().err
+    assert f"a stream from http://{triton.url}/v2/models/absent/generate_stream failed" in err
+    assert not SimulatedDevice.attach(state).is_locked()
+    assert not (tmp_path / "engine.json").exists()
+
+
 def test_the_sidecar_plans_with_the_profile_in_front_of_the_engine(
     engine: tuple[EmbeddedTriton, Path], tmp_path: Path
 ) -> None:
