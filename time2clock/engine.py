@@ -54,8 +54,9 @@ class EngineProfileError(ValueError):
 
 @dataclass(frozen=True)
 class EngineSweepSettings:
-    """What the sweep sends. Lengths are in the prompt's words, which the embedded engine counts
-    as tokens (a real tokenizer makes more of them)."""
+    """What the sweep sends. Lengths are in the prompt's words: the embedded engine counts them
+    as tokens, and the sidecar estimates a prompt's length at its edge the same way, so the
+    profile's time per prompt token is in the unit the policy sees live."""
 
     buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)  # sequences decoding at once
     prompt_tokens: int = 256  # each decode run's prompts
