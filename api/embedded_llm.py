@@ -90,7 +90,8 @@ class EmulatedLlm:
 def engine_prior(gpu: str) -> EnginePrior | None:
     """The emulated engine's offline profile on simulated GPU ``gpu`` (None: it has no LLM
     profile): seed 003's sweep of the same laws the engine runs, as the simulator profiles it.
-    An engine on a real GPU needs its own sweep; none is built in."""
+    Another engine is profiled through its endpoint by ``python -m time2clock profile-engine``
+    (:mod:`time2clock.engine`)."""
     if gpu not in LLM_GPUS:
         return None
     from simulator.generative import engine_prior as sweep

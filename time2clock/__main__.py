@@ -265,7 +265,7 @@ def _cmd_profile_engine(args: argparse.Namespace, console: Console) -> int:
     from dvfs.factory import open_device, parse_device_spec
     from dvfs.simulated import SimulatedDevice
     from loadgen.stream import GenTarget, endpoint_name
-    from time2clock.engine import EngineSweepSettings, save_engine_profile, sweep_engine
+    from time2clock.engine import save_engine_profile, sweep_engine
     from time2clock.plot import PlotUnavailableError, plot_engine
     from time2clock.profile import select_clocks
 
@@ -461,6 +461,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--out-dir", default="out/profile")
     p.set_defaults(run=_cmd_profile)
 
+    engine = EngineSweepSettings()  # the sweep's defaults
     p = sub.add_parser(
         "profile-engine",
         help="sweep a GPU's clocks while driving an LLM engine's streams: the token policy's "
@@ -495,20 +496,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--buckets",
         type=_batch_list,
-        default=list(EngineSweepSettings().buckets),
+        default=list(engine.buckets),
         help="sequences decoding at once, comma-separated (1,2,4,8,16,32,64)",
     )
     for name, default, text in (
-        ("prompt-tokens", EngineSweepSettings().prompt_tokens, "each decode run's prompt"),
-        ("output-tokens", EngineSweepSettings().output_tokens, "each decode run's streams"),
-        ("prefill-tokens", EngineSweepSettings().prefill_tokens, "the lone prompts timed"),
-        ("prefill-repeats", EngineSweepSettings().prefill_repeats, "lone prompts per clock"),
+        ("prompt-tokens", engine.prompt_tokens, "each decode run's prompt"),
+        ("output-tokens", engine.output_tokens, "each decode run's streams"),
+        ("prefill-tokens", engine.prefill_tokens, "the lone prompts timed"),
+        ("prefill-repeats", engine.prefill_repeats, "lone prompts per clock"),
     ):
         p.add_argument(f"--{name}", type=int, default=default, help=f"{text} ({default})")
     p.add_argument(
         "--settle-s",
         type=float,
-        default=EngineSweepSettings().settle_s,
+        default=engine.settle_s,
         help="wait after locking each clock (0.5)",
     )
     p.add_argument("--clocks", type=int, default=8, help="how many clocks, both ends kept (8)")

@@ -35,13 +35,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from dvfs.device import Device
 from scheduler.tokens import SEQ_BUCKETS, EnginePrior
 from time2clock.profile import MeasureError
+
+if TYPE_CHECKING:
+    from loadgen.stream import GenTarget
 
 PROFILE_KIND = "engine-profile"
 PROFILE_VERSION = 1
@@ -199,17 +202,16 @@ class EngineSweep:
 
 async def sweep_engine(
     device: Device,
-    target: Any,
+    target: GenTarget,
     clocks_mhz: Sequence[int],
     settings: EngineSweepSettings,
     *,
     progress: ProgressFn | None = None,
     seed: int = 0,
 ) -> EngineSweep:
-    """Measure the engine ``target`` (a :class:`loadgen.stream.GenTarget`) at each clock of
-    ``clocks_mhz`` locked on ``device`` in turn; ``progress(done, total)`` counts the runs
-    (every bucket's decode run and each clock's prompts). MeasureError names a run that
-    failed or that the engine did not run at once."""
+    """Measure the engine ``target`` at each clock of ``clocks_mhz`` locked on ``device`` in
+    turn; ``progress(done, total)`` counts the runs (every bucket's decode run and each clock's
+    prompts). MeasureError names a run that failed or that the engine did not run at once."""
     import aiohttp
 
     from loadgen.stream import stream_once
