@@ -543,9 +543,11 @@ class Scheduler(Generic[P]):
 
     def on_energy(self, reading: EnergyReading, update_interval_s: float | None) -> None:
         """A new value of the GPU's energy counter (whoever reads the device hands it here, in
-        order, with the counter's refresh interval as learned)."""
+        order, with the counter's refresh interval as learned): to the energy fit and to the
+        policy."""
         if self.learner is not None:
             self.learner.on_energy(reading, update_interval_s)
+        self.policy.on_energy(reading.as_of_s, reading.energy_j)
 
     def energy_floor_mhz(self, floor_mhz: int, now_s: float) -> int:
         """The energy floor a policy should hold now: ``floor_mhz``, or a lower clock while

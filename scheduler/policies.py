@@ -66,6 +66,10 @@ class ClockPolicy(ABC):
         """Called when :meth:`wake_at_s` falls due."""
         return None
 
+    def on_energy(self, now_s: float, energy_j: float) -> None:  # noqa: B027 (most need nothing)
+        """A new value of the GPU's energy counter (joules since any origin), current since
+        ``now_s``; handed over in order, whoever reads the device."""
+
     def wake_at_s(self) -> float | None:
         """When this policy wants :meth:`poll` called, if at all."""
         return None

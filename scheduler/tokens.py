@@ -84,9 +84,10 @@ whose mean clocks were nearest ``f``. Before ``min_samples`` streams finished, `
   this, a clock low enough for the streams already running kept the rest out while their TTFT
   grew, and the engine served fewer tokens a second than arrived.
 
-What the GPU's energy counter measured per clock is kept for the admin state, not used to
-decide: between clocks measured at different loads it compares the loads as much as the clocks
-(the energy floor uses the offline profile's joules instead).
+What the GPU's energy counter measured per clock (:meth:`TokenPolicy.on_energy`, from the
+scheduler core live and from the simulator) is kept for the admin state, not used to decide:
+between clocks measured at different loads it compares the loads as much as the clocks (the
+energy floor uses the offline profile's joules instead).
 """
 
 from __future__ import annotations
@@ -979,6 +980,9 @@ class TokenClockPolicy(ClockPolicy):
 
     def poll(self, s: SchedulerView, now_s: float) -> int | None:
         return self._decide(s, now_s)
+
+    def on_energy(self, now_s: float, energy_j: float) -> None:
+        self.tokens.on_energy(now_s, energy_j)
 
     def wake_at_s(self) -> float | None:
         return self.tokens.wake_at_s()

@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 
+from dvfs.energy import EnergyReading
 from scheduler.core import Scheduler
 from scheduler.request import Request
 from scheduler.tokens import (
@@ -365,6 +366,23 @@ def test_in_the_core_its_admission_limit_caps_streams_and_it_hears_every_token()
     assert core.next_dispatch(0.08) is not None and core.next_dispatch(0.08) is None
     state = policy.state()
     assert state is not None and state[0]["admission_limit"] == 2
+
+
+def test_in_the_core_the_gpus_energy_counter_reaches_it() -> None:
+    """The core hands every value of the GPU's energy counter to the policy: joules per output
+    token are measured at the clock in force (the counter's values, in order)."""
+    policy = TokenClockPolicy(CLOCKS, TokenSlo(500.0, 30.0), prior())
+    core, sent = four_streams(policy, depth=256)
+    core.poll(0.5)
+    clock = policy.tokens.clock_mhz
+    core.on_energy(EnergyReading(100.0, 1.0), None)
+    for i in range(10):
+        core.on_token(sent[0], 1.0 + i * 0.001)
+    core.on_energy(EnergyReading(105.0, 1.1), None)  # 5 J over the 10 tokens
+    assert policy.tokens.clock_mhz == clock
+    state = policy.state()
+    assert state is not None
+    assert state[0]["measured_j_per_token"] == {clock: 0.5}
 
 
 def test_in_the_core_requests_the_engines_own_depth_holds_are_not_held_for_the_clock() -> None:
