@@ -478,8 +478,9 @@ def _report(
         f"request answered. Added: sidecar − direct. Before: {before_label}. Floor: "
         + (
             "the least a Python proxy of the same libraries does (`python -m benchmarks.floor`: "
-            "uvloop and httptools passing bytes through for HTTP, a grpc.aio pass-through for "
-            "gRPC; no admission, queue or scheduling), in its own process in the same rounds."
+            "uvloop and httptools passing bytes through for HTTP, the sidecar's own HTTP/2 "
+            "server and channel passing `ModelInfer` through for gRPC; no admission, queue or "
+            "scheduling), in its own process in the same rounds."
             if floor
             else "not measured."
         ),
