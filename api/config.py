@@ -15,6 +15,7 @@ Precedence, highest first: flag, variable, file, built-in default.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
@@ -52,6 +53,8 @@ class GatewayConfig:
     device: str | None = None
     table: tuple[Path, ...] = ()
     engine_profile: Path | None = None
+    profile_engine: str | None = None
+    profile_engine_extra: str | None = None
     admin_token: str | None = None
     admin_token_file: Path | None = None
     tenants: Path | None = None
@@ -87,6 +90,18 @@ class GatewayConfig:
             )
         if self.upstream is not None and not self.upstream.startswith("openai=http"):
             raise ValueError(f"--upstream must be openai=http://host:port, got {self.upstream!r}")
+        if self.profile_engine is not None:
+            if self.engine_profile is not None:
+                raise ValueError(
+                    "give --engine-profile (a profile made before) or --profile-engine (measured "
+                    "at the first start), not both"
+                )
+            if self.shadow:
+                raise ValueError(
+                    "--profile-engine locks the GPU's clocks to measure the engine: not in "
+                    "shadow mode (measure one with python -m time2clock profile-engine instead)"
+                )
+        self.profile_engine_body  # noqa: B018 (a bad --profile-engine-extra stops the start)
         if not self.scheduler.default_slo_ms > 0:
             raise ValueError(f"--slo-ms must be > 0, got {self.scheduler.default_slo_ms}")
         if not 0.0 <= self.slo_outside_ms < self.scheduler.default_slo_ms:
@@ -144,6 +159,22 @@ class GatewayConfig:
     def openai_url(self) -> str | None:
         """The OpenAI-compatible engine's base URL, if one is configured."""
         return None if self.upstream is None else self.upstream.removeprefix("openai=")
+
+    @property
+    def profile_engine_body(self) -> dict[str, object]:
+        """``--profile-engine-extra``: fields added to every request body of the engine's
+        sweep (vLLM's ``{"ignore_eos": true}``)."""
+        if self.profile_engine_extra is None:
+            return {}
+        try:
+            extra = json.loads(self.profile_engine_extra)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"--profile-engine-extra must be a JSON object: {err}") from None
+        if not isinstance(extra, dict):
+            raise ValueError(
+                f"--profile-engine-extra must be a JSON object, got {self.profile_engine_extra!r}"
+            )
+        return extra
 
     @property
     def slo_ms(self) -> float:
@@ -209,6 +240,11 @@ _GATEWAY_HELP = {
     "sim:v100)",
     "engine_profile": "an LLM engine's profile (python -m time2clock profile-engine), which "
     "--policy tokens plans with in front of an engine other than the embedded one",
+    "profile_engine": "the LLM model (as clients name it) whose engine the sidecar profiles at "
+    "its first start on each kind of GPU, before serving, for --policy tokens (cached in the "
+    "state dir; the OpenAI upstream's engine if --upstream is given, else Triton's)",
+    "profile_engine_extra": "a JSON object added to every request of that profile "
+    '(vLLM: {"ignore_eos": true}, so that each stream runs to its length)',
     "table": "time2clock table file(s), comma-separated (each holds one or more models); "
     "omitted in the embedded default: profile and cache one per model",
     "admin_token": "bearer token for /admin (none: admin API disabled); prefer the variable "

@@ -107,6 +107,7 @@ class Gpu:
     name: str = ""  # the profile (simulated) or the GPU's name, for tables
     learned_key: str = ""  # what its learned tables are filed under
     idle_w: float | None = None  # board power with nothing to do, for energy placement
+    engine_profile: Path | None = None  # its LLM engine's profile, measured at start
 
     @property
     def url(self) -> str:
@@ -252,6 +253,8 @@ class Runtime:
             liveness_grace_s=self.config.liveness_grace_s,
         )
         clocks = gpu.device.supported_clocks_mhz()
+        if self.config.profile_engine is not None:
+            gpu.engine_profile = await self._profile_engine(gpu, self.config.profile_engine)
         if self.config.engine_profile is not None:
             self._engine_prior(gpu)  # a file it cannot use stops the start, whatever the policy
         policy = self.build_policy(gpu=gpu)
@@ -304,12 +307,25 @@ class Runtime:
             config = replace(config, feedback=replace(config.feedback, idle_power_w=gpu.idle_w))
         return config.build(gpu.device.supported_clocks_mhz(), name, engine)
 
+    async def _profile_engine(self, gpu: Gpu, model: str) -> Path:
+        """``--profile-engine``: the engine's profile on ``gpu``, cached in the state directory
+        or measured now, before the GPU serves (:mod:`api.engine_start`)."""
+        from api.engine_start import engine_profile_at_start, engine_target
+
+        assert gpu.device is not None
+        cfg = self.config
+        target = engine_target(model, gpu.url, cfg.openai_url, cfg.profile_engine_body)
+        return await engine_profile_at_start(
+            gpu.device, gpu.name, target, state_dir=cfg.state_dir, clocks=cfg.profile_clocks
+        )
+
     def _engine_prior(self, gpu: Gpu) -> EnginePrior | None:
-        """The LLM engine's profile for ``gpu``: the file ``--engine-profile`` names, read at
-        each build (an admin switch to ``tokens`` reads it again), else the embedded engine's;
+        """The LLM engine's profile for ``gpu``: the one ``--profile-engine`` measured or found
+        cached at start, or the file ``--engine-profile`` names, read at each build (an admin
+        switch to ``tokens`` reads it again), else the embedded engine's;
         EngineProfileError when the file is unusable or of a GPU with other clocks."""
         assert gpu.device is not None
-        path = self.config.engine_profile
+        path = gpu.engine_profile or self.config.engine_profile
         if path is None:
             return engine_prior(gpu.name) if gpu.embedded is not None else None
         prior = load_engine_profile(path)

@@ -81,8 +81,9 @@ class PolicyConfig:
             if engine is None:
                 raise ValueError(
                     "--policy tokens needs a profile of the LLM engine: the embedded default's "
-                    "simulated engines (sim:h100, sim:a100) have one; for another engine, make "
-                    "one with python -m time2clock profile-engine and pass --engine-profile"
+                    "simulated engines (sim:h100, sim:a100) have one; for another engine, let "
+                    "the sidecar measure one at its first start (--profile-engine MODEL), or "
+                    "make one with python -m time2clock profile-engine and pass --engine-profile"
                 )
             return TokenClockPolicy(
                 clocks_mhz, TokenSlo(self.ttft_ms, self.tpot_ms), engine, self.tokens
