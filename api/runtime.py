@@ -310,10 +310,25 @@ class Runtime:
     async def _profile_engine(self, gpu: Gpu, model: str) -> Path:
         """``--profile-engine``: the engine's profile on ``gpu``, cached in the state directory
         or measured now, before the GPU serves (:mod:`api.engine_start`)."""
-        from api.engine_start import engine_profile_at_start, engine_target
+        from api.engine_start import cached_path, engine_profile_at_start, engine_target
 
         assert gpu.device is not None
         cfg = self.config
+        first = self._first()
+        if (
+            cfg.openai_url is not None
+            and gpu is not first
+            and gpu.name != first.name
+            and not cached_path(cfg.state_dir, gpu.name, model).exists()
+        ):
+            # One OpenAI engine for the node runs on one GPU: sweeping another GPU's clock while
+            # driving it would measure nothing of that GPU.
+            raise ValueError(
+                f"--profile-engine with --upstream measures the engine on GPU {first.index} "
+                f"({first.name}); GPU {gpu.index} is a {gpu.name}: put a profile made on that "
+                f"kind (python -m time2clock profile-engine) at "
+                f"{cached_path(cfg.state_dir, gpu.name, model)}, or drive one kind of GPU"
+            )
         target = engine_target(model, gpu.url, cfg.openai_url, cfg.profile_engine_body)
         return await engine_profile_at_start(
             gpu.device, gpu.name, target, state_dir=cfg.state_dir, clocks=cfg.profile_clocks

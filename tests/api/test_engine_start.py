@@ -10,11 +10,14 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client import CollectorRegistry
 
 import api.engine_start as engine_start
 from api.config import from_options
 from api.embedded_llm import SIMLLM
 from api.engine_start import cached_path, engine_profile_at_start, engine_target
+from api.metrics import GatewayMetrics
+from api.runtime import Gpu, Runtime
 from dvfs.simulated import SimulatedDevice
 from loadgen.stream import GenTarget
 from tests.api.live import LiveSidecar, embedded_config
@@ -81,6 +84,36 @@ def test_an_engine_that_cannot_be_measured_stops_it_and_nothing_is_cached(
         profile(device, tmp_path)
     assert not (tmp_path / "engines").exists() or not os.listdir(tmp_path / "engines")
     device.close()
+
+
+def test_one_openai_engine_is_measured_on_the_first_gpu_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The OpenAI upstream is one engine on one GPU: a second GPU of the same kind takes its
+    profile; one of another kind is refused, not swept while the engine runs elsewhere."""
+    sweeps = FakeSweeps()
+    monkeypatch.setattr(engine_start, "sweep_engine", sweeps)
+    devices = "sim:h100,sim:h100,sim:a100"
+    rt = Runtime(
+        from_options(
+            device=devices, triton_url="a:1,b:2,c:3", upstream="openai=http://vllm:8000",
+            policy="tokens", profile_engine="m", profile_clocks=2, state_dir=tmp_path,
+        ),
+        GatewayMetrics(CollectorRegistry()),
+    )  # fmt: skip
+    for i, spec in enumerate(devices.split(",")):
+        rt.gpus.append(Gpu(str(i), spec, triton_url="a:1"))
+        rt.gpus[i].device = SimulatedDevice(spec[4:], state_path=tmp_path / f"gpu{i}.state")
+        rt.gpus[i].name = spec[4:]
+    first = asyncio.run(rt._profile_engine(rt.gpus[0], "m"))
+    assert asyncio.run(rt._profile_engine(rt.gpus[1], "m")) == first
+    assert len(sweeps.calls) == 1
+    with pytest.raises(ValueError, match=r"GPU 2 is a a100: put a profile made on that kind"):
+        asyncio.run(rt._profile_engine(rt.gpus[2], "m"))
+    assert len(sweeps.calls) == 1
+    for gpu in rt.gpus:
+        assert gpu.device is not None
+        gpu.device.close()
 
 
 def test_the_engine_is_the_openai_upstream_when_there_is_one() -> None:
