@@ -18,6 +18,7 @@ from api.embedded_llm import SIMLLM
 from api.engine_start import cached_path, engine_profile_at_start, engine_target
 from api.metrics import GatewayMetrics
 from api.runtime import Gpu, Runtime
+from api.server import SidecarServer
 from dvfs.simulated import SimulatedDevice
 from loadgen.stream import GenTarget
 from tests.api.live import LiveSidecar, embedded_config
@@ -160,3 +161,23 @@ def test_live_the_sidecar_measures_its_engine_then_plans_with_it(tmp_path: Path)
     with LiveSidecar(config) as sidecar:
         assert sidecar.get("/admin/state", headers=ADMIN).json()["policy"] == "tokens"
     assert path.stat().st_mtime_ns == made  # read, not measured again
+
+
+# the server's thread ends with uvicorn's SystemExit: how a failed start is reported
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_live_an_engine_it_cannot_measure_stops_the_start(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A model no engine serves: the start stops, naming the stream that failed, and nothing is
+    cached."""
+    config = embedded_config(
+        tmp_path, device="sim:h100", profile_models=(), profile_engine="absent",
+        profile_clocks=2, port=0,
+    )  # fmt: skip
+    server = SidecarServer(config)
+    with pytest.raises(RuntimeError, match="failed to start"):
+        server.__enter__()
+    server.close()
+    assert not server.thread.is_alive()
+    assert "/v2/models/absent/generate_stream failed" in capfd.readouterr().err
+    assert not cached_path(tmp_path, "h100", "absent").exists()
