@@ -31,6 +31,21 @@ class LiveSidecar(SidecarServer):
         return httpx.post(f"http://{self.url}{path}", timeout=60.0, **kw)  # type: ignore[arg-type]
 
 
+def failed_start(config: GatewayConfig) -> None:
+    """Start a sidecar that must fail to start: its start raises, and its server thread is gone
+    after (what it printed is the caller's to read)."""
+    server = SidecarServer(config)
+    try:
+        server.__enter__()
+    except RuntimeError as err:
+        assert "failed to start" in str(err), err
+    else:
+        server.close()
+        raise AssertionError("the sidecar started")
+    server.close()
+    assert not server.thread.is_alive()
+
+
 def simnet_tables(gpu: str = "v100") -> TableSet:
     """The simulator's profiled CNN table, named ``simnet`` as the embedded model it emulates."""
     cnn = next(iter(profiled_tables(gpu)))

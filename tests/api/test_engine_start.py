@@ -18,10 +18,9 @@ from api.embedded_llm import SIMLLM
 from api.engine_start import cached_path, engine_profile_at_start, engine_target
 from api.metrics import GatewayMetrics
 from api.runtime import Gpu, Runtime
-from api.server import SidecarServer
 from dvfs.simulated import SimulatedDevice
 from loadgen.stream import GenTarget
-from tests.api.live import LiveSidecar, embedded_config
+from tests.api.live import LiveSidecar, embedded_config, failed_start
 from tests.time2clock.test_engine_profile import sweep_of
 from time2clock.engine import EngineSweep, EngineSweepSettings, load_engine_profile
 from time2clock.profile import MeasureError, select_clocks
@@ -174,10 +173,6 @@ def test_live_an_engine_it_cannot_measure_stops_the_start(
         tmp_path, device="sim:h100", profile_models=(), profile_engine="absent",
         profile_clocks=2, port=0,
     )  # fmt: skip
-    server = SidecarServer(config)
-    with pytest.raises(RuntimeError, match="failed to start"):
-        server.__enter__()
-    server.close()
-    assert not server.thread.is_alive()
+    failed_start(config)
     assert "/v2/models/absent/generate_stream failed" in capfd.readouterr().err
     assert not cached_path(tmp_path, "h100", "absent").exists()

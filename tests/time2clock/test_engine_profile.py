@@ -17,13 +17,12 @@ from api.embedded import EmbeddedTriton
 from api.embedded_llm import SIMLLM
 from api.metrics import GatewayMetrics
 from api.runtime import Gpu, Runtime
-from api.server import SidecarServer
 from dvfs.factory import open_device
 from dvfs.llm_profiles import IterationWork, get_llm_profile
 from dvfs.simulated import SimulatedDevice
 from scheduler.config import PolicyConfig
 from scheduler.tokens import TokenClockPolicy
-from tests.api.live import LiveSidecar
+from tests.api.live import LiveSidecar, failed_start
 from time2clock.__main__ import main
 from time2clock.engine import (
     EnergySampler,
@@ -298,9 +297,5 @@ def test_a_profile_of_another_gpu_stops_the_start(
         triton_url=triton.url, device="sim:a100", policy="max", engine_profile=path,
         state_dir=tmp_path, learn=False, port=0,
     )  # fmt: skip
-    server = SidecarServer(config)
-    with pytest.raises(RuntimeError, match="failed to start"):
-        server.__enter__()
-    server.close()
-    assert not server.thread.is_alive()
+    failed_start(config)
     assert "made on a GPU with other clocks" in capfd.readouterr().err
