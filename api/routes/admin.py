@@ -102,6 +102,9 @@ async def state(rt: Admin) -> dict[str, Any]:
                 "triton_url": gpu.url,
                 "triton_grpc_url": gpu.grpc_url,
                 "triton_up": gpu.up,
+                # the LLM engine's profile the token policy plans with (None: the embedded
+                # engine's own, or none)
+                "engine_profile": _text(gpu.engine_profile or rt.config.engine_profile),
             }
         )
     return {
@@ -114,6 +117,10 @@ async def state(rt: Admin) -> dict[str, Any]:
         "requests_by_protocol": dict(rt.metrics.requests_by_protocol),
         "event_loop_lag_worst_ms": round(rt.loop_lag.worst_s * 1000.0, 3),
     }
+
+
+def _text(path: Path | None) -> str | None:
+    return None if path is None else str(path)
 
 
 def _swap(rt: Runtime, build: Callable[[Gpu], ClockPolicy]) -> dict[str, Any]:

@@ -155,7 +155,7 @@ def test_live_the_sidecar_measures_its_engine_then_plans_with_it(tmp_path: Path)
         reply = httpx.post(url, json={"text_input": "a b", "max_tokens": 3}, timeout=30)
         assert reply.status_code == 200 and reply.text.count("data:") == 3
         state = sidecar.get("/admin/state", headers=ADMIN).json()
-        assert state["policy"] == "tokens"
+        assert state["policy"] == "tokens" and state["engine_profile"] == str(path)
     made = path.stat().st_mtime_ns
     with LiveSidecar(config) as sidecar:
         assert sidecar.get("/admin/state", headers=ADMIN).json()["policy"] == "tokens"

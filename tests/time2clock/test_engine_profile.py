@@ -270,6 +270,7 @@ def test_the_sidecar_plans_with_the_profile_in_front_of_the_engine(
         admin = sidecar.get("/admin/state", headers={"Authorization": "Bearer t"}).json()
         (tokens,) = admin["feedback"]
         assert admin["policy"] == "tokens" and tokens["running"] == 0
+        assert admin["engine_profile"] == str(path)
         out = tmp_path / "openai.json"
         argv = ["profile-engine", "--url", f"http://{sidecar.url}", "--state-path", str(state)]
         argv += ["--endpoint", "openai-completions", "--model", SIMLLM, "--clocks", "2"]
