@@ -14,7 +14,6 @@ not serve until the sweep is done, and the GPU's clock is given back after it wh
 
 from __future__ import annotations
 
-import datetime
 import logging
 import re
 from collections.abc import Mapping
@@ -27,8 +26,7 @@ from time2clock.engine import (
     EngineSweepSettings,
     check_clocks,
     load_engine_profile,
-    save_engine_profile,
-    sweep_engine,
+    measure_engine_profile,
 )
 from time2clock.profile import select_clocks
 
@@ -87,13 +85,9 @@ async def engine_profile_at_start(
     def progress(done: int, total: int) -> None:
         log.info("engine profile: %d of %d runs", done, total)
 
-    sweep = await sweep_engine(device, target, chosen, settings, progress=progress)
-    about = {
-        "gpu": gpu_name,
-        "engine": {"url": target.base_url, "endpoint": target.endpoint, "model": target.model},
-        "made": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "by": "the sidecar at start (--profile-engine)",
-    }
-    save_engine_profile(path, sweep, ladder, about)
+    await measure_engine_profile(
+        path, device, target, chosen, settings, gpu=gpu_name, progress=progress,
+        by="the sidecar at start (--profile-engine)",
+    )  # fmt: skip
     log.info("cached the engine profile at %s", path)
     return path

@@ -259,13 +259,12 @@ def _cmd_profile(args: argparse.Namespace, console: Console) -> int:
 def _cmd_profile_engine(args: argparse.Namespace, console: Console) -> int:
     import asyncio
     import contextlib
-    import datetime
     import tempfile
 
     from dvfs.factory import open_device, parse_device_spec
     from dvfs.simulated import SimulatedDevice
     from loadgen.stream import GenTarget, endpoint_name
-    from time2clock.engine import save_engine_profile, sweep_engine
+    from time2clock.engine import measure_engine_profile
     from time2clock.plot import PlotUnavailableError, plot_engine
     from time2clock.profile import select_clocks
 
@@ -330,16 +329,11 @@ def _cmd_profile_engine(args: argparse.Namespace, console: Console) -> int:
             def advance(done: int, total: int) -> None:
                 bar.update(task, completed=done, total=total)
 
-            sweep = asyncio.run(
-                sweep_engine(device, target, clocks, settings, progress=advance, seed=args.seed)
+            out = Path(args.output)
+            measure = measure_engine_profile(
+                out, device, target, clocks, settings, gpu=gpu, progress=advance, seed=args.seed
             )
-        about = {
-            "gpu": gpu,
-            "engine": {"url": base_url, "endpoint": endpoint, "model": model},
-            "made": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        }
-        out = Path(args.output)
-        prior = save_engine_profile(out, sweep, ladder, about)
+            prior = asyncio.run(measure)
     wrote = [out]
     try:
         title = f"{model} on {gpu}: engine profile"

@@ -273,6 +273,33 @@ async def sweep_engine(
     return result
 
 
+async def measure_engine_profile(
+    path: Path,
+    device: Device,
+    target: GenTarget,
+    clocks_mhz: Sequence[int],
+    settings: EngineSweepSettings,
+    *,
+    gpu: str,
+    progress: ProgressFn | None = None,
+    seed: int = 0,
+    by: str | None = None,
+) -> EnginePrior:
+    """Sweep ``target``'s engine on ``device`` (:func:`sweep_engine`) and write its profile to
+    ``path`` with where it was made (the ``gpu``, the engine, when, and ``by`` whom if given)."""
+    import datetime
+
+    sweep = await sweep_engine(device, target, clocks_mhz, settings, progress=progress, seed=seed)
+    about: dict[str, Any] = {
+        "gpu": gpu,
+        "engine": {"url": target.base_url, "endpoint": target.endpoint, "model": target.model},
+        "made": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
+    if by is not None:
+        about["by"] = by
+    return save_engine_profile(path, sweep, device.supported_clocks_mhz(), about)
+
+
 def save_engine_profile(
     path: Path, sweep: EngineSweep, ladder_mhz: Sequence[int], about: Mapping[str, Any]
 ) -> EnginePrior:

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
-import api.engine_start as engine_start
+import time2clock.engine
 from api.config import from_options
 from api.embedded_llm import SIMLLM
 from api.engine_start import cached_path, engine_profile_at_start, engine_target
@@ -53,7 +53,7 @@ def test_it_is_measured_once_then_read_from_the_state_dir(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sweeps = FakeSweeps()
-    monkeypatch.setattr(engine_start, "sweep_engine", sweeps)
+    monkeypatch.setattr(time2clock.engine, "sweep_engine", sweeps)
     device = SimulatedDevice("h100", state_path=tmp_path / "gpu.state")
     ladder = device.supported_clocks_mhz()
     path = profile(device, tmp_path)
@@ -78,7 +78,9 @@ def test_it_is_measured_once_then_read_from_the_state_dir(
 def test_an_engine_that_cannot_be_measured_stops_it_and_nothing_is_cached(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(engine_start, "sweep_engine", FakeSweeps(MeasureError("a stream failed")))
+    monkeypatch.setattr(
+        time2clock.engine, "sweep_engine", FakeSweeps(MeasureError("a stream failed"))
+    )
     device = SimulatedDevice("h100", state_path=tmp_path / "gpu.state")
     with pytest.raises(MeasureError, match="a stream failed"):
         profile(device, tmp_path)
@@ -92,7 +94,7 @@ def test_one_openai_engine_is_measured_on_the_first_gpu_only(
     """The OpenAI upstream is one engine on one GPU: a second GPU of the same kind takes its
     profile; one of another kind is refused, not swept while the engine runs elsewhere."""
     sweeps = FakeSweeps()
-    monkeypatch.setattr(engine_start, "sweep_engine", sweeps)
+    monkeypatch.setattr(time2clock.engine, "sweep_engine", sweeps)
     devices = "sim:h100,sim:h100,sim:a100"
     rt = Runtime(
         from_options(

@@ -25,8 +25,7 @@ from tritonclient.utils import InferenceServerException
 from api.config import GatewayConfig, from_options
 from api.embedded import free_port
 from api.grpc_frontend.protocol import method_path
-from api.server import SidecarServer
-from tests.api.live import LiveSidecar, embedded_config, timeout_in_queue
+from tests.api.live import LiveSidecar, embedded_config, failed_start, timeout_in_queue
 from tests.api.test_gateway import admin, slow_gpu  # noqa: F401 (a fixture, used by name)
 from tests.api.test_gateway import client as http_client
 from tests.api.test_gateway import tensor as http_tensor
@@ -504,11 +503,7 @@ def test_grpc_port_taken_fails_the_start_cleanly(tmp_path: Path) -> None:
             policy="max",
             state_dir=tmp_path,
         )
-        server = SidecarServer(cfg)
-        with pytest.raises(RuntimeError, match="failed to start"):
-            server.__enter__()
-        server.close()
-    assert not server.thread.is_alive()
+        failed_start(cfg)
 
 
 def test_shutdown_answers_every_queued_call(tmp_path: Path) -> None:
