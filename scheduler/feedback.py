@@ -70,8 +70,9 @@ class FeedbackParams:
     known; the energy floor then counts only the energy a request adds above idle (a slower
     clock shortens the idle time it replaces), and the idle clock weighs what idling lower
     saves against what the wake-up costs. ``floor_tolerance``: the floor is the lowest clock
-    whose estimated energy is within this share of the least (lower clocks form bigger batches
-    than the estimate counts). ``phantoms``: the plan's arrivals to come. ``raise_quantile``:
+    whose estimated energy is within this share of the least; 0, the default, takes the clock
+    of least energy itself (the estimate already counts the batch the load forms at each
+    clock, so a tolerance only trades energy for a lower clock). ``phantoms``: the plan's arrivals to come. ``raise_quantile``:
     the quantile of execution times the plan raises the clock for (the controller measures the
     tail, so the plan raises for the mean). ``batch_hold``: the longest a model's requests may
     be held for a fuller batch, as a share of their SLO (a hold also ends in time for the
@@ -97,7 +98,7 @@ class FeedbackParams:
     idle_depth: float = 1.0
     idle_power_w: float | None = None
     idle_power_top_w: float | None = None
-    floor_tolerance: float = 0.02
+    floor_tolerance: float = 0.0
     phantoms: int = 0
     overshoot: float = 0.1
     quiet_s: float = 0.25

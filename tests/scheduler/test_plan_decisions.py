@@ -12,7 +12,8 @@ chunks, spaced as far apart as what is at Triton needs, not as the cap would; an
 each request its model's GPU time per request in full batches, not its time from dispatch to
 completion, which changes the order of the two nice clients' requests; the tail controller's
 step settling as a class's completions add up, and its setpoint at 0.97; the tables' tail
-margins taken as the spread around each clock's own mean, not against the fit):
+margins taken as the spread around each clock's own mean, not against the fit; the energy floor
+at the clock of least energy, with no tolerance below it):
 every clock change, batch and completion time feeds into them, so a single decision that
 differs shows. A change that means to alter decisions updates them
 (``python -m tests.scheduler.test_plan_decisions`` prints the current ones).
@@ -31,10 +32,10 @@ from simulator.simulate import ModelMix, SimConfig, mix_capacity_rps, simulate
 # sum of latencies ms, median latency ms, largest latency ms)
 BEFORE = {
     ("adaptive", "poisson", 3): (
-        1175, 975, 11, 974, 1190.194529, 1517.552928, 477737.947114, 23.381504, 6948.429085
+        1175, 979, 12, 952, 1185.222046, 1516.886883, 461171.019845, 23.896107, 6678.330239
     ),
     ("adaptive", "bursty", 5): (
-        961, 610, 7, 642, 965.283198, 1525.652176, 203690.559594, 47.152006, 2009.949497
+        961, 613, 8, 629, 960.504602, 1525.806565, 201073.187781, 46.9761, 1983.740751
     ),
     ("slack", "poisson", 3): (
         1175, 1004, 5, 858, 1134.587973, 1519.604874, 364840.404731, 28.619334, 5198.20511
