@@ -68,21 +68,22 @@ class FeedbackParams:
     request may lose to the clock change (a share of the tightest SLO). ``idle_power_w`` and
     ``idle_power_top_w``: the GPU's power when idle at its lowest and at its top clock, if
     known; the energy floor then counts only the energy a request adds above idle (a slower
-    clock shortens the idle time it replaces), and the idle clock weighs what idling lower
-    saves against what the wake-up costs. ``floor_tolerance``: the floor is the lowest clock
-    whose estimated energy is within this share of the least; 0, the default, takes the clock
-    of least energy itself (the estimate already counts the batch the load forms at each
-    clock, so a tolerance only trades energy for a lower clock). ``phantoms``: the plan's arrivals to come. ``raise_quantile``:
-    the quantile of execution times the plan raises the clock for (the controller measures the
-    tail, so the plan raises for the mean). ``batch_hold``: the longest a model's requests may
-    be held for a fuller batch, as a share of their SLO (a hold also ends in time for the
-    setpoint at the energy floor, with the table's p99 margin); ``hold_while_busy``: hold them
-    while the model's earlier batch runs too (what arrives meanwhile would otherwise run nearly
-    alone beside it); ``rest_while_holding``: drop to the idle clock while every model waiting
-    is held back (nothing runs until a hold ends). ``overshoot``: how far past the top clock
-    (in log speed) the level may run while even the top leaves near misses (see the module
-    docstring). ``quiet_s``: a class with no completion for this long no longer keeps the idle
-    clock up (its tail was measured under load that has gone).
+    clock shortens the idle time it replaces), and the idle clock weighs what idling lower saves
+    against what the wake-up costs. ``floor_tolerance``: the floor is the lowest clock whose
+    estimated energy is within this share of the least; 0, the default, takes the clock of least
+    energy itself (the estimate already counts the batch the load forms at each clock, so a
+    tolerance only trades energy for a lower clock). ``phantoms``: the plan's arrivals to come.
+    ``raise_quantile``: the quantile of execution times the plan raises the clock for (the
+    controller measures the tail, so the plan raises for the mean). ``batch_hold``: the longest
+    a model's requests may be held for a fuller batch, as a share of their SLO (a hold also ends
+    in time for the setpoint at the energy floor, with the table's p99 margin);
+    ``hold_while_busy``: hold them while the model's earlier batch runs too (what arrives
+    meanwhile would otherwise run nearly alone beside it); ``rest_while_holding``: drop to the
+    idle clock while every model waiting is held back (nothing runs until a hold ends).
+    ``overshoot``: how far past the top clock (in log speed) the level may run while even the
+    top leaves near misses (see the module docstring). ``quiet_s``: a class with no completion
+    for this long no longer keeps the idle clock up (its tail was measured under load that has
+    gone).
     """
 
     target: float = 0.99
