@@ -4,12 +4,12 @@ for the batches the load forms, and a deep clock while the GPU is idle.
 Three clocks, one for each thing the GPU does:
 
 * **Busy: a base clock learned from the tail.** Each SLO class (model, SLO) has a
-  :class:`scheduler.feedback.TailController` that aims the class's p99 of ``latency / SLO``
-  at 0.95 by moving the class's base speed: a near miss speeds it up at once, completions with
-  room slow it down a little each (faster while far below only if ``fast_descent`` asks:
-  its extra steps down cost extra near misses, ``docs/design.md``). The base clock of a model
-  is the fastest its classes ask for. It is what an operator who locks the best single clock
-  in hindsight does, found online and followed as the load moves.
+  :class:`scheduler.feedback.TailController` that aims the class's p99 of ``latency / SLO`` at
+  its setpoint (0.97) by moving the class's base speed: a near miss speeds it up at once,
+  completions with room slow it down a little each (faster while far below only if
+  ``fast_descent`` asks: its extra steps down cost extra near misses, ``docs/design.md``). The
+  base clock of a model is the fastest its classes ask for. It is what an operator who locks the
+  best single clock in hindsight does, found online and followed as the load moves.
 * **Queues: the plan.** Above the base, ``slack``'s plan raises the clock at once when the
   requests queued and at Triton need it (every request's deadline, in dispatch order, batches
   and the time already done), on the mean times of the table (the controller measures the
