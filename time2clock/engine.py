@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import json
 import math
 import time
@@ -287,8 +288,6 @@ async def measure_engine_profile(
 ) -> EnginePrior:
     """Sweep ``target``'s engine on ``device`` (:func:`sweep_engine`) and write its profile to
     ``path`` with where it was made (the ``gpu``, the engine, when, and ``by`` whom if given)."""
-    import datetime
-
     sweep = await sweep_engine(device, target, clocks_mhz, settings, progress=progress, seed=seed)
     about: dict[str, Any] = {
         "gpu": gpu,
