@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from time2clock.table import Time2ClockTable
 
 NO_GPU_EXIT = 2
+TABLE_TRIM = 0.2  # the trimmed mean of the one-clock table (time2clock's own default)
 log = logging.getLogger("gpucheck")
 
 
@@ -45,6 +46,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slo-ms", type=float, default=15.0, help="SLO for the policy's clock")
     parser.add_argument("--max-batch", type=int, default=8, help="batch sizes 1..N")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
+    parser.add_argument(
+        "--triton-batches",
+        type=int,
+        nargs="+",
+        default=[1, 2],
+        help="the shadow sidecar's --triton-batches: one sidecar measured per value",
+    )
     parser.add_argument("--warmup-s", type=float, default=2.0)
     parser.add_argument("--window-s", type=float, default=4.0)
     parser.add_argument("-o", "--out", type=Path, default=Path("out/gpu-check"))
@@ -146,33 +154,42 @@ def run(args: argparse.Namespace, device: Any) -> dict[str, Any]:
             "offline_clock_mhz": chosen,
             "offline_slo_met": met,
         }
-        with ShadowSidecar(
-            args.out,
-            triton.url,
-            table_path,
-            device_spec=f"nvml:{args.gpu}",
-            slo_ms=args.slo_ms,
-            max_inflight=max(args.concurrency),
-        ) as sidecar:
-            overhead = [
-                window(label, url, 1, c)
-                for c in args.concurrency
-                for label, url in (("direct", triton.url), ("sidecar", sidecar.url))
-            ]
-            report["overhead"] = [m.to_json() for m in overhead]
-            report["overhead_summary"] = overhead_summary(overhead)
-            report["policy"]["shadow"] = sidecar.admin("/admin/state").get("shadow")
+        overhead: list[Measurement] = []
+        for n in args.triton_batches:
+            with ShadowSidecar(
+                args.out,
+                triton.url,
+                table_path,
+                device_spec=f"nvml:{args.gpu}",
+                slo_ms=args.slo_ms,
+                max_inflight=max(args.concurrency),
+                triton_batches=n,
+            ) as sidecar:
+                for c in args.concurrency:  # direct and sidecar paired, back to back
+                    overhead.append(window("direct", triton.url, 1, c))
+                    overhead.append(window(f"sidecar:{n}", sidecar.url, 1, c))
+                if "shadow" not in report["policy"]:
+                    report["policy"]["shadow"] = sidecar.admin("/admin/state").get("shadow")
+        report["overhead"] = [m.to_json() for m in overhead]
+        report["overhead_summary"] = overhead_summary(overhead)
     return report
 
 
 def overhead_summary(runs: list[Measurement]) -> list[dict[str, Any]]:
-    """Per concurrency: the share of direct Triton's throughput the sidecar keeps, and the p50
-    and p99 it adds, from paired direct/sidecar runs."""
+    """Per sidecar run: the share of direct Triton's throughput it keeps, and the p50 and p99
+    it adds, against the direct run of the same concurrency measured last before it."""
     out = []
-    for direct in (m for m in runs if m.label == "direct"):
-        via = next(m for m in runs if m.label == "sidecar" and m.concurrency == direct.concurrency)
+    direct_at: dict[int, Measurement] = {}
+    for via in runs:
+        if via.label == "direct":
+            direct_at[via.concurrency] = via
+            continue
+        direct = direct_at.get(via.concurrency)
+        if direct is None:
+            raise ValueError(f"no direct run before {via.label} at concurrency {via.concurrency}")
         out.append(
             {
+                "path": via.label,
                 "concurrency": direct.concurrency,
                 "throughput_kept": via.inferences_per_s / direct.inferences_per_s,
                 "p50_added_ms": via.p50_ms - direct.p50_ms,
@@ -186,21 +203,30 @@ def one_clock_table(
     at_clock: Measurement, clocks_mhz: list[int], gpu: str
 ) -> tuple[Time2ClockTable, int]:
     """A time2clock table from batch-1 latencies at the one clock the GPU ran (locking other
-    clocks to profile them needs root, which this check never uses): each latency is carried
-    to every clock of the ladder by seed 003's law with ``b = 0`` (time ∝ 1/clock). An
-    assumption, not a measurement: the real table comes from ``python -m time2clock profile``.
-    Energy per inference is known at the measured clock only. Returns the table and that
-    clock."""
-    from time2clock.fit import fit_table
+    clocks to profile them needs root, which this check never uses): the latencies' center is
+    carried to every clock of the ladder by seed 003's law with ``b = 0`` (time ∝ 1/clock), and
+    each latency keeps its own distance from that center, the spread the table takes to be the
+    same at every clock (:func:`time2clock.fit.residual_quantiles`). Scaling the spread too
+    would widen it at the low clocks, and the pooled tail would then put the measured clock's
+    p99 above what was measured there. An assumption, not a measurement: the real table comes
+    from ``python -m time2clock profile``. Energy per inference is known at the measured clock
+    only. Returns the table and that clock."""
+    from time2clock.fit import fit_table, trimmed_mean
 
     measured = min(clocks_mhz, key=lambda c: abs(c - at_clock.clock_mhz_mean))
-    samples = {c: [ms * measured / c for ms in at_clock.latencies_ms] for c in clocks_mhz}
+    center_ms = trimmed_mean(at_clock.latencies_ms, TABLE_TRIM)
+    samples = {
+        c: [center_ms * measured / c + (ms - center_ms) for ms in at_clock.latencies_ms]
+        for c in clocks_mhz
+    }
     energy = (
         {}
         if at_clock.energy_per_inference_j is None
         else {measured: at_clock.energy_per_inference_j}
     )
-    table = fit_table(samples, gpu=gpu, model="resnet50", concurrency=1, energy_j=energy)
+    table = fit_table(
+        samples, trim=TABLE_TRIM, gpu=gpu, model="resnet50", concurrency=1, energy_j=energy
+    )
     return table, measured
 
 
@@ -227,6 +253,7 @@ class ShadowSidecar:
         device_spec: str,
         slo_ms: float,
         max_inflight: int,
+        triton_batches: int = 1,
     ) -> None:
         from api.embedded import free_port
 
@@ -238,10 +265,11 @@ class ShadowSidecar:
             "--host", "127.0.0.1", "--port", str(self.port),
             "--triton-url", triton_url, "--device", device_spec,
             "--policy", "slack", "--table", str(table), "--slo-ms", str(slo_ms),
-            "--max-inflight", str(max_inflight), "--max-queue", "10000",
+            "--max-inflight", str(max_inflight), "--triton-batches", str(triton_batches),
+            "--max-queue", "10000",
             "--admin-token", self.token, "--state-dir", self._tmp.name, "--log-level", "warning",
         ]  # fmt: skip
-        self.log_path = out_dir / "sidecar.log"
+        self.log_path = out_dir / f"sidecar-{triton_batches}b.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -313,7 +341,8 @@ def print_report(report: dict[str, Any]) -> None:
         console.print(table)
     for row in report["overhead_summary"]:
         console.print(
-            f"sidecar overhead at concurrency {row['concurrency']}: "
+            f"{row['path']} (--triton-batches {row['path'].partition(':')[2] or 1}) "
+            f"at concurrency {row['concurrency']}: "
             f"{row['throughput_kept']:.1%} of direct throughput kept, "
             f"p50 +{row['p50_added_ms']:.2f} ms, p99 +{row['p99_added_ms']:.2f} ms"
         )

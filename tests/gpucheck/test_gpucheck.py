@@ -113,6 +113,44 @@ def test_one_clock_table_carries_latency_by_inverse_clock() -> None:
     assert [p.energy_per_inference_j for p in table.points] == [None, 0.5, None]
 
 
+def test_one_clock_table_keeps_the_measured_tail_at_the_measured_clock() -> None:
+    # 98 executions near 10 ms and a tail at 14 ms: the measured clock's p99 must come out as
+    # measured, not widened by the spread of the extrapolated low clocks.
+    rng = np.random.default_rng(3)
+    lat = (*(float(x) for x in rng.normal(10.0, 0.2, 98)), 14.0, 14.0)
+    measured_p99 = float(np.quantile(lat, 0.99))
+    at = Measurement("direct", 1, 1, len(lat), 0, 100.0, 10.0, measured_p99, None, None,
+                     1980, 1980.0, 1980, latencies_ms=lat)  # fmt: skip
+    clocks = list(range(345, 1981, 15))
+    table, measured = one_clock_table(at, clocks, "gpu")
+    assert measured == 1980
+    # within the law's own error: 1/(m·x + b) follows center/x + margin closely, not exactly
+    assert table.fit_for("p99").predict_ms(1980) == pytest.approx(measured_p99, rel=0.05)
+    # the center still scales by the inverse clock; the p99 margin is not scaled with it
+    # (at half the clock a scaled margin would be twice the measured one)
+    assert table.predict_ms(990) == pytest.approx(2 * table.predict_ms(1980), rel=0.01)
+    margin_ms = measured_p99 - table.predict_ms(1980)
+    assert table.fit_for("p99").predict_ms(990) - table.predict_ms(990) < 1.3 * margin_ms
+    assert table.lowest_clock_mhz(measured_p99 + 1.0, "p99")[1]
+
+
+def test_overhead_pairs_each_sidecar_run_with_the_direct_run_before_it() -> None:
+    def run(label: str, conc: int, rate: float, p50: float) -> Measurement:
+        return Measurement(label, 1, conc, 10, 0, rate, p50, 2 * p50, None, None, 1, 1.0, 1)
+
+    runs = [
+        run("direct", 16, 500.0, 20.0), run("sidecar:1", 16, 400.0, 30.0),
+        run("direct", 16, 600.0, 25.0), run("sidecar:2", 16, 540.0, 26.0),
+    ]  # fmt: skip
+    first, second = overhead_summary(runs)
+    assert (first["path"], first["throughput_kept"]) == ("sidecar:1", 0.8)
+    assert first["p50_added_ms"] == 10.0 and first["p99_added_ms"] == 20.0
+    assert (second["path"], second["throughput_kept"]) == ("sidecar:2", 0.9)
+    assert second["p50_added_ms"] == 1.0
+    with pytest.raises(ValueError, match="no direct run"):
+        overhead_summary([run("sidecar:1", 1, 1.0, 1.0)])
+
+
 def test_measuring_and_the_shadow_sidecar_on_the_embedded_stack(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -171,4 +209,4 @@ def test_measuring_and_the_shadow_sidecar_on_the_embedded_stack(
     }  # fmt: skip
     print_report(report)
     out = capsys.readouterr().out
-    assert "sidecar overhead at concurrency 2" in out and "would choose 600 MHz" in out
+    assert "sidecar (--triton-batches 1) at concurrency 2" in out and "would choose 600 MHz" in out
