@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from time2clock.table import Time2ClockTable
 
 NO_GPU_EXIT = 2
+TITLE = "The whole stack on a real GPU, read-only (scripts/gpu-check)"
 TABLE_TRIM = 0.2  # the trimmed mean of the one-clock table (time2clock's own default)
 log = logging.getLogger("gpucheck")
 
@@ -82,10 +83,13 @@ def main(argv: list[str] | None = None) -> int:
         report = run(args, device)
     finally:
         device.close()
-    path = args.out / "report.json"
-    path.write_text(json.dumps(report, indent=2) + "\n")
+    from simulator.results import write_results
+
+    md, js = write_results(
+        "report", title=TITLE, markdown=report_markdown(report), data=report, directory=args.out
+    )
     print_report(report)
-    print(f"\nwrote {path}")
+    print(f"\nwrote {md} and {js}")
     return 0
 
 
@@ -354,6 +358,55 @@ def print_report(report: dict[str, Any]) -> None:
         f"{'meets' if policy['offline_slo_met'] else 'cannot meet'} the SLO); the live shadow "
         f"sidecar's target: {shadow.get('clock_target_mhz')} MHz, GPU ran "
         f"{shadow.get('gpu_clock_mhz')} MHz"
+    )
+
+
+def report_markdown(report: dict[str, Any]) -> str:
+    """The report as the Markdown of a results file (what :func:`print_report` prints)."""
+    from simulator.results import markdown_table
+
+    gpu = report["gpu"]
+    head = ["path", "batch", "concurrency", "inferences/s", "p50 ms", "p99 ms", "J/inference",
+            "W", "clock MHz"]  # fmt: skip
+
+    def rows(runs: list[dict[str, Any]]) -> list[list[str]]:
+        return [
+            [m["label"], str(m["batch"]), str(m["concurrency"]), f"{m['inferences_per_s']:.1f}",
+             f"{m['p50_ms']:.2f}", f"{m['p99_ms']:.2f}", _fmt(m["energy_per_inference_j"], 1, ""),
+             _fmt(m["power_w"], 1, ""), f"{m['clock_mhz_min']}..{m['clock_mhz_max']}"]
+            for m in runs
+        ]  # fmt: skip
+
+    summary = [
+        [row["path"], str(row["concurrency"]), f"{row['throughput_kept']:.1%}",
+         f"{row['p50_added_ms']:+.2f}", f"{row['p99_added_ms']:+.2f}"]
+        for row in report["overhead_summary"]
+    ]  # fmt: skip
+    policy = report["policy"]
+    shadow = policy.get("shadow") or {}
+    return "\n\n".join(
+        [
+            f"{gpu['name']} (GPU {gpu['index']}): {len(gpu['clocks_mhz'])} clocks "
+            f"{gpu['clocks_mhz'][0]}..{gpu['clocks_mhz'][-1]} MHz; idle "
+            f"{gpu['clock_mhz_idle']} MHz, {gpu['power_w_idle']:.1f} W; energy counter refresh "
+            f"{_fmt(gpu['energy_counter_refresh_s'], 1000, 'ms')}. Nothing on the GPU was "
+            "changed: every figure is at the clock the GPU chose itself.",
+            "ResNet-50 (torchvision, random weights, FP32, PyTorch eager) in a real Triton "
+            "(PyTriton), straight to Triton, one client:",
+            markdown_table(head, rows(report["batches"])),
+            "The sidecar in shadow mode (`sidecar:N`: `--triton-batches N`) against the direct "
+            "run measured just before it, batch 1:",
+            markdown_table(head, rows(report["overhead"])),
+            markdown_table(
+                ["path", "concurrency", "throughput kept", "p50 added ms", "p99 added ms"],
+                summary,
+            ),
+            f"SLO {report['slo_ms']:g} ms: the slack policy would choose "
+            f"{policy['offline_clock_mhz']} MHz from a table extrapolated from the one clock "
+            f"measured ({'meets' if policy['offline_slo_met'] else 'cannot meet'} the SLO); the "
+            f"first shadow sidecar's target after its load: {shadow.get('clock_target_mhz')} "
+            f"MHz, the GPU ran {shadow.get('gpu_clock_mhz')} MHz.",
+        ]
     )
 
 

@@ -18,7 +18,13 @@ from api.embedded import INPUT_WIDTH, SIMNET, EmbeddedTriton
 from dvfs.nvml import NvmlDevice
 from dvfs.readonly import ReadOnlyDevice
 from dvfs.simulated import SimulatedDevice
-from gpucheck.__main__ import ShadowSidecar, one_clock_table, overhead_summary, print_report
+from gpucheck.__main__ import (
+    ShadowSidecar,
+    one_clock_table,
+    overhead_summary,
+    print_report,
+    report_markdown,
+)
 from gpucheck.guard import NvmlWriteForbiddenError, forbid_nvml_writes, is_read
 from gpucheck.measure import Measurement, calibrate, energy_counter, measure
 from tests.api.live import simnet_tables
@@ -210,3 +216,8 @@ def test_measuring_and_the_shadow_sidecar_on_the_embedded_stack(
     print_report(report)
     out = capsys.readouterr().out
     assert "sidecar (--triton-batches 1) at concurrency 2" in out and "would choose 600 MHz" in out
+    md = report_markdown(report)
+    assert "| sidecar | 1 | 2 |" not in md  # batch 2 here
+    assert f"| sidecar | 2 | 2 | {runs[1].inferences_per_s:.1f} |" in md
+    assert f"| sidecar | 2 | {summary['throughput_kept']:.1%} |" in md
+    assert "would choose 600 MHz" in md
