@@ -298,6 +298,12 @@ _SCHEDULER_FLAGS = {
         "full batches of each model kept at Triton; the rest waits in the sidecar's queue, "
         "where priority, nice weights and cancellation apply (more: throughput over isolation)",
     ),
+    "triton_batches_alone": (
+        "triton-batches-alone",
+        "full batches of each model kept at Triton while fewer than two priority levels arrived "
+        "lately, when no level has anything to be protected from (never fewer than "
+        "--triton-batches)",
+    ),
 }
 _PLACEMENT_FLAGS = {
     "mode": (

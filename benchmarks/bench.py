@@ -2,15 +2,14 @@
 over HTTP and over gRPC (each against Triton's own endpoint of the same protocol).
 
 The sidecar runs in its own process (as in production; in-process it would share the load
-generator's GIL) with policy ``max`` and room for everything in flight, at the sidecar and at
-Triton (``--triton-batches`` where the tree has it: by default the sidecar keeps one full batch
-of a model at Triton and the rest waiting in its own queue, a choice for priority that the load
+generator's GIL) with policy ``max`` and room for everything in flight, at the sidecar and at Triton
+(``--triton-batches`` where the tree has it: by default the sidecar keeps one or two full batches of
+a model at Triton and the rest waiting in its own queue, a choice for priority that the load
 measured here would pay in throughput and latency), in front of the embedded Triton's ``noop``
-model, so that only the sidecar's own work shows. Direct and sidecar runs
-alternate (A B A B …) so the machine's drift hits both alike; the ratios are the result. The
-sidecar's CPU per request is its own process's accounting (user + system time of all its threads,
-from ``/proc``; Triton runs in a process of its own and is not counted) over each measured run,
-divided by the requests it answered.
+model, so that only the sidecar's own work shows. Direct and sidecar runs alternate (A B A B …) so
+the machine's drift hits both alike; the ratios are the result. The sidecar's CPU per request is its
+own process's accounting (user + system time of all its threads, from ``/proc``; Triton runs in a
+process of its own and is not counted) over each measured run, divided by the requests it answered.
 
 ``--before-tree DIR`` runs a second sidecar from another source tree (an earlier commit, say) in
 front of the same Triton, measured in the same rounds: a before/after on the same machine at the

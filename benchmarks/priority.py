@@ -63,6 +63,7 @@ from loadgen.engine import (
     schedule,
 )
 from loadgen.metrics import histogram_buckets
+from scheduler.core import SchedulerConfig
 from scheduler.isolation import ClientUsage, isolation
 from scheduler.weights import weight_for_nice
 from simulator.results import DEFAULT_DIR, Provenance, markdown_table, provenance, write_results
@@ -339,7 +340,12 @@ SIM_CELLS = (
 SIM_NICE = "a:nice=-5,share=0.34;b:nice=0,share=0.33;c:nice=5,share=0.33"
 
 
-def simulated_cells(duration_s: float, seed: int) -> list[dict[str, Any]]:
+def simulated_cells(
+    duration_s: float,
+    seed: int,
+    triton_batches: int = SchedulerConfig.triton_batches,
+    triton_batches_alone: int = SchedulerConfig.triton_batches_alone,
+) -> list[dict[str, Any]]:
     """The priority cells and a nice mix in the simulator (policy ``max``, load 2.0 of the
     mix's capacity; the nice mix at 3.0): the priority-1 client's tail and attainment, the
     node's throughput against the flood alone on the same arrivals, seed 000's isolation."""
@@ -357,6 +363,8 @@ def simulated_cells(duration_s: float, seed: int) -> list[dict[str, Any]]:
             clients=tuple(parse_clients(clients)),
             models=parse_models(models),
             instances=instances,
+            triton_batches=triton_batches,
+            triton_batches_alone=triton_batches_alone,
             with_oracle=False,
         )
         out: dict[str, Any] = simulate(cfg).to_json()
@@ -402,6 +410,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--sim-duration-s", type=float, default=60.0)
     parser.add_argument("--sim-seed", type=int, default=3)
+    parser.add_argument(
+        "--sim-triton-batches",
+        type=int,
+        default=SchedulerConfig.triton_batches,
+        help="full batches of each model kept at Triton in the simulated cells",
+    )
+    parser.add_argument(
+        "--sim-triton-batches-alone",
+        type=int,
+        default=SchedulerConfig.triton_batches_alone,
+        help="full batches kept at Triton while one level alone is seen",
+    )
     parser.add_argument("--repeat", type=int, default=1, help="runs of each check")
     parser.add_argument("--flood", type=int, default=64)
     parser.add_argument("--hi-rps", type=float, default=20.0)
@@ -433,7 +453,12 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}}
     if "sim" in checks:
         checks.remove("sim")
-        results["sim"] = simulated_cells(args.sim_duration_s, args.sim_seed)
+        results["sim"] = simulated_cells(
+            args.sim_duration_s,
+            args.sim_seed,
+            args.sim_triton_batches,
+            args.sim_triton_batches_alone,
+        )
         for row in results["sim"]:
             print(f"sim: {json.dumps(row)}", flush=True)
     if not checks:
@@ -531,7 +556,13 @@ def summary(results: dict[str, Any]) -> str:
     parts: list[str] = []
     sim = [r for r in results.get("sim", []) if "hi_p99_ms" in r]
     if sim:
-        parts.append("## Simulator: a priority-1 client (10%) beside a priority-0 flood")
+        args = results.get("args", {})
+        batches = args.get("sim_triton_batches", SchedulerConfig.triton_batches)
+        alone = args.get("sim_triton_batches_alone", "1")
+        parts.append(
+            "## Simulator: a priority-1 client (10%) beside a priority-0 flood "
+            f"(--triton-batches {batches}, --triton-batches-alone {alone})"
+        )
         parts.append(
             markdown_table(
                 (

@@ -52,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         nargs="+",
         default=[1, 2],
-        help="the shadow sidecar's --triton-batches: one sidecar measured per value",
+        help="full batches the shadow sidecar keeps at Triton (its --triton-batches and "
+        "--triton-batches-alone): one sidecar measured per value",
     )
     parser.add_argument("--warmup-s", type=float, default=2.0)
     parser.add_argument("--window-s", type=float, default=4.0)
@@ -270,7 +271,7 @@ class ShadowSidecar:
             "--triton-url", triton_url, "--device", device_spec,
             "--policy", "slack", "--table", str(table), "--slo-ms", str(slo_ms),
             "--max-inflight", str(max_inflight), "--triton-batches", str(triton_batches),
-            "--max-queue", "10000",
+            "--triton-batches-alone", str(triton_batches), "--max-queue", "10000",
             "--admin-token", self.token, "--state-dir", self._tmp.name, "--log-level", "warning",
         ]  # fmt: skip
         self.log_path = out_dir / f"sidecar-{triton_batches}b.log"

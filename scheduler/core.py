@@ -38,6 +38,12 @@ class SchedulerConfig:
     cancellation still decide; Triton runs what it holds as it batches it, and a running batch
     is never preempted.
 
+    ``triton_batches_alone``: the full batches kept at Triton instead (never fewer than
+    ``triton_batches``) while fewer than two priority levels arrived lately
+    (:attr:`scheduler.waitbound.WaitBound.one_level`): no level has anything to be protected
+    from, and a second batch ready at Triton keeps the GPU busy through the round trip of the
+    first through the sidecar, and lets several instances each run a full batch.
+
     ``priority_levels``: levels 1..N (1 highest); a request with priority 0 goes to
     ``default_priority_level`` (default: N, the lowest), as in Triton's model configuration.
     """
@@ -48,12 +54,15 @@ class SchedulerConfig:
     default_priority_level: int | None = None
     default_slo_ms: float = 100.0
     triton_batches: int = 1
+    triton_batches_alone: int = 2
 
     def __post_init__(self) -> None:
         if min(self.max_inflight, self.max_queue, self.priority_levels, self.triton_batches) < 1:
             raise ValueError(
                 "max_inflight, max_queue, priority_levels and triton_batches must all be >= 1"
             )
+        if self.triton_batches_alone < 1:
+            raise ValueError("triton_batches_alone must be >= 1")
         level = self.default_level
         if not 1 <= level <= self.priority_levels:
             raise ValueError(f"default_priority_level must be in 1..{self.priority_levels}")
@@ -167,7 +176,7 @@ class Scheduler(Generic[P]):
         # served, and what a request is charged at a clock (asked at every dispatch).
         self._derived: dict[str, ModelServing] = {}
         self._charges: dict[tuple[str, int | None], float] = {}
-        self._depths: dict[str, int] = {}  # release_depth per model
+        self._depths: dict[str, tuple[int, int]] = {}  # release_depth per model: (levels, alone)
         policy.attach(self)
         self.clock_target_mhz: int | None = policy.initial_clock_mhz()
         self._seq = 0
@@ -224,22 +233,30 @@ class Scheduler(Generic[P]):
 
     def release_depth(self, model: str) -> int:
         """The most requests of ``model`` worth having at Triton at once: ``triton_batches``
-        full batches, and no fewer than two per instance. One full batch is what its batcher
-        needs to run the batch the policy wants (several instances share it, as they share the
-        GPU); a model that runs requests one at a time needs one running and one ready on each
-        instance, so that the sidecar's round trip after a completion leaves no instance idle.
-        Everything beyond would wait in Triton's queue, first come first served within a
-        level, out of the sidecar's reach. A decoupled model (an LLM engine): the sequences it
-        may run at once."""
-        depth = self._depths.get(model)
-        if depth is None:
+        full batches (``triton_batches_alone`` while fewer than two priority levels arrived
+        lately), and no fewer than two per instance. One full batch is what its batcher needs
+        to run the batch the policy wants (several instances share it, as they share the GPU);
+        a model that runs requests one at a time needs one running and one ready on each
+        instance, so that the sidecar's round trip after a completion leaves no instance idle,
+        and where that round trip is long (megabytes of input, a Python backend) a batched
+        model needs the same: a second batch ready. Everything beyond would wait in Triton's
+        queue, first come first served within a level, out of the sidecar's reach. A decoupled
+        model (an LLM engine): the sequences it may run at once."""
+        depths = self._depths.get(model)
+        if depths is None:
             serving = self.serving(model)
-            depth = serving.streams or max(
-                self.config.triton_batches * serving.max_batch, 2 * serving.instances
-            )
+            if serving.streams:
+                depths = (serving.streams, serving.streams)
+            else:
+                alone = max(self.config.triton_batches_alone, self.config.triton_batches)
+                least = 2 * serving.instances
+                depths = (
+                    max(self.config.triton_batches * serving.max_batch, least),
+                    max(alone * serving.max_batch, least),
+                )
             if len(self._depths) < 1024:  # models named, bounded
-                self._depths[model] = depth
-        return depth
+                self._depths[model] = depths
+        return depths[1] if self.bound.one_level else depths[0]
 
     def set_serving(self, model: str, serving: ModelServing) -> None:
         self._serving[model] = serving

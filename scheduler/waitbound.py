@@ -157,6 +157,12 @@ class WaitBound:
         if not self._highest:
             self._released.clear()
 
+    @property
+    def one_level(self) -> bool:
+        """Whether fewer than two priority levels arrived within ``GUARD_S``: no level has
+        anything to be protected from."""
+        return not self._highest
+
     def protected(self) -> list[tuple[str, int, float]]:
         """(model, level, tightest SLO ms) of every level seen within ``GUARD_S``."""
         return [(m, lvl, c.slo_ms) for m, lvl, c in self._protected]

@@ -17,6 +17,7 @@ from rich.table import Table
 
 from dvfs.__main__ import PIPE_WIDTH
 from scheduler.clients import ClientSpec, parse_clients
+from scheduler.core import SchedulerConfig
 from scheduler.placement import DEFAULT_PLACEMENT, PLACEMENTS, PlacementParams
 from scheduler.registry import DEFAULT_POLICY, POLICIES
 from simulator.bestfixed import BEST_FIXED, best_fixed
@@ -125,7 +126,9 @@ def _cmd_simulate(args: argparse.Namespace, console: Console) -> int:
         seed=args.seed, load=args.load, rate_rps=args.rate, arrival=args.arrival,
         trace=args.trace, clients=clients, models=parse_models(args.models),
         instances=args.instances, max_inflight=args.max_inflight, max_queue=args.max_queue,
-        gpus=args.gpus, placement=PlacementParams(args.placement, args.pack_slo_share),
+        triton_batches=args.triton_batches, triton_batches_alone=args.triton_batches_alone,
+        gpus=args.gpus,
+        placement=PlacementParams(args.placement, args.pack_slo_share),
         day=_day(args),
     )  # fmt: skip
     if args.slo_ms <= 0 or args.duration_s <= 0:
@@ -629,6 +632,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--max-inflight", type=int, default=256, help="a cap on requests at Triton")
     p.add_argument("--max-queue", type=int, default=1000)
+    p.add_argument(
+        "--triton-batches",
+        type=int,
+        default=SchedulerConfig.triton_batches,
+        help="full batches of each model kept at Triton, as the sidecar's --triton-batches",
+    )
+    p.add_argument(
+        "--triton-batches-alone",
+        type=int,
+        default=SchedulerConfig.triton_batches_alone,
+        help="full batches kept at Triton while one priority level alone is seen, as the "
+        "sidecar's --triton-batches-alone",
+    )
     p.add_argument("--json", action="store_true", help="print the result as one JSON line last")
     p.set_defaults(run=_cmd_simulate)
 

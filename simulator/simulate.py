@@ -112,6 +112,8 @@ class SimConfig:
     max_inflight: int = SchedulerConfig.max_inflight
     max_queue: int = SchedulerConfig.max_queue
     priority_levels: int = SchedulerConfig.priority_levels
+    triton_batches: int = SchedulerConfig.triton_batches
+    triton_batches_alone: int = SchedulerConfig.triton_batches_alone
     slo_multiplier: float | None = None  # what set the models' SLOs, for reports
     profile_requests_per_clock: int = 20
     with_oracle: bool = True
@@ -128,6 +130,8 @@ class SimConfig:
             max_inflight=self.max_inflight,
             max_queue=self.max_queue,
             priority_levels=self.priority_levels,
+            triton_batches=self.triton_batches,
+            triton_batches_alone=self.triton_batches_alone,
             default_slo_ms=self.slo_ms,
         )
 

@@ -215,17 +215,18 @@ def test_slack_lets_a_full_batch_go_at_once() -> None:
     assert sum(s.next_dispatch(0.004) is not None for _ in range(5)) == 4
 
 
-def test_dispatch_keeps_a_full_batch_at_triton_under_saturation() -> None:
-    """One full batch at Triton (its instances share it); the rest waits in the sidecar, one
-    more released for each completion."""
+def test_dispatch_keeps_two_full_batches_at_triton_under_saturation() -> None:
+    """Two full batches at Triton while one level is alone (one running, one ready; one
+    with ``triton_batches_alone=1``); the rest waits in the sidecar, one more released for each
+    completion."""
     s = make_scheduler(make_policy("max", CLOCKS), serving={MODEL: ModelServing(8, 2)})
     for _ in range(100):
         s.enqueue(make_request(), 0.0)
     sent = 0
     while s.next_dispatch(0.0) is not None:
         sent += 1
-    assert sent == s.release_depth(MODEL) == 8
-    assert s.queue_len == 92
+    assert sent == s.release_depth(MODEL) == 16
+    assert s.queue_len == 84
     d_done = next(iter(s.inflight.values()))
     s.on_complete(d_done, 0.01, 0.01)
     assert s.next_dispatch(0.01) is not None and s.next_dispatch(0.01) is None

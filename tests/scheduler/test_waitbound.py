@@ -44,11 +44,17 @@ def flood(s: Scheduler[None], n: int, now_s: float, model: str = MODEL) -> None:
         assert s.enqueue(make_request(arrival_s=now_s, slo_ms=1e5, model=model), now_s).accepted
 
 
-def test_alone_a_level_keeps_one_full_batch_at_triton() -> None:
+def test_alone_a_level_keeps_two_full_batches_at_triton_and_one_beside_another() -> None:
     s = scheduler()
     flood(s, 100, 0.0)
-    assert release_all(s, 0.0) == s.release_depth(MODEL) == 32
-    assert s.queue_len == 68  # the rest waits in the sidecar, where priority and CFS decide
+    assert release_all(s, 0.0) == s.release_depth(MODEL) == 64
+    assert s.queue_len == 36  # the rest waits in the sidecar, where priority and CFS decide
+    # a higher level arrives: nothing to recall, but the depth is one batch again at once
+    assert s.enqueue(make_request(priority=1, slo_ms=1e5), 0.01).accepted
+    assert s.release_depth(MODEL) == 32
+    # and two again once the higher level has been quiet for the guard time
+    flood(s, 1, 0.02 + GUARD_S)
+    assert s.release_depth(MODEL) == 64
 
 
 def test_a_higher_level_caps_what_lower_levels_keep_at_triton() -> None:
