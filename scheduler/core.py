@@ -26,6 +26,12 @@ RESERVE = 0.1
 RATE_WINDOW_S = 1.0
 
 
+# The second batch of a model kept at Triton (``triton_batches_alone``) goes once the first,
+# released into an idle model, is expected this far through its execution: ready when the first
+# ends, and not sooner, so that a burst whose clients leave early runs one batch for nobody.
+SECOND_BATCH_AT = 0.75
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     """Bounds of one GPU's scheduler.
@@ -177,6 +183,9 @@ class Scheduler(Generic[P]):
         self._derived: dict[str, ModelServing] = {}
         self._charges: dict[tuple[str, int | None], float] = {}
         self._depths: dict[str, tuple[int, int]] = {}  # release_depth per model: (levels, alone)
+        self._busy_since: dict[str, float] = {}  # model -> when it last had work at Triton again
+        self._second_at: dict[str, float] = {}  # model -> when its deeper depth is due
+        self._now_s = -math.inf  # the latest dispatch decision's time
         policy.attach(self)
         self.clock_target_mhz: int | None = policy.initial_clock_mhz()
         self._seq = 0
@@ -231,7 +240,7 @@ class Scheduler(Generic[P]):
         """How Triton serves ``model``, if it was registered (None: not known yet)."""
         return self._serving.get(model)
 
-    def release_depth(self, model: str) -> int:
+    def release_depth(self, model: str, now_s: float | None = None) -> int:
         """The most requests of ``model`` worth having at Triton at once: ``triton_batches``
         full batches (``triton_batches_alone`` while fewer than two priority levels arrived
         lately), and no fewer than two per instance. One full batch is what its batcher needs
@@ -239,9 +248,11 @@ class Scheduler(Generic[P]):
         a model that runs requests one at a time needs one running and one ready on each
         instance, so that the sidecar's round trip after a completion leaves no instance idle,
         and where that round trip is long (megabytes of input, a Python backend) a batched
-        model needs the same: a second batch ready. Everything beyond would wait in Triton's
-        queue, first come first served within a level, out of the sidecar's reach. A decoupled
-        model (an LLM engine): the sequences it may run at once."""
+        model needs the same: a second batch ready. That one goes only once the first batch
+        sent to an idle model is expected :data:`SECOND_BATCH_AT` through its execution
+        (``now_s``; None: the depth once due). Everything beyond would wait in Triton's queue,
+        first come first served within a level, out of the sidecar's reach. A decoupled model
+        (an LLM engine): the sequences it may run at once."""
         depths = self._depths.get(model)
         if depths is None:
             serving = self.serving(model)
@@ -256,7 +267,29 @@ class Scheduler(Generic[P]):
                 )
             if len(self._depths) < 1024:  # models named, bounded
                 self._depths[model] = depths
-        return depths[1] if self.bound.one_level else depths[0]
+        if depths[1] == depths[0] or not self.bound.one_level:
+            return depths[0]
+        if now_s is None:
+            return depths[1]
+        due = self._second_due_s(model, now_s)
+        if now_s >= due:
+            self._second_at.pop(model, None)
+            return depths[1]
+        if self.inflight_count(model) >= depths[0] and len(self._second_at) < 1024:
+            self._second_at[model] = due  # the shallower depth holds requests back: wake then
+        return depths[0]
+
+    def _second_due_s(self, model: str, now_s: float) -> float:
+        """When ``model``'s second batch may go: :data:`SECOND_BATCH_AT` of a full batch's
+        expected time after it last had work at Triton again (now, if it has none), by its
+        table at the clock targeted, or by what its requests took lately without one."""
+        since = self._busy_since.get(model, now_s)
+        table = self._costed(model)
+        if table is not None:
+            batch_ms = self.charge_ms(model) * table.max_batch
+        else:
+            batch_ms = self.queue.service_ms(model) or 0.0
+        return since + SECOND_BATCH_AT * batch_ms / 1000.0
 
     def set_serving(self, model: str, serving: ModelServing) -> None:
         self._serving[model] = serving
@@ -438,11 +471,14 @@ class Scheduler(Generic[P]):
         however many of its requests wait ahead (:meth:`PriorityCfsQueue.first_sendable`):
         a held-back model at the head would otherwise starve the others.
         """
+        self._now_s = now_s
         if len(self.inflight) >= self.config.max_inflight or not self.queue_len:
             return None
         request = self._next_sendable(now_s)
         if request is None:
             return None
+        if request.model not in self._inflight_by_model:
+            self._busy_since[request.model] = now_s
         self.queue.take(request, self.charge_ms(request.model))
         request.charge_final = self._costed(request.model) is not None
         self._unqueue(request)
@@ -504,6 +540,8 @@ class Scheduler(Generic[P]):
         if not same_model:
             del self._inflight_by_model[request.model]
             del self._inflight_levels[request.model]
+            self._busy_since.pop(request.model, None)
+            self._second_at.pop(request.model, None)
         else:
             levels = self._inflight_levels[request.model]
             levels[request.level] -= 1
@@ -601,4 +639,13 @@ class Scheduler(Generic[P]):
         return self._clock(self.policy.poll(self, now_s), now_s)
 
     def wake_at_s(self) -> float | None:
-        return self.policy.wake_at_s()
+        """When to look again without an event: the policy's timer, or a model's second batch
+        falling due (:meth:`release_depth`)."""
+        wake = self.policy.wake_at_s()
+        if self._second_at:
+            for model in [m for m, at in self._second_at.items() if at <= self._now_s]:
+                del self._second_at[model]  # looked at since it fell due
+            due = min(self._second_at.values(), default=None)
+            if due is not None and (wake is None or due < wake):
+                return due
+        return wake

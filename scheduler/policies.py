@@ -47,7 +47,7 @@ class ClockPolicy(ABC):
     def release_limit(self, s: SchedulerView, model: str, now_s: float) -> int:
         """How many requests of ``model`` to keep at Triton: by default a full batch's worth
         (:meth:`scheduler.core.Scheduler.release_depth`); the rest waits in the sidecar."""
-        return s.release_depth(model)
+        return s.release_depth(model, now_s)
 
     def on_enqueue(self, s: SchedulerView, request: QueuedRequest, now_s: float) -> int | None:
         return None
@@ -315,7 +315,7 @@ class SlackPolicy(ClockPolicy):
         up at Triton's batcher anyway, and holding there too made bursts that cost the live
         stack its tail (docs/design.md, "Batching and many models"). Re-decided at every event.
         """
-        depth = s.release_depth(model)
+        depth = s.release_depth(model, now_s)
         before = self._holds.pop(model, None)
         plan = self._plan(s, model)
         waiting = s.queued_of(model)

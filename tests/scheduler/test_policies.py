@@ -225,8 +225,13 @@ def test_dispatch_keeps_two_full_batches_at_triton_under_saturation() -> None:
     sent = 0
     while s.next_dispatch(0.0) is not None:
         sent += 1
-    assert sent == s.release_depth(MODEL) == 16
+    assert sent == 8  # the second batch once the first is expected nearly done
+    due_s = s.wake_at_s()
+    assert due_s is not None and due_s > 0.0
+    while s.next_dispatch(due_s) is not None:
+        sent += 1
+    assert sent == s.release_depth(MODEL, due_s) == 16
     assert s.queue_len == 84
     d_done = next(iter(s.inflight.values()))
-    s.on_complete(d_done, 0.01, 0.01)
-    assert s.next_dispatch(0.01) is not None and s.next_dispatch(0.01) is None
+    s.on_complete(d_done, 0.01, due_s + 0.01)
+    assert s.next_dispatch(due_s + 0.01) is not None and s.next_dispatch(due_s + 0.01) is None

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from scheduler.core import Scheduler
+from scheduler.core import SECOND_BATCH_AT, Scheduler
 from scheduler.registry import make_policy
 from scheduler.view import ModelServing
 from scheduler.waitbound import GUARD_S, SAFETY, WaitBound, bound_ms, execution_ms
@@ -47,14 +47,36 @@ def flood(s: Scheduler[None], n: int, now_s: float, model: str = MODEL) -> None:
 def test_alone_a_level_keeps_two_full_batches_at_triton_and_one_beside_another() -> None:
     s = scheduler()
     flood(s, 100, 0.0)
-    assert release_all(s, 0.0) == s.release_depth(MODEL) == 64
+    # into an idle model, one full batch at once; the second once the first is expected
+    # three quarters done (36.9 ms for 32 at the top clock), when the scheduler asks to wake
+    assert release_all(s, 0.0) == 32
+    due_s = SECOND_BATCH_AT * execution_ms(make_model_table(batches=BATCHES), TOP, 32) / 1000
+    assert s.wake_at_s() == pytest.approx(due_s)
+    assert release_all(s, due_s - 1e-4) == 0
+    assert release_all(s, due_s) == 32 and s.release_depth(MODEL, due_s) == 64
+    assert s.wake_at_s() is None
     assert s.queue_len == 36  # the rest waits in the sidecar, where priority and CFS decide
     # a higher level arrives: nothing to recall, but the depth is one batch again at once
-    assert s.enqueue(make_request(priority=1, slo_ms=1e5), 0.01).accepted
-    assert s.release_depth(MODEL) == 32
+    assert s.enqueue(make_request(priority=1, slo_ms=1e5), 0.05).accepted
+    assert s.release_depth(MODEL, 0.05) == 32
     # and two again once the higher level has been quiet for the guard time
-    flood(s, 1, 0.02 + GUARD_S)
-    assert s.release_depth(MODEL) == 64
+    flood(s, 1, 0.06 + GUARD_S)
+    assert s.release_depth(MODEL, 0.06 + GUARD_S) == 64
+
+
+def test_a_burst_whose_clients_leave_runs_one_batch_for_nobody() -> None:
+    """The second batch waits for the first to be nearly done: clients that leave before then
+    are taken out of the sidecar's queue and nothing of theirs runs."""
+    s = scheduler()
+    requests = [make_request(arrival_s=0.0, slo_ms=1e5) for _ in range(100)]
+    for r in requests:
+        assert s.enqueue(r, 0.0).accepted
+    assert release_all(s, 0.0) == 32
+    for r in requests:
+        if r.seq not in s.inflight:
+            assert s.cancel(r)  # gone before the second batch was due
+    assert s.queue_len == 0
+    assert release_all(s, 1.0) == 0
 
 
 def test_a_higher_level_caps_what_lower_levels_keep_at_triton() -> None:
@@ -109,7 +131,7 @@ def test_protection_ends_after_the_higher_level_goes_quiet() -> None:
     later = GUARD_S + 0.1
     flood(s, 1, later)  # an arrival refreshes what is protected
     release_all(s, later)
-    assert capped < at_triton(s, 2) == s.release_depth(MODEL)
+    assert capped < at_triton(s, 2) == s.release_depth(MODEL, later)
 
 
 def test_other_models_share_the_gpu_so_the_cap_tightens() -> None:
@@ -126,7 +148,7 @@ def test_other_models_share_the_gpu_so_the_cap_tightens() -> None:
     flood(shared, 100, 0.0)
     release_all(shared, 0.0)
     assert at_triton(shared, 2) < at_triton(alone, 2)
-    assert at_triton(shared, 2, OTHER) == shared.release_depth(OTHER)
+    assert at_triton(shared, 2, OTHER) == shared.release_depth(OTHER, 0.0)
 
 
 def test_a_full_batch_of_lower_levels_at_triton_does_not_hold_a_higher_one() -> None:
@@ -134,7 +156,7 @@ def test_a_full_batch_of_lower_levels_at_triton_does_not_hold_a_higher_one() -> 
     goes to Triton's priority queue, ahead of the lower level's batch already there."""
     s = scheduler()
     flood(s, 100, 0.0)
-    assert release_all(s, 0.0) == s.release_depth(MODEL)
+    assert release_all(s, 0.0) == s.release_depth(MODEL, 0.0)
     assert s.enqueue(make_request(priority=1, slo_ms=200.0, arrival_s=0.001), 0.001).accepted
     sent = s.next_dispatch(0.001)
     assert sent is not None and sent.request.level == 1
