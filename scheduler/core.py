@@ -16,7 +16,7 @@ from scheduler.policies import ClockPolicy
 from scheduler.queue import PriorityCfsQueue, VruntimeLedger
 from scheduler.request import Completion, Dispatch, EnqueueResult, P, Request
 from scheduler.view import ModelServing, QueuedRequest
-from scheduler.waitbound import WaitBound
+from scheduler.waitbound import GUARD_S, WaitBound
 from scheduler.weights import NICE_MAX, NICE_MIN, weight_for_nice
 from time2clock.online import OnlineTables, TableRefit
 from time2clock.table import ModelTable, TableSet
@@ -45,10 +45,11 @@ class SchedulerConfig:
     is never preempted.
 
     ``triton_batches_alone``: the full batches kept at Triton instead (never fewer than
-    ``triton_batches``) while fewer than two priority levels arrived lately
-    (:attr:`scheduler.waitbound.WaitBound.one_level`): no level has anything to be protected
-    from, and a second batch ready at Triton keeps the GPU busy through the round trip of the
-    first through the sidecar, and lets several instances each run a full batch.
+    ``triton_batches``) while one priority level and one nice value alone arrived lately
+    (:attr:`scheduler.waitbound.WaitBound.one_level`, ``GUARD_S``): no level has anything to
+    be protected from and no weights have shares to keep, and a second batch ready at Triton
+    keeps the GPU busy through the round trip of the first through the sidecar, and lets
+    several instances each run a full batch.
 
     ``priority_levels``: levels 1..N (1 highest); a request with priority 0 goes to
     ``default_priority_level`` (default: N, the lowest), as in Triton's model configuration.
@@ -186,6 +187,8 @@ class Scheduler(Generic[P]):
         self._busy_since: dict[str, float] = {}  # model -> when it last had work at Triton again
         self._second_at: dict[str, float] = {}  # model -> when its deeper depth is due
         self._now_s = -math.inf  # the latest dispatch decision's time
+        self._nice_last_s: dict[int, float] = {}  # nice value -> its latest arrival
+        self._weights_mixed_until_s = -math.inf  # two nice values arrived within GUARD_S
         policy.attach(self)
         self.clock_target_mhz: int | None = policy.initial_clock_mhz()
         self._seq = 0
@@ -241,18 +244,18 @@ class Scheduler(Generic[P]):
         return self._serving.get(model)
 
     def release_depth(self, model: str, now_s: float | None = None) -> int:
-        """The most requests of ``model`` worth having at Triton at once: ``triton_batches``
-        full batches (``triton_batches_alone`` while fewer than two priority levels arrived
-        lately), and no fewer than two per instance. One full batch is what its batcher needs
-        to run the batch the policy wants (several instances share it, as they share the GPU);
-        a model that runs requests one at a time needs one running and one ready on each
-        instance, so that the sidecar's round trip after a completion leaves no instance idle,
-        and where that round trip is long (megabytes of input, a Python backend) a batched
-        model needs the same: a second batch ready. That one goes only once the first batch
-        sent to an idle model is expected :data:`SECOND_BATCH_AT` through its execution
-        (``now_s``; None: the depth once due). Everything beyond would wait in Triton's queue,
-        first come first served within a level, out of the sidecar's reach. A decoupled model
-        (an LLM engine): the sequences it may run at once."""
+        """The most requests of ``model`` worth having at Triton at once: ``triton_batches`` full
+        batches (``triton_batches_alone`` while one priority level and one nice value alone
+        arrived lately), and no fewer than two per instance. One full batch is what its
+        batcher needs to run the batch the policy wants (several instances share it, as they
+        share the GPU); a model that runs requests one at a time needs one running and one
+        ready on each instance, so that the sidecar's round trip after a completion leaves
+        no instance idle, and where that round trip is long (megabytes of input, a Python
+        backend) a batched model needs the same: a second batch ready. That one goes only
+        once the first batch sent to an idle model is expected :data:`SECOND_BATCH_AT`
+        through its execution (``now_s``; None: the depth once due). Everything beyond would
+        wait in Triton's queue, first come first served within a level, out of the sidecar's
+        reach. A decoupled model (an LLM engine): the sequences it may run at once."""
         depths = self._depths.get(model)
         if depths is None:
             serving = self.serving(model)
@@ -269,6 +272,8 @@ class Scheduler(Generic[P]):
                 self._depths[model] = depths
         if depths[1] == depths[0] or not self.bound.one_level:
             return depths[0]
+        if self._weights_mixed_until_s > (self._now_s if now_s is None else now_s):
+            return depths[0]  # shares to keep: what is at Triton runs whoever sent it
         if now_s is None:
             return depths[1]
         due = self._second_due_s(model, now_s)
@@ -278,6 +283,18 @@ class Scheduler(Generic[P]):
         if self.inflight_count(model) >= depths[0] and len(self._second_at) < 1024:
             self._second_at[model] = due  # the shallower depth holds requests back: wake then
         return depths[0]
+
+    def _nice_arrived(self, nice: int, now_s: float) -> None:
+        """A request with ``nice`` arrived: with another nice value within ``GUARD_S``, the
+        nice weights have shares to keep, and the second batch waits (:meth:`release_depth`)."""
+        last = self._nice_last_s
+        if len(last) > 1 or nice not in last:
+            for other in [n for n, at in last.items() if now_s - at > GUARD_S]:
+                del last[other]
+            if any(n != nice for n in last):
+                self._weights_mixed_until_s = now_s + GUARD_S
+        if len(last) < 64:  # nice values are -20..19
+            last[nice] = now_s
 
     def _second_due_s(self, model: str, now_s: float) -> float:
         """When ``model``'s second batch may go: :data:`SECOND_BATCH_AT` of a full batch's
@@ -430,6 +447,7 @@ class Scheduler(Generic[P]):
         waiting.append(request)
         self._queued_counts = None
         self.bound.arrived(request.model, request.level, request.slo_ms, now_s)
+        self._nice_arrived(request.nice, now_s)
         return EnqueueResult(
             accepted=True,
             clock_mhz=self._clock(self.policy.on_enqueue(self, request, now_s), now_s),

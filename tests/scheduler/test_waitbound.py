@@ -64,6 +64,22 @@ def test_alone_a_level_keeps_two_full_batches_at_triton_and_one_beside_another()
     assert s.release_depth(MODEL, 0.06 + GUARD_S) == 64
 
 
+def test_clients_of_different_nice_keep_one_batch_at_triton() -> None:
+    """Nice weights have shares to keep only in the sidecar's queue: while two nice values
+    arrive, one full batch at Triton, whatever the wait; two again once one alone has for the
+    guard time."""
+    s = scheduler()
+    for _ in range(50):
+        assert s.enqueue(make_request(nice=-5, client_id="a", arrival_s=0.0), 0.0).accepted
+        assert s.enqueue(make_request(nice=5, client_id="b", arrival_s=0.0), 0.0).accepted
+    assert release_all(s, 0.0) == 32
+    assert s.wake_at_s() is None  # no second batch to wait for
+    assert release_all(s, 1.0) == 0 and s.release_depth(MODEL, 1.0) == 32
+    later = GUARD_S + 0.5
+    assert s.enqueue(make_request(nice=-5, client_id="a", arrival_s=later), later).accepted
+    assert s.release_depth(MODEL, later) == 64  # busy since 0: the second batch is due
+
+
 def test_a_burst_whose_clients_leave_runs_one_batch_for_nobody() -> None:
     """The second batch waits for the first to be nearly done: clients that leave before then
     are taken out of the sidecar's queue and nothing of theirs runs."""
