@@ -349,7 +349,7 @@ def print_report(report: dict[str, Any]) -> None:
             f"{row['path']} (--triton-batches {row['path'].partition(':')[2] or 1}) "
             f"at concurrency {row['concurrency']}: "
             f"{row['throughput_kept']:.1%} of direct throughput kept, "
-            f"p50 +{row['p50_added_ms']:.2f} ms, p99 +{row['p99_added_ms']:.2f} ms"
+            f"p50 {row['p50_added_ms']:+.2f} ms, p99 {row['p99_added_ms']:+.2f} ms"
         )
     policy = report["policy"]
     shadow = policy.get("shadow") or {}
@@ -395,8 +395,9 @@ def report_markdown(report: dict[str, Any]) -> str:
             "ResNet-50 (torchvision, random weights, FP32, PyTorch eager) in a real Triton "
             "(PyTriton), straight to Triton, one client:",
             markdown_table(head, rows(report["batches"])),
-            "The sidecar in shadow mode (`sidecar:N`: `--triton-batches N`) against the direct "
-            "run measured just before it, batch 1:",
+            "The sidecar in shadow mode (`sidecar:N`: N full batches at Triton, "
+            "`--triton-batches N --triton-batches-alone N`) against the direct run measured just "
+            "before it, batch 1:",
             markdown_table(head, rows(report["overhead"])),
             markdown_table(
                 ["path", "concurrency", "throughput kept", "p50 added ms", "p99 added ms"],

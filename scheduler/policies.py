@@ -45,8 +45,9 @@ class ClockPolicy(ABC):
         """The scheduler this policy now serves, before :meth:`initial_clock_mhz` is asked."""
 
     def release_limit(self, s: SchedulerView, model: str, now_s: float) -> int:
-        """How many requests of ``model`` to keep at Triton: by default a full batch's worth
-        (:meth:`scheduler.core.Scheduler.release_depth`); the rest waits in the sidecar."""
+        """How many requests of ``model`` to keep at Triton: by default its release depth, one
+        or two full batches (:meth:`scheduler.core.Scheduler.release_depth`); the rest waits in
+        the sidecar."""
         return s.release_depth(model, now_s)
 
     def on_enqueue(self, s: SchedulerView, request: QueuedRequest, now_s: float) -> int | None:
