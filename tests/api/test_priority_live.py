@@ -1,6 +1,6 @@
 """Live, on the embedded default: the sidecar reads simnet's priority levels from Triton's
-config, and keeps at Triton no more than a full batch, so that requests whose clients leave
-are not executed for nobody."""
+config, and sends a burst no more than a full batch before the first is nearly done, so that
+requests whose clients leave are not executed for nobody."""
 
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ def test_departed_clients_cost_at_most_a_batch(tmp_path: Path) -> None:
         state = sc.get("/admin/state", headers={"Authorization": f"Bearer {TOKEN}"}).json()
         simnet = state["models"][SIMNET]
         assert simnet["triton_priority_levels"] == 2  # read from Triton's config
-        assert simnet["depth"] == simnet["max_batch"] == 32
+        # one level alone: two full batches once the first is nearly done; a burst gets one
+        assert simnet["depth"] == 2 * simnet["max_batch"] == 64
         assert sc.runtime.embedded is not None
         check = asyncio.run(
             abandon_check(sc.url, sc.runtime.embedded.url, TOKEN, n=100, patience_s=0.1)
