@@ -187,7 +187,9 @@ class Scheduler(Generic[P]):
         self._busy_since: dict[str, float] = {}  # model -> when it last had work at Triton again
         self._second_at: dict[str, float] = {}  # model -> when its deeper depth is due
         self._now_s = -math.inf  # the latest dispatch decision's time
-        self._nice_last_s: dict[int, float] = {}  # nice value -> its latest arrival
+        self._last_nice: int | None = None  # the nice value of the latest arrival
+        self._last_nice_s = -math.inf  # and that value's latest arrival
+        self._other_nice_s = -math.inf  # the latest arrival of any other nice value
         self._weights_mixed_until_s = -math.inf  # two nice values arrived within GUARD_S
         policy.attach(self)
         self.clock_target_mhz: int | None = policy.initial_clock_mhz()
@@ -286,15 +288,16 @@ class Scheduler(Generic[P]):
 
     def _nice_arrived(self, nice: int, now_s: float) -> None:
         """A request with ``nice`` arrived: with another nice value within ``GUARD_S``, the
-        nice weights have shares to keep, and the second batch waits (:meth:`release_depth`)."""
-        last = self._nice_last_s
-        if len(last) > 1 or nice not in last:
-            for other in [n for n, at in last.items() if now_s - at > GUARD_S]:
-                del last[other]
-            if any(n != nice for n in last):
-                self._weights_mixed_until_s = now_s + GUARD_S
-        if len(last) < 64:  # nice values are -20..19
-            last[nice] = now_s
+        nice weights have shares to keep, and the second batch waits (:meth:`release_depth`).
+        The latest arrival of any other value is the previous value's latest: every value
+        before it arrived earlier still."""
+        if nice != self._last_nice:
+            if self._last_nice is not None:
+                self._other_nice_s = self._last_nice_s
+            self._last_nice = nice
+        self._last_nice_s = now_s
+        if now_s - self._other_nice_s <= GUARD_S:
+            self._weights_mixed_until_s = now_s + GUARD_S
 
     def _second_due_s(self, model: str, now_s: float) -> float:
         """When ``model``'s second batch may go: :data:`SECOND_BATCH_AT` of a full batch's
