@@ -337,12 +337,7 @@ def print_report(report: dict[str, Any]) -> None:
         for col in ("path", "batch", "conc", "inf/s", "p50 ms", "p99 ms", "J/inf", "W", "MHz"):
             table.add_column(col, justify="right")
         for m in rows:
-            table.add_row(
-                m["label"], str(m["batch"]), str(m["concurrency"]),
-                f"{m['inferences_per_s']:.1f}", f"{m['p50_ms']:.2f}", f"{m['p99_ms']:.2f}",
-                _fmt(m["energy_per_inference_j"], 1, ""), _fmt(m["power_w"], 1, ""),
-                f"{m['clock_mhz_min']}..{m['clock_mhz_max']}",
-            )  # fmt: skip
+            table.add_row(*_cells(m))
         console.print(table)
     for row in report["overhead_summary"]:
         console.print(
@@ -371,12 +366,7 @@ def report_markdown(report: dict[str, Any]) -> str:
             "W", "clock MHz"]  # fmt: skip
 
     def rows(runs: list[dict[str, Any]]) -> list[list[str]]:
-        return [
-            [m["label"], str(m["batch"]), str(m["concurrency"]), f"{m['inferences_per_s']:.1f}",
-             f"{m['p50_ms']:.2f}", f"{m['p99_ms']:.2f}", _fmt(m["energy_per_inference_j"], 1, ""),
-             _fmt(m["power_w"], 1, ""), f"{m['clock_mhz_min']}..{m['clock_mhz_max']}"]
-            for m in runs
-        ]  # fmt: skip
+        return [_cells(m) for m in runs]
 
     summary = [
         [row["path"], str(row["concurrency"]), f"{row['throughput_kept']:.1%}",
@@ -410,6 +400,15 @@ def report_markdown(report: dict[str, Any]) -> str:
             f"MHz, the GPU ran {shadow.get('gpu_clock_mhz')} MHz.",
         ]
     )
+
+
+def _cells(m: dict[str, Any]) -> list[str]:
+    """One measurement's row, as both the console and the Markdown report show it."""
+    return [
+        m["label"], str(m["batch"]), str(m["concurrency"]), f"{m['inferences_per_s']:.1f}",
+        f"{m['p50_ms']:.2f}", f"{m['p99_ms']:.2f}", _fmt(m["energy_per_inference_j"], 1, ""),
+        _fmt(m["power_w"], 1, ""), f"{m['clock_mhz_min']}..{m['clock_mhz_max']}",
+    ]  # fmt: skip
 
 
 def _fmt(value: float | None, scale: float, unit: str) -> str:
