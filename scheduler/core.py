@@ -45,11 +45,14 @@ class SchedulerConfig:
     is never preempted.
 
     ``triton_batches_alone``: the full batches kept at Triton instead (never fewer than
-    ``triton_batches``) while one priority level and one nice value alone arrived lately
-    (:attr:`scheduler.waitbound.WaitBound.one_level`, ``GUARD_S``): no level has anything to
-    be protected from and no weights have shares to keep, and a second batch ready at Triton
-    keeps the GPU busy through the round trip of the first through the sidecar, and lets
-    several instances each run a full batch.
+    ``triton_batches``) while one nice value alone arrived lately (``GUARD_S``) and either one
+    priority level alone (:attr:`scheduler.waitbound.WaitBound.one_level`) or one model alone,
+    whose Triton batcher has priority levels that keep the levels arriving apart (the
+    sidecar sends each request's level as Triton's ``priority``, so a higher level's request
+    is batched before the lower ones waiting there): no level waits behind what Triton holds
+    beyond what the wait bound allows, and no weights have shares to keep. A second batch
+    ready at Triton keeps the GPU busy through the round trip of the first through the
+    sidecar, and lets several instances each run a full batch.
 
     ``priority_levels``: levels 1..N (1 highest); a request with priority 0 goes to
     ``default_priority_level`` (default: N, the lowest), as in Triton's model configuration.
@@ -247,17 +250,18 @@ class Scheduler(Generic[P]):
 
     def release_depth(self, model: str, now_s: float | None = None) -> int:
         """The most requests of ``model`` worth having at Triton at once: ``triton_batches`` full
-        batches (``triton_batches_alone`` while one priority level and one nice value alone
-        arrived lately), and no fewer than two per instance. One full batch is what its
-        batcher needs to run the batch the policy wants (several instances share it, as they
-        share the GPU); a model that runs requests one at a time needs one running and one
-        ready on each instance, so that the sidecar's round trip after a completion leaves
-        no instance idle, and where that round trip is long (megabytes of input, a Python
-        backend) a batched model needs the same: a second batch ready. That one goes only
-        once the first batch sent to an idle model is expected :data:`SECOND_BATCH_AT`
-        through its execution (``now_s``; None: the depth once due). Everything beyond would
-        wait in Triton's queue, first come first served within a level, out of the sidecar's
-        reach. A decoupled model (an LLM engine): the sequences it may run at once."""
+        batches (``triton_batches_alone`` while one nice value alone arrived lately, and one
+        priority level alone or only this model's requests, at levels its Triton batcher keeps
+        apart: :meth:`_ordered`), and no fewer than two per instance. One full batch is what its
+        batcher needs to run the batch the policy wants (several instances share it, as they share
+        the GPU); a model that runs requests one at a time needs one running and one ready on each
+        instance, so that the sidecar's round trip after a completion leaves no instance idle, and
+        where that round trip is long (megabytes of input, a Python backend) a batched model needs
+        the same: a second batch ready. That one goes only once the first batch sent to an idle
+        model is expected :data:`SECOND_BATCH_AT` through its execution (``now_s``; None: the depth
+        once due). Everything beyond would wait in Triton's queue, first come first served within a
+        level, out of the sidecar's reach. A decoupled model (an LLM engine): the sequences it may
+        run at once."""
         depths = self._depths.get(model)
         if depths is None:
             serving = self.serving(model)
@@ -272,7 +276,7 @@ class Scheduler(Generic[P]):
                 )
             if len(self._depths) < 1024:  # models named, bounded
                 self._depths[model] = depths
-        if depths[1] == depths[0] or not self.bound.one_level:
+        if depths[1] == depths[0] or not (self.bound.one_level or self._ordered(model)):
             return depths[0]
         if self._weights_mixed_until_s > (self._now_s if now_s is None else now_s):
             return depths[0]  # shares to keep: what is at Triton runs whoever sent it
@@ -285,6 +289,14 @@ class Scheduler(Generic[P]):
         if self.inflight_count(model) >= depths[0] and len(self._second_at) < 1024:
             self._second_at[model] = due  # the shallower depth holds requests back: wake then
         return depths[0]
+
+    def _ordered(self, model: str) -> bool:
+        """Whether Triton itself serves the levels arriving now in the sidecar's order:
+        ``model`` alone had arrivals within ``GUARD_S`` and its batcher keeps their levels
+        apart (the level goes to Triton as its ``priority``), so a higher-level request
+        released now is batched before the lower levels' requests waiting there."""
+        levels = self.bound.levels_of_sole_model(model)
+        return levels is not None and self.serving(model).orders(levels)
 
     def _nice_arrived(self, nice: int, now_s: float) -> None:
         """A request with ``nice`` arrived: with another nice value within ``GUARD_S``, the

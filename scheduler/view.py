@@ -74,6 +74,13 @@ class ModelServing:
             return None
         return min(level, self.priority_levels)
 
+    def orders(self, levels: tuple[int, ...]) -> bool:
+        """Whether Triton's batcher serves requests of these sidecar ``levels`` apart, the
+        higher first: the model has priority levels and no two of ``levels`` share one."""
+        if self.priority_levels < 1:
+            return False
+        return len({min(level, self.priority_levels) for level in levels}) == len(levels)
+
 
 class SchedulerView(Protocol):
     """Everything a policy reads; nothing it could change."""

@@ -119,6 +119,7 @@ class WaitBound:
         self._classes: dict[tuple[str, int], _Class] = {}
         self._protected: list[tuple[str, int, _Class]] = []
         self._highest = 0  # the highest level protected; 0: fewer than two levels seen
+        self._sole: tuple[str, tuple[int, ...]] | None = None  # one model's levels, alone
         self._released: dict[str, deque[tuple[float, int]]] = {}  # model -> (time, level)
         self._largest: dict[tuple[str, float, float], tuple[ModelTable, int]] = {}
         # At most the earliest last arrival of any class (none expires before it is
@@ -154,6 +155,8 @@ class WaitBound:
         levels = {lvl for _, lvl, _ in self._protected}
         # Only a level above another one seen has anything to be protected from.
         self._highest = min(levels) if len(levels) > 1 else 0
+        models = {m for m, _, _ in self._protected}
+        self._sole = (models.pop(), tuple(sorted(levels))) if len(models) == 1 else None
         if not self._highest:
             self._released.clear()
 
@@ -162,6 +165,13 @@ class WaitBound:
         """Whether fewer than two priority levels arrived within ``GUARD_S``: no level has
         anything to be protected from."""
         return not self._highest
+
+    def levels_of_sole_model(self, model: str) -> tuple[int, ...] | None:
+        """The levels that arrived within ``GUARD_S``, lowest number (highest level) first,
+        when ``model`` alone had arrivals then; None when another model had some too (or none
+        came)."""
+        sole = self._sole
+        return sole[1] if sole is not None and sole[0] == model else None
 
     def protected(self) -> list[tuple[str, int, float]]:
         """(model, level, tightest SLO ms) of every level seen within ``GUARD_S``."""

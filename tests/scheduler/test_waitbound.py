@@ -20,11 +20,11 @@ SERVING = ModelServing(32, 2, priority_levels=2, default_priority_level=2)
 OTHER = "other"
 
 
-def scheduler(*models: str) -> Scheduler[None]:
+def scheduler(*models: str, serving: ModelServing = SERVING) -> Scheduler[None]:
     names = models or (MODEL,)
     tables = [make_model_table(batches=BATCHES, model=m) for m in names]
     return make_scheduler(
-        make_policy("max", CLOCKS), *tables, serving=dict.fromkeys(names, SERVING)
+        make_policy("max", CLOCKS), *tables, serving=dict.fromkeys(names, serving)
     )
 
 
@@ -45,7 +45,9 @@ def flood(s: Scheduler[None], n: int, now_s: float, model: str = MODEL) -> None:
 
 
 def test_alone_a_level_keeps_two_full_batches_at_triton_and_one_beside_another() -> None:
-    s = scheduler()
+    """A model whose Triton batcher has no priority levels: what waits there runs first come,
+    first served, so a higher level arriving takes the depth back to one batch."""
+    s = scheduler(serving=ModelServing(32, 2))
     flood(s, 100, 0.0)
     # into an idle model, one full batch at once; the second once the first is expected
     # three quarters done (36.9 ms for 32 at the top clock), when the scheduler asks to wake
@@ -62,6 +64,45 @@ def test_alone_a_level_keeps_two_full_batches_at_triton_and_one_beside_another()
     # and two again once the higher level has been quiet for the guard time
     flood(s, 1, 0.06 + GUARD_S)
     assert s.release_depth(MODEL, 0.06 + GUARD_S) == 64
+
+
+def test_levels_that_triton_orders_keep_two_batches_while_one_model_has_arrivals() -> None:
+    """Where the model's batcher has priority levels that keep the sidecar's levels apart (the
+    level goes to Triton as its ``priority``), a higher-level request released now is batched
+    before the lower levels' requests waiting at Triton: the second batch stays while this
+    model alone has arrivals, and goes once another model's come (Triton orders requests
+    within a model, not across the models sharing the GPU)."""
+    s = scheduler(MODEL, OTHER)
+    flood(s, 100, 0.0)
+    release_all(s, 0.0)
+    assert s.enqueue(make_request(priority=1, slo_ms=1e5), 0.05).accepted
+    assert s.release_depth(MODEL, 1.0) == 64
+    flood(s, 1, 1.0, model=OTHER)
+    assert s.release_depth(MODEL, 1.0) == 32
+    # both levels keep arriving; the other model's one arrival counts for the guard time
+    later = 0.9 + GUARD_S
+    assert s.enqueue(make_request(priority=1, slo_ms=1e5, arrival_s=later), later).accepted
+    assert s.release_depth(MODEL, later) == 32
+    flood(s, 1, 1.1 + GUARD_S)
+    assert s.release_depth(MODEL, 1.1 + GUARD_S) == 64
+
+
+def test_levels_that_share_one_triton_level_keep_one_batch() -> None:
+    """Two sidecar levels sent as the same Triton priority (the model has one level) are not
+    ordered there: one batch, as without priority levels."""
+    s = scheduler(serving=ModelServing(32, 2, priority_levels=1, default_priority_level=1))
+    flood(s, 100, 0.0)
+    release_all(s, 0.0)
+    assert s.release_depth(MODEL, 1.0) == 64
+    assert s.enqueue(make_request(priority=1, slo_ms=1e5), 1.0).accepted
+    assert s.release_depth(MODEL, 1.0) == 32
+
+
+def test_triton_orders_levels_that_map_to_distinct_priorities() -> None:
+    assert ModelServing(8, 1, priority_levels=2, default_priority_level=2).orders((1, 2))
+    assert ModelServing(8, 1, priority_levels=2, default_priority_level=2).orders((1, 3))
+    assert not ModelServing(8, 1, priority_levels=2, default_priority_level=2).orders((2, 3))
+    assert not ModelServing(8, 1).orders((1, 2))
 
 
 def test_clients_of_different_nice_keep_one_batch_at_triton() -> None:
