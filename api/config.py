@@ -295,14 +295,15 @@ _SCHEDULER_FLAGS = {
     # priority: the release depth (scheduler/core.py)
     "triton_batches": (
         "triton-batches",
-        "full batches of each model kept at Triton (while several levels or nice values "
-        "arrive); the rest waits in the sidecar's queue, "
+        "full batches of each model kept at Triton (while several nice values or priority "
+        "levels arrive); the rest waits in the sidecar's queue, "
         "where priority, nice weights and cancellation apply (more: throughput over isolation)",
     ),
     "triton_batches_alone": (
         "triton-batches-alone",
-        "full batches of each model kept at Triton while one priority level and one nice value "
-        "alone arrived lately: no level to protect, no shares to keep (never fewer than "
+        "full batches of each model kept at Triton while one nice value alone arrived lately, "
+        "and one priority level alone or this model's alone at levels its Triton batcher "
+        "orders: no level waits behind them, no shares to keep (never fewer than "
         "--triton-batches)",
     ),
 }

@@ -420,7 +420,8 @@ def main(argv: list[str] | None = None) -> int:
         "--sim-triton-batches-alone",
         type=int,
         default=SchedulerConfig.triton_batches_alone,
-        help="full batches kept at Triton while one level and one nice value alone arrive",
+        help="full batches kept at Triton while one nice value alone arrives and one level "
+        "alone or one model's alone at levels Triton orders",
     )
     parser.add_argument("--repeat", type=int, default=1, help="runs of each check")
     parser.add_argument("--flood", type=int, default=64)

@@ -642,8 +642,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--triton-batches-alone",
         type=int,
         default=SchedulerConfig.triton_batches_alone,
-        help="full batches kept at Triton while one priority level and one nice value alone "
-        "arrive, as the sidecar's --triton-batches-alone",
+        help="full batches kept at Triton while one nice value alone arrives and one priority "
+        "level alone or one model's alone at levels Triton orders, as the sidecar's "
+        "--triton-batches-alone",
     )
     p.add_argument("--json", action="store_true", help="print the result as one JSON line last")
     p.set_defaults(run=_cmd_simulate)
