@@ -170,7 +170,9 @@ def top_clock_capacity_rps(cfg: SimConfig) -> float:
     Measured as perf_analyzer measures a server's throughput under a latency limit: the same
     mix, SLOs, clients and Triton setup, Poisson arrivals for ``CAPACITY_DURATION_S`` (seed
     0), bisected over the rate (``CAPACITY_STEPS`` runs, to 1/256 of the full-batch bound
-    :func:`mix_capacity_rps`). Counting capacity in full batches instead overstates it: at
+    :func:`mix_capacity_rps`). The bound caps it: where the SLO leaves room for more (a loose
+    one, or none), load 1 is the bound, although two batches at Triton, instances side by
+    side, may serve a little more. Counting capacity in full batches instead overstates it: at
     moderate load Triton's batcher forms batches of a few requests and the models time-share
     the GPU in small executions, so "0.9 of full-batch capacity" overloads the GPU at any
     clock. Cached per process.
