@@ -12,13 +12,15 @@ from benchmarks.priority import abandon_check
 from tests.api.live import LiveSidecar, embedded_config, simnet_tables
 
 TOKEN = "test-token"
+INPUT = {"name": "INPUT0", "shape": [1, 16], "datatype": "FP32", "data": [1.0] * 16}
 
 
 def test_departed_clients_cost_at_most_a_batch(tmp_path: Path) -> None:
     """The clock at its lowest (a batch of 1 takes about 45 ms, of 32 about 250 ms), 100
     requests whose clients give up after 0.1 s (``python -m benchmarks.priority``'s abandon
     check): Triton executes what it held when they left (before, with three batches' worth at
-    Triton, it executed all 100)."""
+    Triton, it executed all 100). Then one request at each of two levels: simnet's batcher
+    orders them (two Triton priority levels), so the depth stays two batches."""
     table = tmp_path / "v100.json"
     simnet_tables("v100").save(table)
     config = embedded_config(tmp_path, table=(table,), policy="max", max_queue=1000, learn=False)
@@ -39,3 +41,9 @@ def test_departed_clients_cost_at_most_a_batch(tmp_path: Path) -> None:
         # A batch's worth, and the few released in the moment before the sidecar has seen
         # their clients leave (up to 4 in runs with both cores of a 2-core machine busy).
         assert nobody <= batch + batch // 4, f"{nobody} executed for nobody ({ran} in all)"
+        # Two levels of simnet alone, which its batcher orders: still two batches once due.
+        for priority in (1, 0):
+            body = {"inputs": [INPUT], "parameters": {"priority": priority}}
+            assert sc.post(f"/v2/models/{SIMNET}/infer", json=body).status_code == 200
+        state = sc.get("/admin/state", headers={"Authorization": f"Bearer {TOKEN}"}).json()
+        assert state["models"][SIMNET]["depth"] == 2 * batch
