@@ -5,7 +5,8 @@
 2. A real Triton (PyTriton) serving torchvision's ResNet-50 with random weights on the GPU:
    latency, throughput and energy per inference at the GPU's current clock, batch 1..8.
 3. The sidecar in shadow mode in front of it: the clock the slack policy would choose for the
-   SLO, and the sidecar's overhead against direct Triton (throughput kept, p50/p99 added).
+   SLO, and the sidecar's overhead against direct Triton (throughput kept, p50/p99 added), at
+   each depth asked for and, with two priority levels in the requests, at its default depth.
 
 It never changes the GPU's clocks, power limit or any other setting: before anything else every
 NVML function that is not a read is replaced by one that raises (:mod:`gpucheck.guard`), in this
@@ -33,11 +34,13 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from gpucheck.measure import Measurement
+    from loadgen.classes import RequestClass
     from time2clock.table import Time2ClockTable
 
 NO_GPU_EXIT = 2
 TITLE = "The whole stack on a real GPU, read-only (scripts/gpu-check)"
 TABLE_TRIM = 0.2  # the trimmed mean of the one-clock table (time2clock's own default)
+LEVELS_LABEL = "sidecar:levels"  # the sidecar at its default depth, two priority levels
 log = logging.getLogger("gpucheck")
 
 
@@ -55,10 +58,20 @@ def main(argv: list[str] | None = None) -> int:
         help="full batches the shadow sidecar keeps at Triton (its --triton-batches and "
         "--triton-batches-alone): one sidecar measured per value",
     )
+    parser.add_argument(
+        "--levels-share",
+        type=float,
+        default=0.1,
+        help="a last sidecar, at its default depth, measured at the highest concurrency with "
+        "this share of the requests at priority 1 and the rest at the default level, against "
+        "direct Triton with the same two levels (0: not measured)",
+    )
     parser.add_argument("--warmup-s", type=float, default=2.0)
     parser.add_argument("--window-s", type=float, default=4.0)
     parser.add_argument("-o", "--out", type=Path, default=Path("out/gpu-check"))
     args = parser.parse_args(argv)
+    if not 0.0 <= args.levels_share < 1.0:
+        parser.error(f"--levels-share must be in [0, 1), got {args.levels_share}")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
     import pynvml
@@ -101,6 +114,7 @@ def run(args: argparse.Namespace, device: Any) -> dict[str, Any]:
     from api.embedded import EmbeddedTriton
     from gpucheck.measure import calibrate, energy_counter, measure
     from gpucheck.resnet import INPUT_SHAPE, RESNET, bind_resnet
+    from loadgen.classes import RequestClass
 
     clocks = device.supported_clocks_mhz()
     counter = energy_counter(device)
@@ -116,6 +130,7 @@ def run(args: argparse.Namespace, device: Any) -> dict[str, Any]:
             "energy_counter_refresh_s": interval_s,
         },
         "slo_ms": args.slo_ms,
+        "levels_share": args.levels_share,
     }
     log.info(
         "GPU %s: %d clocks %d..%d MHz", device.identity.name, len(clocks), clocks[0], clocks[-1]
@@ -131,7 +146,13 @@ def run(args: argparse.Namespace, device: Any) -> dict[str, Any]:
         start_timeout_s=600.0,
     ) as triton:
 
-        def window(label: str, url: str, batch: int, concurrency: int) -> Measurement:
+        def window(
+            label: str,
+            url: str,
+            batch: int,
+            concurrency: int,
+            classes: tuple[RequestClass, ...] = (RequestClass("gpu-check"),),
+        ) -> Measurement:
             log.info("%s: batch %d, concurrency %d", label, batch, concurrency)
             return measure(
                 label=label,
@@ -143,6 +164,7 @@ def run(args: argparse.Namespace, device: Any) -> dict[str, Any]:
                 counter=counter,
                 warmup_s=args.warmup_s,
                 window_s=args.window_s,
+                classes=classes,
             )
 
         batches = [window("direct", triton.url, b, 1) for b in range(1, args.max_batch + 1)]
@@ -175,9 +197,31 @@ def run(args: argparse.Namespace, device: Any) -> dict[str, Any]:
                     overhead.append(window(f"sidecar:{n}", sidecar.url, 1, c))
                 if "shadow" not in report["policy"]:
                     report["policy"]["shadow"] = sidecar.admin("/admin/state").get("shadow")
+        if args.levels_share > 0:
+            levels = two_levels(args.levels_share)
+            top = max(args.concurrency)
+            with ShadowSidecar(
+                args.out,
+                triton.url,
+                table_path,
+                device_spec=f"nvml:{args.gpu}",
+                slo_ms=args.slo_ms,
+                max_inflight=top,
+                triton_batches=None,
+            ) as sidecar:
+                overhead.append(window("direct", triton.url, 1, top, levels))
+                overhead.append(window(LEVELS_LABEL, sidecar.url, 1, top, levels))
         report["overhead"] = [m.to_json() for m in overhead]
         report["overhead_summary"] = overhead_summary(overhead)
     return report
+
+
+def two_levels(share: float) -> tuple[RequestClass, ...]:
+    """Request classes for the two-level run: ``share`` of the requests at priority 1 (the
+    highest), the rest at the default level (the model's lowest)."""
+    from loadgen.classes import RequestClass
+
+    return (RequestClass("high", share, priority=1), RequestClass("default", 1.0 - share))
 
 
 def overhead_summary(runs: list[Measurement]) -> list[dict[str, Any]]:
@@ -258,8 +302,10 @@ class ShadowSidecar:
         device_spec: str,
         slo_ms: float,
         max_inflight: int,
-        triton_batches: int = 1,
+        triton_batches: int | None = 1,
     ) -> None:
+        """``triton_batches``: both depths (``--triton-batches`` and ``--triton-batches-alone``);
+        None: the sidecar's defaults."""
         from api.embedded import free_port
 
         self.port = free_port()
@@ -270,11 +316,13 @@ class ShadowSidecar:
             "--host", "127.0.0.1", "--port", str(self.port),
             "--triton-url", triton_url, "--device", device_spec,
             "--policy", "slack", "--table", str(table), "--slo-ms", str(slo_ms),
-            "--max-inflight", str(max_inflight), "--triton-batches", str(triton_batches),
-            "--triton-batches-alone", str(triton_batches), "--max-queue", "10000",
+            "--max-inflight", str(max_inflight), "--max-queue", "10000",
             "--admin-token", self.token, "--state-dir", self._tmp.name, "--log-level", "warning",
         ]  # fmt: skip
-        self.log_path = out_dir / f"sidecar-{triton_batches}b.log"
+        if triton_batches is not None:
+            depth = str(triton_batches)
+            self.argv += ["--triton-batches", depth, "--triton-batches-alone", depth]
+        self.log_path = out_dir / f"sidecar-{triton_batches or 'default'}b.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -340,9 +388,13 @@ def print_report(report: dict[str, Any]) -> None:
             table.add_row(*_cells(m))
         console.print(table)
     for row in report["overhead_summary"]:
+        what = (
+            f"its default depth, {report.get('levels_share', 0):.0%} at priority 1"
+            if row["path"] == LEVELS_LABEL
+            else f"--triton-batches {row['path'].partition(':')[2] or 1}"
+        )
         console.print(
-            f"{row['path']} (--triton-batches {row['path'].partition(':')[2] or 1}) "
-            f"at concurrency {row['concurrency']}: "
+            f"{row['path']} ({what}) at concurrency {row['concurrency']}: "
             f"{row['throughput_kept']:.1%} of direct throughput kept, "
             f"p50 {row['p50_added_ms']:+.2f} ms, p99 {row['p99_added_ms']:+.2f} ms"
         )
@@ -386,8 +438,15 @@ def report_markdown(report: dict[str, Any]) -> str:
             "(PyTriton), straight to Triton, one client:",
             markdown_table(head, rows(report["batches"])),
             "The sidecar in shadow mode (`sidecar:N`: N full batches at Triton, "
-            "`--triton-batches N --triton-batches-alone N`) against the direct run measured just "
-            "before it, batch 1:",
+            "`--triton-batches N --triton-batches-alone N`"
+            + (
+                f"; `sidecar:levels`: the sidecar's default depth, {share:.0%} of the requests "
+                "at priority 1 and the rest at the default level, the model's batcher having "
+                "two priority levels"
+                if (share := report.get("levels_share", 0))
+                else ""
+            )
+            + ") against the direct run measured just before it with the same requests, batch 1:",
             markdown_table(head, rows(report["overhead"])),
             markdown_table(
                 ["path", "concurrency", "throughput kept", "p50 added ms", "p99 added ms"],

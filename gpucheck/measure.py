@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -78,13 +78,12 @@ def measure(
     warmup_s: float = 1.0,
     window_s: float = 3.0,
     input_name: str = "INPUT0",
-    hints: RequestClass | None = None,
+    classes: Sequence[RequestClass] = (RequestClass("gpu-check"),),
 ) -> Measurement:
-    """Closed loop of ``concurrency`` requests of ``data`` (batch = its first dimension)."""
-    payloads = build_payloads(
-        [hints or RequestClass("gpu-check")], input_name=input_name, data=data
-    )
-    target = Target(url, model, payloads, [1.0])
+    """Closed loop of ``concurrency`` requests of ``data`` (batch = its first dimension), each
+    request of one of ``classes`` (their hints), drawn by their shares."""
+    payloads = build_payloads(classes, input_name=input_name, data=data)
+    target = Target(url, model, payloads, [c.share for c in classes])
     return asyncio.run(
         _measure(
             label, target, int(data.shape[0]), concurrency, device, counter, warmup_s, window_s

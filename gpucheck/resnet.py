@@ -37,6 +37,10 @@ def bind_resnet(triton: Any, state_path: str, instances: int) -> None:
         outputs=[Tensor(name="OUTPUT0", dtype=np.float32, shape=(CLASSES,))],
         config=ModelConfig(
             max_batch_size=MAX_BATCH,
-            batcher=DynamicBatcher(max_queue_delay_microseconds=0),
+            # two priority levels, the lower the default: the sidecar sends each request's
+            # level as Triton's priority, and the check measures two levels through it
+            batcher=DynamicBatcher(
+                max_queue_delay_microseconds=0, priority_levels=2, default_priority_level=2
+            ),
         ),
     )

@@ -19,14 +19,17 @@ from dvfs.nvml import NvmlDevice
 from dvfs.readonly import ReadOnlyDevice
 from dvfs.simulated import SimulatedDevice
 from gpucheck.__main__ import (
+    LEVELS_LABEL,
     ShadowSidecar,
     one_clock_table,
     overhead_summary,
     print_report,
     report_markdown,
+    two_levels,
 )
 from gpucheck.guard import NvmlWriteForbiddenError, forbid_nvml_writes, is_read
 from gpucheck.measure import Measurement, calibrate, energy_counter, measure
+from loadgen.classes import RequestClass
 from tests.api.live import simnet_tables
 from tests.dvfs.fake_nvml import FakeNvml
 
@@ -168,26 +171,33 @@ def test_measuring_and_the_shadow_sidecar_on_the_embedded_stack(
     simnet_tables("v100").save(table)
     with EmbeddedTriton(state) as triton:
         with ShadowSidecar(
-            tmp_path, triton.url, table, device_spec="sim:v100", slo_ms=200.0, max_inflight=4
+            tmp_path,
+            triton.url,
+            table,
+            device_spec="sim:v100",
+            slo_ms=200.0,
+            max_inflight=4,
+            triton_batches=None,  # the sidecar's own depths
         ) as sidecar:
+            assert "--triton-batches" not in sidecar.argv
             calibrate(counter)
-            runs = [
-                measure(
-                    label=label,
-                    url=url,
-                    model=SIMNET,
-                    data=data,
-                    concurrency=2,
-                    device=device,
-                    counter=counter,
-                    warmup_s=0.3,
-                    window_s=1.0,
-                )
-                for label, url in (("direct", triton.url), ("sidecar", sidecar.url))
-            ]
+
+            def run(
+                label: str, url: str, classes: tuple[RequestClass, ...] = (RequestClass("c"),)
+            ) -> Measurement:
+                return measure(label=label, url=url, model=SIMNET, data=data, concurrency=2,
+                               device=device, counter=counter, warmup_s=0.3, window_s=1.0,
+                               classes=classes)  # fmt: skip
+
+            runs = [run("direct", triton.url), run("sidecar", sidecar.url)]
+            # two priority levels through the sidecar, which simnet's batcher orders: the
+            # sidecar keeps two batches of it at Triton all the same
+            levels = run(LEVELS_LABEL, sidecar.url, classes=two_levels(0.5))
             state_reply = sidecar.admin("/admin/state")
         # stopped by SIGTERM, gracefully (uvicorn re-raises the signal once shut down)
         assert sidecar.proc is not None and sidecar.proc.returncode in (0, -signal.SIGTERM)
+    assert levels.requests > 0 and levels.errors == 0
+    assert state_reply["models"][SIMNET]["depth"] == 64  # simnet: batches of 32
     for m in runs:
         assert m.requests > 0 and m.errors == 0 and m.batch == 2
         assert m.inferences_per_s == pytest.approx(m.requests * 2 / 1.0, rel=0.5)
@@ -221,3 +231,11 @@ def test_measuring_and_the_shadow_sidecar_on_the_embedded_stack(
     assert f"| sidecar | 2 | 2 | {runs[1].inferences_per_s:.1f} |" in md
     assert f"| sidecar | 2 | {summary['throughput_kept']:.1%} |" in md
     assert "would choose 600 MHz" in md
+    # a report with the two-level run names it
+    report["levels_share"] = 0.5
+    report["overhead_summary"] = [{**summary, "path": LEVELS_LABEL}]
+    print_report(report)
+    assert f"{LEVELS_LABEL} (its default depth, 50% at priority 1)" in capsys.readouterr().out
+    assert "`sidecar:levels`: the sidecar's default depth, 50% of the requests" in (
+        report_markdown(report)
+    )
