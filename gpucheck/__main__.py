@@ -322,7 +322,8 @@ class ShadowSidecar:
         if triton_batches is not None:
             depth = str(triton_batches)
             self.argv += ["--triton-batches", depth, "--triton-batches-alone", depth]
-        self.log_path = out_dir / f"sidecar-{triton_batches or 'default'}b.log"
+        name = "default" if triton_batches is None else f"{triton_batches}b"
+        self.log_path = out_dir / f"sidecar-{name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
