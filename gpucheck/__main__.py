@@ -182,16 +182,20 @@ def run(args: argparse.Namespace, device: Any) -> dict[str, Any]:
             "offline_slo_met": met,
         }
         overhead: list[Measurement] = []
-        for n in args.triton_batches:
-            with ShadowSidecar(
+
+        def shadow(depth: int | None) -> ShadowSidecar:
+            return ShadowSidecar(
                 args.out,
                 triton.url,
                 table_path,
                 device_spec=f"nvml:{args.gpu}",
                 slo_ms=args.slo_ms,
                 max_inflight=max(args.concurrency),
-                triton_batches=n,
-            ) as sidecar:
+                triton_batches=depth,
+            )
+
+        for n in args.triton_batches:
+            with shadow(n) as sidecar:
                 for c in args.concurrency:  # direct and sidecar paired, back to back
                     overhead.append(window("direct", triton.url, 1, c))
                     overhead.append(window(f"sidecar:{n}", sidecar.url, 1, c))
@@ -200,15 +204,7 @@ def run(args: argparse.Namespace, device: Any) -> dict[str, Any]:
         if args.levels_share > 0:
             levels = two_levels(args.levels_share)
             top = max(args.concurrency)
-            with ShadowSidecar(
-                args.out,
-                triton.url,
-                table_path,
-                device_spec=f"nvml:{args.gpu}",
-                slo_ms=args.slo_ms,
-                max_inflight=top,
-                triton_batches=None,
-            ) as sidecar:
+            with shadow(None) as sidecar:  # the sidecar's own depths
                 overhead.append(window("direct", triton.url, 1, top, levels))
                 overhead.append(window(LEVELS_LABEL, sidecar.url, 1, top, levels))
         report["overhead"] = [m.to_json() for m in overhead]
