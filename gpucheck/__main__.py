@@ -112,9 +112,8 @@ def run(args: argparse.Namespace, device: Any) -> dict[str, Any]:
     import numpy as np
 
     from api.embedded import EmbeddedTriton
-    from gpucheck.measure import calibrate, energy_counter, measure
+    from gpucheck.measure import ONE_CLASS, calibrate, energy_counter, measure
     from gpucheck.resnet import INPUT_SHAPE, RESNET, bind_resnet
-    from loadgen.classes import RequestClass
 
     clocks = device.supported_clocks_mhz()
     counter = energy_counter(device)
@@ -151,7 +150,7 @@ def run(args: argparse.Namespace, device: Any) -> dict[str, Any]:
             url: str,
             batch: int,
             concurrency: int,
-            classes: tuple[RequestClass, ...] = (RequestClass("gpu-check"),),
+            classes: tuple[RequestClass, ...] = ONE_CLASS,
         ) -> Measurement:
             log.info("%s: batch %d, concurrency %d", label, batch, concurrency)
             return measure(

@@ -23,6 +23,8 @@ from dvfs.energy import EnergyCounter, energy_per_inference_j
 from loadgen.classes import RequestClass
 from loadgen.engine import Recorder, Target, build_payloads, closed_loop, new_session
 
+ONE_CLASS = (RequestClass("gpu-check"),)  # every request alike, at the default level
+
 
 @dataclass(frozen=True)
 class Measurement:
@@ -78,7 +80,7 @@ def measure(
     warmup_s: float = 1.0,
     window_s: float = 3.0,
     input_name: str = "INPUT0",
-    classes: Sequence[RequestClass] = (RequestClass("gpu-check"),),
+    classes: Sequence[RequestClass] = ONE_CLASS,
 ) -> Measurement:
     """Closed loop of ``concurrency`` requests of ``data`` (batch = its first dimension), each
     request of one of ``classes`` (their hints), drawn by their shares."""

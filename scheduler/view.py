@@ -77,9 +77,8 @@ class ModelServing:
     def orders(self, levels: tuple[int, ...]) -> bool:
         """Whether Triton's batcher serves requests of these sidecar ``levels`` apart, the
         higher first: the model has priority levels and no two of ``levels`` share one."""
-        if self.priority_levels < 1:
-            return False
-        return len({min(level, self.priority_levels) for level in levels}) == len(levels)
+        sent = {self.triton_priority(level) for level in levels}
+        return None not in sent and len(sent) == len(levels)
 
 
 class SchedulerView(Protocol):
