@@ -19,10 +19,21 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] in ((3, 11), (3, 12)), "Python 3.11 or 3.12 is required (set PYTHON=...)"'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[embedded,plot,dev]'
+	SIDECAR_PURE_PYTHON=1 $(BIN)/pip install -q -e '.[embedded,plot,dev]'
 	touch $@
 
-setup: $(STAMP)
+# The scheduler core compiled with mypyc (setup.py), in place beside its source, built again
+# whenever a module of it changes. Built in the venv, where numpy's types are there to check
+# against; without a C compiler the pure Python runs and setup.py says so.
+NATIVE := $(VENV)/.native
+CORE   := $(shell sed -n 's/^    "\(scheduler\/[a-z_]*\.py\)",$$/\1/p' setup.py)
+
+$(NATIVE): $(STAMP) setup.py $(CORE)
+	$(BIN)/pip install -q --upgrade 'setuptools>=77' wheel
+	$(BIN)/pip install -q --no-build-isolation --no-deps -e .
+	touch $@
+
+setup: $(STAMP) $(NATIVE)
 
 lint: setup
 	$(BIN)/ruff check .
@@ -74,4 +85,4 @@ gpu-check:
 	scripts/gpu-check $(ARGS)
 
 clean:
-	rm -rf $(VENV) $(OUT) .mypy_cache .ruff_cache .pytest_cache *.egg-info
+	rm -rf $(VENV) $(OUT) .mypy_cache .ruff_cache .pytest_cache *.egg-info build *.so scheduler/*.so

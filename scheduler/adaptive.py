@@ -35,7 +35,7 @@ matrices.
 
 from __future__ import annotations
 
-import copy
+import bisect
 import math
 from collections import OrderedDict
 from dataclasses import replace
@@ -43,6 +43,7 @@ from functools import lru_cache
 
 import numpy as np
 import numpy.typing as npt
+from mypy_extensions import mypyc_attr
 
 from scheduler.feedback import FeedbackParams, TailController
 from scheduler.policies import ModelPlan, SlackParams, SlackPolicy
@@ -153,6 +154,33 @@ class EnergyModel:
         return int(np.argmax(above <= best + tolerance * abs(best)))
 
 
+class _Speeds:
+    """One plan's levels: each clock's speed over the top clock's, as a log (<= 0; ascending
+    with the clock), as an array and as a list, and the level of each clock asked for (the
+    floor's, at every completion), so that the lookups at every event are plain Python."""
+
+    def __init__(self, plan: ModelPlan) -> None:
+        times = plan.times_ms[1]
+        self.plan = plan
+        self.levels: FloatArray = np.log(times[-1] / times)
+        self._ascending: list[float] = self.levels.tolist()
+        self._of_mhz: dict[int, float] = {}
+
+    def clock_at(self, level: float) -> int:
+        """The lowest clock (index) at least as fast as ``level`` (``searchsorted`` on the
+        array, by bisection on the list: the same index)."""
+        ascending = self._ascending
+        return min(bisect.bisect_left(ascending, level - 1e-12), len(ascending) - 1)
+
+    def level_of(self, clock_mhz: int, clocks_mhz: list[int]) -> float:
+        """The level of ``clock_mhz``, a clock of the ladder ``clocks_mhz``."""
+        level = self._of_mhz.get(clock_mhz)
+        if level is None:
+            level = self._of_mhz[clock_mhz] = self._ascending[clocks_mhz.index(clock_mhz)]
+        return level
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
 class AdaptivePolicy(SlackPolicy):
     """A base clock from the measured tail, ``slack``'s plan above it, an energy floor below it
     and a deep clock when idle (see the module docstring)."""
@@ -177,7 +205,7 @@ class AdaptivePolicy(SlackPolicy):
         )
         super().__init__(clocks_mhz, plan)
         self._raise_plans: dict[str, ModelPlan] = {}  # model -> its plan with the raise margin
-        self._speeds: dict[str, tuple[ModelPlan, FloatArray]] = {}  # model -> (plan, _levels)
+        self._speeds: dict[str, _Speeds] = {}  # model -> its plan's levels
         self.feedback = fb
         self.controllers: OrderedDict[tuple[str, float], TailController] = OrderedDict()
         self._need_before: dict[str, float] = {}  # model -> its plan's need, before new tables
@@ -190,16 +218,21 @@ class AdaptivePolicy(SlackPolicy):
 
     # -- levels, clocks and floors, per model -----------------------------------------------
 
-    def _levels(self, s: SchedulerView, model: str) -> FloatArray | None:
-        """Each clock's speed relative to the top clock's, as a log (<= 0), for ``model``."""
+    def _speeds_of(self, s: SchedulerView, model: str) -> _Speeds | None:
+        """``model``'s levels (see :meth:`_levels`), computed once per plan: asked at every
+        event."""
         plan = self._plan(s, model)
         if plan is None:
             return None
-        known = self._speeds.get(model)  # asked at every event: computed once per plan
-        if known is None or known[0] is not plan:
-            times = plan.times_ms[1]
-            known = self._speeds[model] = (plan, np.log(times[-1] / times))
-        return known[1]
+        known = self._speeds.get(model)
+        if known is None or known.plan is not plan:
+            known = self._speeds[model] = _Speeds(plan)
+        return known
+
+    def _levels(self, s: SchedulerView, model: str) -> FloatArray | None:
+        """Each clock's speed relative to the top clock's, as a log (<= 0), for ``model``."""
+        speeds = self._speeds_of(s, model)
+        return None if speeds is None else speeds.levels
 
     def _clock_at(self, levels: FloatArray, level: float) -> int:
         """The lowest clock (index) at least as fast as ``level``."""
@@ -251,11 +284,11 @@ class AdaptivePolicy(SlackPolicy):
     def base_mhz(self, s: SchedulerView, model: str) -> int | None:
         """The clock ``model``'s classes ask for: the fastest of their base speeds (None: no
         class of it has completed yet)."""
-        levels = self._levels(s, model)
+        speeds = self._speeds_of(s, model)
         mine = [c.level for (m, _), c in self.controllers.items() if m == model]
-        if levels is None or not mine:
+        if speeds is None or not mine:
             return None
-        return self.clocks_mhz[self._clock_at(levels, max(mine))]
+        return self.clocks_mhz[speeds.clock_at(max(mine))]
 
     def _model_floor(self, s: SchedulerView, model: str) -> int | None:
         floors = [f for f in (self.energy_floor_mhz(s, model), self.base_mhz(s, model)) if f]
@@ -432,10 +465,11 @@ class AdaptivePolicy(SlackPolicy):
         batch held to its last moment has no room left for the tail."""
         known = self._raise_plans.get(model)
         if known is None or known.times_ms is not plan.times_ms:
-            known = copy.copy(plan)
             table = self._view.table_for(model) if self._view is not None else None
             q = self.feedback.raise_quantile
-            known.margin_ms = 0.0 if q == "mean" or table is None else table.tail_margin_ms(q)
+            known = plan.with_margin(
+                0.0 if q == "mean" or table is None else table.tail_margin_ms(q)
+            )
             self._raise_plans[model] = known
         return known
 
@@ -493,11 +527,11 @@ class AdaptivePolicy(SlackPolicy):
         controller = self.controller(request.model, request.slo_ms)
         if fresh:
             controller.level = self._start_level(s, request.model, request.slo_ms)
-        levels = self._levels(s, request.model)
+        speeds = self._speeds_of(s, request.model)
         floor = self.energy_floor_mhz(s, request.model)
         floor_level = (
-            float(levels[self.clocks_mhz.index(self._snap_up(floor))])
-            if levels is not None and floor is not None
+            speeds.level_of(self._snap_up(floor), self.clocks_mhz)
+            if speeds is not None and floor is not None
             else -math.inf
         )
         latency_ms = (now_s - request.arrival_s) * 1000.0

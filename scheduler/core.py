@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from itertools import islice
 from typing import Generic, overload
 
 from dvfs.energy import EnergyReading
 from scheduler.observe import ExecutionObserver
+from scheduler.params import SchedulerConfig as SchedulerConfig
 from scheduler.policies import ClockPolicy
 from scheduler.queue import PriorityCfsQueue, VruntimeLedger
 from scheduler.request import Completion, Dispatch, EnqueueResult, P, Request
@@ -30,64 +30,6 @@ RATE_WINDOW_S = 1.0
 # released into an idle model, is expected this far through its execution: ready when the first
 # ends, and not sooner, so that a burst whose clients leave early runs one batch for nobody.
 SECOND_BATCH_AT = 0.75
-
-
-@dataclass(frozen=True)
-class SchedulerConfig:
-    """Bounds of one GPU's scheduler.
-
-    ``max_inflight``: a cap on the requests at Triton at once, over every model; how many the
-    scheduler actually releases of a model is ``triton_batches`` of its full batches
-    (:meth:`Scheduler.release_depth`), or what the policy asks for below it, or less while a
-    higher priority level must not wait behind more (:mod:`scheduler.waitbound`). Whatever is
-    not at Triton waits in the sidecar's queue, where priority, nice weights, deadlines and
-    cancellation still decide; Triton runs what it holds as it batches it, and a running batch
-    is never preempted.
-
-    ``triton_batches_alone``: the full batches kept at Triton instead (never fewer than
-    ``triton_batches``) while one nice value alone arrived lately (``GUARD_S``) and either one
-    priority level alone (:attr:`scheduler.waitbound.WaitBound.one_level`) or one model alone,
-    whose Triton batcher has priority levels that keep the levels arriving apart (the
-    sidecar sends each request's level as Triton's ``priority``, so a higher level's request
-    is batched before the lower ones waiting there): no level waits behind what Triton holds
-    beyond what the wait bound allows, and no weights have shares to keep. A second batch
-    ready at Triton keeps the GPU busy through the round trip of the first through the
-    sidecar, and lets several instances each run a full batch.
-
-    ``priority_levels``: levels 1..N (1 highest); a request with priority 0 goes to
-    ``default_priority_level`` (default: N, the lowest), as in Triton's model configuration.
-    """
-
-    max_inflight: int = 256
-    max_queue: int = 1000
-    priority_levels: int = 2
-    default_priority_level: int | None = None
-    default_slo_ms: float = 100.0
-    triton_batches: int = 1
-    triton_batches_alone: int = 2
-
-    def __post_init__(self) -> None:
-        if min(self.max_inflight, self.max_queue, self.priority_levels, self.triton_batches) < 1:
-            raise ValueError(
-                "max_inflight, max_queue, priority_levels and triton_batches must all be >= 1"
-            )
-        if self.triton_batches_alone < 1:
-            raise ValueError("triton_batches_alone must be >= 1")
-        level = self.default_level
-        if not 1 <= level <= self.priority_levels:
-            raise ValueError(f"default_priority_level must be in 1..{self.priority_levels}")
-
-    @property
-    def default_level(self) -> int:
-        return (
-            self.priority_levels
-            if self.default_priority_level is None
-            else self.default_priority_level
-        )
-
-    def level_of(self, priority: int) -> int:
-        """The level a request's ``priority`` puts it in (Triton's rule: 0 means the default)."""
-        return priority or self.default_level
 
 
 def validate_hints(priority: int, nice: int, slo_ms: float, config: SchedulerConfig) -> str | None:

@@ -54,82 +54,11 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass
 
 import numpy as np
 
-
-@dataclass(frozen=True)
-class FeedbackParams:
-    """Knobs of ``adaptive``: its tail controller (:class:`TailController`), its idle clock and
-    its energy floor (:mod:`scheduler.adaptive`).
-
-    ``idle_depth``: how deep the clock may drop while the GPU is idle, as the most its next
-    request may lose to the clock change (a share of the tightest SLO). ``idle_power_w`` and
-    ``idle_power_top_w``: the GPU's power when idle at its lowest and at its top clock, if
-    known; the energy floor then counts only the energy a request adds above idle (a slower
-    clock shortens the idle time it replaces), and the idle clock weighs what idling lower saves
-    against what the wake-up costs. ``floor_tolerance``: the floor is the lowest clock whose
-    estimated energy is within this share of the least; 0, the default, takes the clock of least
-    energy itself (the estimate already counts the batch the load forms at each clock, so a
-    tolerance only trades energy for a lower clock). ``phantoms``: the plan's arrivals to come.
-    ``raise_quantile``: the quantile of execution times the plan raises the clock for (the
-    controller measures the tail, so the plan raises for the mean). ``batch_hold``: the longest
-    a model's requests may be held for a fuller batch, as a share of their SLO (a hold also ends
-    in time for the setpoint at the energy floor, with the table's p99 margin);
-    ``hold_while_busy``: hold them while the model's earlier batch runs too (what arrives
-    meanwhile would otherwise run nearly alone beside it); ``rest_while_holding``: drop to the
-    idle clock while every model waiting is held back (nothing runs until a hold ends).
-    ``overshoot``: how far past the top clock (in log speed) the level may run while even the
-    top leaves near misses (see the module docstring). ``quiet_s``: a class with no completion
-    for this long no longer keeps the idle clock up (its tail was measured under load that has
-    gone).
-    """
-
-    target: float = 0.99
-    setpoint: float = 0.97
-    gain: float = 0.05
-    settled_gain: float = 0.025
-    settle_completions: int = 1000
-    far_below: float = 0.8
-    fast_descent: float = 1.0
-    min_samples: int = 20
-    window_s: float = 10.0
-    max_samples: int = 2000
-    idle_depth: float = 1.0
-    idle_power_w: float | None = None
-    idle_power_top_w: float | None = None
-    floor_tolerance: float = 0.0
-    phantoms: int = 0
-    overshoot: float = 0.1
-    quiet_s: float = 0.25
-    raise_quantile: str = "mean"
-    batch_hold: float = 0.8
-    hold_while_busy: bool = True
-    rest_while_holding: bool = True
-
-    def __post_init__(self) -> None:
-        if not 0.5 <= self.target < 1.0:
-            raise ValueError(f"target attainment must be in [0.5, 1), got {self.target}")
-        if not 0.0 < self.setpoint <= 1.0:
-            raise ValueError(f"setpoint must be in (0, 1], got {self.setpoint}")
-        if not 0.0 < self.gain < 1.0:
-            raise ValueError(f"gain must be in (0, 1), got {self.gain}")
-        if not 0.0 < self.settled_gain <= self.gain:
-            raise ValueError(
-                f"settled_gain must be in (0, gain], got {self.settled_gain} (gain {self.gain})"
-            )
-        if self.settle_completions < 1:
-            raise ValueError(f"settle_completions must be >= 1, got {self.settle_completions}")
-        if not 0.0 <= self.idle_depth <= 1.0:
-            raise ValueError(f"idle_depth must be in [0, 1], got {self.idle_depth}")
-        if self.min_samples < 0 or self.phantoms < 0:
-            raise ValueError("min_samples and phantoms must be >= 0")
-
-    def gain_at(self, completions: int) -> float:
-        """The controller's step at a class's ``completions``-th completion (see the module
-        docstring: ``gain · √(settle_completions / n)``, never under ``settled_gain``)."""
-        return max(self.settled_gain, self.gain * math.sqrt(self.settle_completions / completions))
+from scheduler.params import FeedbackParams as FeedbackParams
+from scheduler.params import ScaleParams as ScaleParams
 
 
 class TailController:
@@ -199,36 +128,6 @@ class TailController:
         if len(self._window) < max(1, self.params.min_samples):
             return float("nan")
         return float(np.quantile([r for _, r in self._window], self.params.target))
-
-
-@dataclass(frozen=True)
-class ScaleParams:
-    """Knobs of :class:`ScaleController` (see its docstring)."""
-
-    target: float = 0.99
-    setpoint: float = 0.8
-    window_s: float = 10.0
-    max_samples: int = 2000
-    min_samples: int = 50
-    period_s: float = 1.0
-    gain: float = 0.5
-    max_step: float = 0.1
-    backoff: float = 0.7
-    backoff_gap_s: float = 0.5
-    settle_s: float = 3.0
-    min_scale: float = 0.5
-    max_scale: float = 3.0
-    start_scale: float = 1.0
-
-    def __post_init__(self) -> None:
-        if not 0.5 <= self.target < 1.0:
-            raise ValueError(f"target attainment must be in [0.5, 1), got {self.target}")
-        if not 0.0 < self.setpoint <= 1.0:
-            raise ValueError(f"setpoint must be in (0, 1], got {self.setpoint}")
-        if not 0.0 < self.min_scale <= self.start_scale <= self.max_scale:
-            raise ValueError("need 0 < min_scale <= start_scale <= max_scale")
-        if not 0.0 < self.backoff < 1.0:
-            raise ValueError(f"backoff must be in (0, 1), got {self.backoff}")
 
 
 class ScaleController:

@@ -12,16 +12,18 @@ import bisect
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from operator import attrgetter
+from typing import ClassVar
 
 import numpy as np
 import numpy.typing as npt
+from mypy_extensions import mypyc_attr
 from scipy.stats import gamma
 
 from scheduler.constraints import Constraints, WorkTable
+from scheduler.params import SlackParams as SlackParams
 from scheduler.view import QueuedRequest, SchedulerView
-from time2clock.table import TAIL_QUANTILES, ModelTable
+from time2clock.table import ModelTable
 
 MIN_HOLD_S = 0.0005  # a hold shorter than this is not worth a timer
 _own_deadline_s: Callable[[QueuedRequest], float] = attrgetter("deadline_s")
@@ -29,10 +31,11 @@ BoolArray = npt.NDArray[np.bool_]
 FloatArray = npt.NDArray[np.float64]
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class ClockPolicy(ABC):
     """One way of choosing the clock; see each subclass for which."""
 
-    name: str
+    name: ClassVar[str]
 
     def __init__(self, clocks_mhz: list[int]) -> None:
         self.clocks_mhz = sorted(clocks_mhz)
@@ -172,53 +175,57 @@ class SeedPolicy(ClockPolicy):
         return self.current_mhz
 
 
-@dataclass(frozen=True)
-class SlackParams:
-    """Knobs of :class:`SlackPolicy`; the defaults are argued in its docstring and measured by
-    ``python -m scheduler tune``."""
-
-    batch_hold: float = 0.25
-    quantile: str = "p99"
-    lookahead: int = 16
-    phantoms: int = 16
-    hold_s: float = 0.05
-    safety: float = 0.95
-    change_delay_ms: float = 5.0
-    arrival_quantile: float = 0.05
-    phantom_margin: float = 1.0
-    hold_while_busy: bool = False
-
-    def __post_init__(self) -> None:
-        if self.quantile not in ("mean", *TAIL_QUANTILES):
-            raise ValueError(
-                f"quantile must be one of mean, {', '.join(TAIL_QUANTILES)}, got {self.quantile!r}"
-            )
-        if not (0.0 < self.safety <= 1.0 and 0.0 <= self.batch_hold <= 1.0):
-            raise ValueError("need 0 < safety <= 1 and 0 <= batch_hold <= 1")
-        if not 0.0 < self.arrival_quantile < 1.0:
-            raise ValueError(f"arrival_quantile must be in (0, 1), got {self.arrival_quantile}")
-        if min(self.lookahead, self.phantoms) < 0 or min(self.hold_s, self.change_delay_ms) < 0:
-            raise ValueError("lookahead, phantoms, hold_s and change_delay_ms must be >= 0")
-        if not self.phantom_margin > 0:
-            raise ValueError(f"phantom_margin must be > 0, got {self.phantom_margin}")
-
-
 class ModelPlan:
     """One model's predicted execution times at every clock, by batch size (row ``b``, batch 0
-    costs nothing), its tail margin per execution, and its energy floor."""
+    costs nothing), its tail margin per execution, and its energy floor (:meth:`of` makes one
+    from a table)."""
 
-    def __init__(self, table: ModelTable, max_batch: int, clocks_mhz: list[int], quantile: str):
+    def __init__(
+        self,
+        max_batch: int,
+        times_ms: FloatArray,
+        work: WorkTable,
+        margin_ms: float,
+        floor_mhz: int | None,
+        full_batch_floor_mhz: int | None,
+    ) -> None:
         self.max_batch = max_batch
-        self.times_ms = np.vstack(
+        self.times_ms = times_ms
+        self.work = work
+        self.margin_ms = margin_ms
+        self.floor_mhz = floor_mhz
+        # Below this clock even a full batch costs more energy per inference, not less.
+        self.full_batch_floor_mhz = full_batch_floor_mhz
+
+    @staticmethod
+    def of(table: ModelTable, max_batch: int, clocks_mhz: list[int], quantile: str) -> ModelPlan:
+        """The plan of ``table`` for batches up to ``max_batch`` at ``clocks_mhz``, with the
+        margin of its ``quantile``."""
+        times_ms = np.vstack(
             [np.zeros((1, len(clocks_mhz))), table.predict_grid_ms(clocks_mhz, max_batch)]
         )
-        self.work = WorkTable(self.times_ms, max_batch)
-        self.margin_ms = table.tail_margin_ms(quantile)
-        self.floor_mhz = table.energy_optimal_clock_mhz()
-        # Below this clock even a full batch costs more energy per inference, not less.
-        self.full_batch_floor_mhz = table.energy_optimal_clock_mhz(max_batch)
+        return ModelPlan(
+            max_batch,
+            times_ms,
+            WorkTable(times_ms, max_batch),
+            table.tail_margin_ms(quantile),
+            table.energy_optimal_clock_mhz(),
+            table.energy_optimal_clock_mhz(max_batch),
+        )
+
+    def with_margin(self, margin_ms: float) -> ModelPlan:
+        """The same plan (its tables shared) with another tail margin."""
+        return ModelPlan(
+            self.max_batch,
+            self.times_ms,
+            self.work,
+            margin_ms,
+            self.floor_mhz,
+            self.full_batch_floor_mhz,
+        )
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class SlackPolicy(ClockPolicy):
     """Ours: the lowest clock at which every request, in flight, queued or about to arrive,
     meets its own deadline at the tail, never below the energy-optimal clock.
@@ -392,7 +399,7 @@ class SlackPolicy(ClockPolicy):
             self._plans[model] = (
                 None
                 if table is None
-                else ModelPlan(
+                else ModelPlan.of(
                     table,
                     # Triton batches only what it is sent: never more than the in-flight cap.
                     min(s.serving(model).max_batch, s.max_inflight),

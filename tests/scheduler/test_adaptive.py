@@ -161,7 +161,7 @@ def _batched_table(idle_w: float) -> ModelTable:
 
 def test_the_energy_floor_counts_the_batches_the_load_forms() -> None:
     table = _batched_table(idle_w=30.0)
-    plan = ModelPlan(table, 4, CLOCKS, "mean")
+    plan = ModelPlan.of(table, 4, CLOCKS, "mean")
     energy = EnergyModel(table, plan, CLOCKS)
     assert energy.known
     # No load: one request per execution; a heavy load: bigger batches at every clock, and
@@ -217,7 +217,7 @@ def test_the_room_caps_the_batch_a_hold_can_form() -> None:
     batch is what arrives in the room, less than a fixed hold promises where the hold and a
     slow run together would not fit."""
     table = _batched_table(idle_w=30.0)
-    plan = ModelPlan(table, 4, CLOCKS, "mean")
+    plan = ModelPlan.of(table, 4, CLOCKS, "mean")
     energy = EnergyModel(table, plan, CLOCKS)
     rate, hold_s, room_s = 20.0, 0.05, 0.04
     free = energy.batch_at(rate, hold_s)

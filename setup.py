@@ -1,0 +1,59 @@
+"""The build's one step beyond pyproject.toml: the scheduler core compiled with mypyc.
+
+The modules below run on every request (admission, dispatch, completion, the clock plan); mypyc
+compiles them, type annotations and all, into one C extension (docs/performance.md, "The
+compiled core", says what it saves and how that is measured). The Python source
+stays beside it and is what runs wherever the build could not compile: no mypyc, no C compiler,
+``SIDECAR_PURE_PYTHON=1``, or a type check that fails where a dependency's types are missing
+(an isolated build without numpy): the build then says so and ships the pure Python.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from setuptools import Extension, setup
+
+# What runs per request; the settings they read stay plain Python (scheduler/params.py).
+COMPILED = [
+    "scheduler/adaptive.py",
+    "scheduler/constraints.py",
+    "scheduler/core.py",
+    "scheduler/feedback.py",
+    "scheduler/policies.py",
+    "scheduler/queue.py",
+    "scheduler/request.py",
+    "scheduler/view.py",
+    "scheduler/waitbound.py",
+    "scheduler/weights.py",
+]
+
+
+def _warn(why: str) -> None:
+    print(f"setup.py: the scheduler core stays pure Python: {why}", file=sys.stderr)
+
+
+def compiled_modules() -> list[Extension]:
+    """The core as C extensions, or none (the reason printed) where it cannot be built."""
+    if os.environ.get("SIDECAR_PURE_PYTHON"):
+        _warn("SIDECAR_PURE_PYTHON is set")
+        return []
+    try:
+        from mypyc.build import mypycify
+    except ImportError:
+        _warn("mypyc (part of mypy) is not installed")
+        return []
+    try:
+        extensions: list[Extension] = mypycify(
+            COMPILED, opt_level="3", group_name="scheduler_native"
+        )
+    except (Exception, SystemExit) as e:  # mypyc exits on a failed type check
+        _warn(f"mypyc could not compile it ({e!r})")
+        return []
+    for extension in extensions:
+        extension.optional = True  # no C compiler: a warning, and the Python source runs
+    return extensions
+
+
+setup(ext_modules=compiled_modules())
