@@ -66,7 +66,7 @@ compare-varying: setup
 # The sidecar's cost now against results/bench-before.json (the code before the cheaper data
 # path, measured side by side with it: python -m benchmarks.bench --before-tree DIR --name
 # bench-before); the same code's Python alone, without sockets; gRPC's own floor and its second
-# hop; then batching and the core.
+# hop; then batching and the core (compiled, and against its own Python).
 bench: setup
 	$(BIN)/python -m benchmarks.bench --before results/bench-before.json
 	$(BIN)/python -m benchmarks.pathbench
@@ -75,6 +75,7 @@ bench: setup
 	$(BIN)/python -m benchmarks.clientcost
 	$(BIN)/python -m benchmarks.batchbench
 	$(BIN)/python -m scheduler bench
+	$(BIN)/python -m benchmarks.compiled
 
 monitor: setup $(PROMETHEUS)
 	grafana/monitor.sh $(SIDECAR) $(TRITON_METRICS)
