@@ -130,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.instructions and not (shutil.which("valgrind") and shutil.which("callgrind_control")):
         parser.error("--instructions needs valgrind (Debian: apt-get install valgrind)")
+    started = time.strftime("%H:%M")
     rows, data = [], []
     with tempfile.TemporaryDirectory() as tmp:
         pure = pure_copy(Path(tmp))
@@ -161,7 +162,6 @@ def main(argv: list[str] | None = None) -> int:
     head = ["policy", "queue", "compiled", "CPU µs/request Python", "compiled", "ratio"]
     if args.instructions:
         head += ["instructions/request Python", "compiled", "ratio"]
-    started = time.strftime("%H:%M")
     md, _ = write_results(
         "compiled",
         title="The compiled scheduler core against its Python (python -m benchmarks.compiled)",
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
             "CPU time of the core per request (one enqueue, dispatch and completion at a steady "
             "queue, batch holds off, 3 flows): this checkout's compiled modules against a copy "
             "of the same source run as Python, each in its own process, alternating; medians "
-            f"over {args.rounds} rounds (from {started}). Instructions (where counted): "
+            f"over {args.rounds} rounds (started at {started}). Instructions (where counted): "
             "callgrind's count over 400 requests, without the imports.\n\n"
             + markdown_table(head, rows)
         ),
