@@ -422,14 +422,6 @@ _SCALE_HELP = {
 _LOOP_NAMES = {"ttft_feedback": "TTFT", "tpot_feedback": "TPOT"}
 
 
-def _type_text(t: object) -> str:
-    """A field's type as written: the annotation's text under postponed annotations, and the
-    same text from the type itself where the class was compiled (mypyc evaluates them)."""
-    if isinstance(t, str):
-        return t
-    return t.__name__ if isinstance(t, type) else str(t)
-
-
 def _builtin(f: Field[Any]) -> Any:
     if f.default is not MISSING:
         return f.default
@@ -443,15 +435,15 @@ def _options() -> tuple[Option, ...]:
         if f.name in ("scheduler", "policy", "placement"):
             continue
         out.append(
-            Option((f.name,), f.name.replace("_", "-"), _GATEWAY_HELP[f.name], _type_text(f.type),
+            Option((f.name,), f.name.replace("_", "-"), _GATEWAY_HELP[f.name], str(f.type),
                    _builtin(f))
         )  # fmt: skip
     for f in fields(SchedulerConfig):
         flag, text = _SCHEDULER_FLAGS[f.name]
-        out.append(Option(("scheduler", f.name), flag, text, _type_text(f.type), _builtin(f)))
+        out.append(Option(("scheduler", f.name), flag, text, str(f.type), _builtin(f)))
     for f in fields(PlacementParams):
         flag, text = _PLACEMENT_FLAGS[f.name]
-        out.append(Option(("placement", f.name), flag, text, _type_text(f.type), _builtin(f)))
+        out.append(Option(("placement", f.name), flag, text, str(f.type), _builtin(f)))
     out.append(
         Option(("policy", "name"), "policy", "clock policy: " + ", ".join(POLICIES) +
                ", tokens (a GPU serving an LLM engine), or fixed:MHZ", "str", PolicyConfig().name)
@@ -470,7 +462,7 @@ def _options() -> tuple[Option, ...]:
                 continue  # the token policy's loops: their own leaves, below
             out.append(
                 Option(("policy", section, f.name), f"{section}-{f.name.replace('_', '-')}",
-                       texts[f.name], _type_text(f.type), _builtin(f))
+                       texts[f.name], str(f.type), _builtin(f))
             )  # fmt: skip
     for loop in TOKEN_LOOPS:
         for f in fields(ScaleParams):
@@ -478,7 +470,7 @@ def _options() -> tuple[Option, ...]:
             out.append(
                 Option(("policy", "tokens", loop, f.name), flag,
                        f"tokens, its {_LOOP_NAMES[loop]} loop: {_SCALE_HELP[f.name]}",
-                       _type_text(f.type), token_default((loop, f.name)))
+                       str(f.type), token_default((loop, f.name)))
             )  # fmt: skip
     return tuple(out)
 
