@@ -2,10 +2,10 @@
 
 The modules below run on every request (admission, dispatch, completion, the clock plan); mypyc
 compiles them, type annotations and all, into one C extension (docs/performance.md, "The
-compiled core", says what it saves and how that is measured). The Python source
-stays beside it and is what runs wherever the build could not compile: no mypyc, no C compiler,
-``SIDECAR_PURE_PYTHON=1``, or a type check that fails where a dependency's types are missing
-(an isolated build without numpy): the build then says so and ships the pure Python.
+compiled core", says what it saves and how that is measured). The Python source stays beside
+it and is what runs wherever the build could not compile (no mypyc, no C compiler, a type
+check that fails) or was told not to (``SIDECAR_PURE_PYTHON=1``): the build then says why and
+ships the Python.
 """
 
 from __future__ import annotations
