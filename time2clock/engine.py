@@ -47,6 +47,10 @@ from time2clock.profile import MeasureError
 if TYPE_CHECKING:
     from loadgen.stream import GenTarget
 
+# Tries of a decode run whose streams did not all decode at once before the sweep gives up:
+# on a busy host (the sidecar's start, with Triton still loading its other models) the streams
+# of the first large run can start too far apart to overlap.
+OVERLAP_TRIES = 3
 PROFILE_KIND = "engine-profile"
 PROFILE_VERSION = 1
 ProgressFn = Callable[[int, int], None]
@@ -251,11 +255,16 @@ async def sweep_engine(
                 device.set_clock_mhz(clock)
                 await asyncio.sleep(settings.settle_s)
                 for n in settings.buckets:
-                    runs = await streams(prompt, n)
-                    stretch = decode_stretch([times[1:] for times in runs])
+                    for _ in range(OVERLAP_TRIES):
+                        runs = await streams(prompt, n)
+                        stretch = decode_stretch([times[1:] for times in runs])
+                        if stretch is not None:
+                            break
+                        await asyncio.sleep(settings.settle_s)  # a busy host: try it again
                     if stretch is None:
                         raise MeasureError(
                             f"{target.url} did not run {n} sequences at once at {clock} MHz "
+                            f"in {OVERLAP_TRIES} tries "
                             "(its own limit on running sequences, or its KV cache, may be "
                             "lower: profile fewer with --buckets)"
                         )
