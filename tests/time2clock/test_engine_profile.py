@@ -218,11 +218,13 @@ def test_a_profile_measured_through_the_engine_follows_its_laws(
     low, top = H100_CLOCKS[0], H100_CLOCKS[-1]
     assert sorted(prior.prefill_ms) == [low, top] and sorted(prior.step_ms) == [1, 8]
     # A decode step: the law's time, plus what the emulation and the stream add (a sleep's
-    # overshoot, a response through Triton); memory-bound, so it barely follows the clock.
+    # overshoot, a response through Triton: host time, over 5 ms a step on a busy 2-core
+    # machine, so only bounded far below a prompt's hundreds of ms); memory-bound, so it
+    # barely follows the clock.
     for n in (1, 8):
         for clock in (low, top):
             work = IterationWork(decode_seqs=n, decode_context_tokens=n * 28)
-            assert law_ms(clock, work) * 0.9 < prior.step_ms[n][clock] < law_ms(clock, work) + 5
+            assert law_ms(clock, work) * 0.9 < prior.step_ms[n][clock] < law_ms(clock, work) + 20
     # A prompt is compute-bound: at the bottom clock several times as long as at the top.
     prompt = IterationWork(prefill_tokens=2000, prefill_sq_tokens=2000**2)
     assert law_ms(low, prompt) / law_ms(top, prompt) > 4
