@@ -22,11 +22,11 @@ $(STAMP): pyproject.toml
 	SIDECAR_PURE_PYTHON=1 $(BIN)/pip install -q -e '.[embedded,plot,dev]'
 	touch $@
 
-# The scheduler core compiled with mypyc (setup.py), in place beside its source, built again
+# The request path compiled with mypyc (setup.py), in place beside its source, built again
 # whenever a module of it changes. Built in the venv, where numpy's types are there to check
 # against; without a C compiler the pure Python runs and setup.py says so.
 NATIVE := $(VENV)/.native
-CORE   := $(shell sed -n 's/^    "\(scheduler\/[a-z_]*\.py\)",$$/\1/p' setup.py)
+CORE   := $(shell sed -n 's/^    "\([a-z0-9_/]*\.py\)",$$/\1/p' setup.py)
 
 $(NATIVE): $(STAMP) setup.py $(CORE)
 	$(BIN)/pip install -q --upgrade 'setuptools>=77' wheel

@@ -129,8 +129,8 @@ async def _admit(rt: Runtime, inbound: Inbound, tally: _Tally) -> Admission:
             hints = rt.tenants.apply(hints, inbound.headers.get("authorization"))
     except BadRequestError as err:
         return done(Outcome.BAD_REQUEST, str(err))
-    except UnknownTokenError as err:
-        return done(Outcome.UNAUTHORIZED, str(err))
+    except UnknownTokenError as unknown:
+        return done(Outcome.UNAUTHORIZED, str(unknown))
     metrics, models, model = rt.metrics, rt.models, inbound.model
     tally.client = metrics.client_label(hints.client_id)
     tally.priority = str(dispatcher.level_of(hints.priority))
@@ -155,9 +155,9 @@ async def _admit(rt: Runtime, inbound: Inbound, tally: _Tally) -> Admission:
     target = rt.place(request)  # the GPU that takes it (the only one, on a node of one)
     try:
         answer = await target.submit(request)
-    except RejectedError as err:
-        return done(Outcome.REJECTED, str(err), retry=True)
-    except UnavailableError as err:
-        return done(Outcome.UNAVAILABLE, str(err))
+    except RejectedError as rejected:
+        return done(Outcome.REJECTED, str(rejected), retry=True)
+    except UnavailableError as unavailable:
+        return done(Outcome.UNAVAILABLE, str(unavailable))
     outcome = done(Outcome.OK if answer.ok else Outcome.TRITON_ERROR).outcome
     return Admission(outcome, answer=answer, gpu=target.gpu)

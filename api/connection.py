@@ -22,9 +22,10 @@ takes uvicorn's ASGI path (:class:`api.routes.inference.InferenceFastPath` serve
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import unquote
 
 import httptools
@@ -94,13 +95,20 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with a header size bound, a header deadline, and inference
     served without ASGI when ``runtime`` is set (see the module docstring)."""
 
-    max_header_bytes = 64 * 1024
-    header_timeout_s = 10.0
     linger_s = 2.0  # after a refusal, how long the rest of the request is read and dropped
-    runtime: Runtime | None = None
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        max_header_bytes: int = 64 * 1024,
+        header_timeout_s: float = 10.0,
+        runtime: Runtime | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
+        self.max_header_bytes = max_header_bytes
+        self.header_timeout_s = header_timeout_s
+        self.runtime = runtime
         self._header_bytes = 0
         self._header_timer: asyncio.TimerHandle | None = None
         self._rejected = False
@@ -324,15 +332,14 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 def bounded_protocol(
     max_header_bytes: int, header_timeout_s: float, runtime: Runtime | None = None
 ) -> type[HttpToolsProtocol]:
-    """The protocol class for ``uvicorn.Config(http=...)`` with these bounds; with ``runtime``,
+    """The protocol for ``uvicorn.Config(http=...)`` with these bounds; with ``runtime``,
     inference is served without ASGI (bounded by its ``max_body_bytes`` and the same
-    ``header_timeout_s`` per body chunk)."""
-    return type(
-        "SidecarHttpProtocol",
-        (BoundedHttpToolsProtocol,),
-        {
-            "max_header_bytes": max_header_bytes,
-            "header_timeout_s": header_timeout_s,
-            "runtime": runtime,
-        },
+    ``header_timeout_s`` per body chunk). A factory, not a subclass (a compiled class takes
+    none from Python): uvicorn calls it with its own arguments, as it calls a class."""
+    factory = functools.partial(
+        BoundedHttpToolsProtocol,
+        max_header_bytes=max_header_bytes,
+        header_timeout_s=header_timeout_s,
+        runtime=runtime,
     )
+    return cast("type[HttpToolsProtocol]", factory)

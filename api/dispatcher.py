@@ -415,8 +415,8 @@ class GpuDispatcher:
             self._apply(done.clock_mhz)
             self._pump()
             return
-        except UpstreamUnavailableError as err:
-            error = UnavailableError(str(err))
+        except UpstreamUnavailableError as down:
+            error = UnavailableError(str(down))
         except Exception as err:  # answered below, never silently dropped
             log.exception("request to Triton failed")
             error = UnavailableError(f"request to Triton failed: {err}")

@@ -14,14 +14,18 @@ import math
 import re
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Iterable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Iterable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from functools import partial
-from typing import cast
+from typing import TYPE_CHECKING, cast
 from urllib.parse import quote, urlsplit
 
 import httptools
+from mypy_extensions import mypyc_attr
+
+if TYPE_CHECKING:
+    from api.upstream_stream import UpstreamStream
 
 FORWARD_HEADERS = (
     "content-type",
@@ -29,8 +33,6 @@ FORWARD_HEADERS = (
     "accept-encoding",
     "content-encoding",
 )
-STREAM_HEADERS = ("content-type", "cache-control")
-_STREAM_FORWARD = frozenset(h.encode() for h in STREAM_HEADERS)
 _SAFE_TARGET = re.compile(r"[A-Za-z0-9/_.~-]*")  # a path sent as is; anything else is quoted
 
 
@@ -57,15 +59,6 @@ class UpstreamResponse:
     @property
     def ok(self) -> bool:
         return self.status == 200
-
-
-@dataclass(frozen=True, slots=True)
-class UpstreamStream:
-    """A reply that arrives in pieces (server-sent events): its status, headers, and chunks."""
-
-    status: int
-    headers: dict[str, str]
-    chunks: AsyncIterator[bytes]
 
 
 class _Connection(asyncio.Protocol):
@@ -167,6 +160,7 @@ class _Connection(asyncio.Protocol):
             waiter.set_exception(error)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # fakes of Triton in the tests and benchmarks
 class Upstream:
     """A Triton server at ``host:port``: up to ``max_connections`` kept-alive connections;
     of each reply's headers, those named in ``keep_headers`` are kept (the ones the sidecar
@@ -285,35 +279,18 @@ class Upstream:
                 # Triton closed it while it sat idle; nothing was read: send on a fresh one.
                 reply = None
 
-    @asynccontextmanager
-    async def stream(
+    def stream(
         self, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None
-    ) -> AsyncIterator[UpstreamStream]:
+    ) -> AbstractAsyncContextManager[UpstreamStream]:
         """Send one request whose reply streams, on a connection of its own: chunks as they
         come, each due within the client's timeout; leaving the block closes the connection,
-        which tells the upstream that nobody reads any more."""
+        which tells the upstream that nobody reads any more (:mod:`api.upstream_stream`)."""
         if self._closed:
             raise UpstreamUnavailableError("the connection to Triton is closed")
-        head = self._head(method, path, body, headers)
-        loop = asyncio.get_running_loop()
-        try:
-            async with asyncio.timeout(self._timeout_s):
-                _, conn = await loop.create_connection(_StreamConnection, self._host, self._port)
-        except (OSError, TimeoutError) as err:
-            raise UpstreamUnavailableError(f"{self.url} is unavailable: {err}") from err
-        try:
-            assert conn.transport is not None
-            conn.transport.write(head + body)
-            try:
-                async with asyncio.timeout(self._timeout_s):
-                    status, out = await conn.head
-            except TimeoutError:
-                raise UpstreamUnavailableError(
-                    f"{self.url} is unavailable: no answer in {self._timeout_s:g} s"
-                ) from None
-            yield UpstreamStream(status, out, _read(conn, self._timeout_s))
-        finally:
-            conn.close()
+        from api.upstream_stream import open_stream  # which imports this module
+
+        request = self._head(method, path, body, headers) + body
+        return open_stream(self._host, self._port, self.url, request, self._timeout_s)
 
     def _head(self, method: str, path: str, body: bytes, headers: dict[str, str] | None) -> bytes:
         target = path if _SAFE_TARGET.fullmatch(path) else quote(path, safe="/")
@@ -410,72 +387,3 @@ class Upstream:
             if not waiter.done():
                 waiter.set_result(None)
                 return
-
-
-class _StreamConnection(asyncio.Protocol):
-    """A connection of its own for one streamed reply: its head, then its chunks as they come
-    (None at the end); closed after, so that a stream cut short ends upstream too."""
-
-    def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
-        self.parser = httptools.HttpResponseParser(self)
-        self.head: asyncio.Future[tuple[int, dict[str, str]]] = (
-            asyncio.get_running_loop().create_future()
-        )
-        self.chunks: asyncio.Queue[bytes | UpstreamUnavailableError | None] = asyncio.Queue()
-        self._headers: dict[str, str] = {}
-        self._done = False
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)
-
-    def data_received(self, data: bytes) -> None:
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError as err:
-            self._fail(UpstreamUnavailableError(f"a reply from Triton that is not HTTP: {err}"))
-            self.close()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self._done:
-            self._fail(UpstreamUnavailableError(f"the upstream closed the stream: {exc or 'EOF'}"))
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        name = name.lower()
-        if name in _STREAM_FORWARD:
-            self._headers[name.decode("latin-1")] = value.decode("latin-1")
-
-    def on_headers_complete(self) -> None:
-        if not self.head.done():
-            self.head.set_result((self.parser.get_status_code(), self._headers))
-
-    def on_body(self, body: bytes) -> None:
-        self.chunks.put_nowait(body)
-
-    def on_message_complete(self) -> None:
-        self._done = True
-        self.chunks.put_nowait(None)
-
-    def _fail(self, error: UpstreamUnavailableError) -> None:
-        self._done = True
-        if not self.head.done():
-            self.head.set_exception(error)
-        self.chunks.put_nowait(error)
-
-    def close(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
-
-
-async def _read(conn: _StreamConnection, timeout_s: float) -> AsyncIterator[bytes]:
-    while True:
-        try:
-            async with asyncio.timeout(timeout_s):
-                chunk = await conn.chunks.get()
-        except TimeoutError:
-            raise UpstreamUnavailableError(f"no chunk of the stream in {timeout_s:g} s") from None
-        if chunk is None:
-            return
-        if isinstance(chunk, UpstreamUnavailableError):
-            raise chunk
-        yield chunk

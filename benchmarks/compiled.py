@@ -1,15 +1,17 @@
-"""The scheduler core compiled (``setup.py``, mypyc) against the same source run as Python.
+"""The request path compiled (``setup.py``, mypyc) against the same source run as Python.
 
-``python -m benchmarks.compiled`` times the core's work per request (``scheduler bench``'s
-``core_cost``: one enqueue, one dispatch and one completion at a steady queue) twice in each
-round: once with this checkout's compiled modules, once with a copy of the same ``scheduler``
-package's Python source alone (no extension beside it), each in a process of its own, the two
-alternating. It reports both CPU times per request and their ratio, from the same rounds, so
-that a busy or throttled machine moves both. With ``--instructions`` (valgrind's callgrind
-installed) it also counts the instructions per request of each, which no neighbour's load
-moves: the difference between a run of 200 and one of 600 requests, counted only once the
-imports and tables are done (``--instr-atstart=no``, switched on by ``callgrind_control``).
-Writes ``compiled.{md,json}``.
+``python -m benchmarks.compiled`` times two things twice in each round: once with this
+checkout's compiled modules, once with a copy of the compiled packages' Python source alone
+(``api`` and ``scheduler``, no extension beside them), each in a process of its own, the two
+alternating. The first is the scheduler core's work per request (``scheduler bench``'s
+``core_cost``: one enqueue, one dispatch and one completion at a steady queue); the second is
+the sidecar's whole Python per request (``benchmarks.pathbench``'s ``cost_us``: from the
+request's bytes to its reply's, HTTP and gRPC, a fake Triton answering at once). It reports
+both CPU times per request and their ratio, from the same rounds, so that a busy or throttled
+machine moves both. With ``--instructions`` (valgrind's callgrind installed) it also counts
+the instructions per request of each, which no neighbour's load moves: the difference between
+a run of few requests and one of more, counted only once the imports are done
+(``--instr-atstart=no``, switched on by ``callgrind_control``). Writes ``compiled.{md,json}``.
 """
 
 from __future__ import annotations
@@ -27,34 +29,60 @@ from pathlib import Path
 
 from simulator.results import DEFAULT_DIR, SOURCE_ROOT, markdown_table, write_results
 
-CELLS = (("max", 1000), ("adaptive", 1000), ("adaptive", 10))
-# One measurement in a child process: this package's core_cost, or (instructions) a warm-up,
-# a word on stdout, a pause while callgrind is switched on, and the run that is counted.
+# (what, its argument): the core under a policy at a queue length, or the whole path of a
+# protocol at a concurrency.
+CELLS = (
+    ("core", "max", 1000),
+    ("core", "adaptive", 1000),
+    ("core", "adaptive", 10),
+    ("path", "http", 16),
+    ("path", "grpc", 16),
+)
+COMPILED_PACKAGES = ("api", "scheduler")
+# Requests counted under callgrind (fewer, more): the difference is over the requests between.
+COUNTS = {"core": (200, 600), "path": (300, 900)}
+# One measurement in a child process: the cell's cost per request, or (instructions) a
+# warm-up, a word on stdout, a pause while callgrind is switched on, and the run counted.
+_CORE = """
+from simulator.bench import core_cost
+import scheduler.core as module
+def measure(policy, queue, rounds):
+    return core_cost(policy, queue_len=queue, rounds=rounds).us_per_enqueue_and_dispatch
+TIMES = (200, 3000)
+"""
+_PATH = """
+import uvloop
+from benchmarks.pathbench import cost_us
+import api.connection as module
+def measure(protocol, concurrency, requests):
+    return uvloop.run(cost_us(protocol, concurrency, requests))
+TIMES = (400, 4000)
+"""
 TIMED = """
 import json, sys
-from simulator.bench import core_cost
-import scheduler.core
-policy, queue = sys.argv[1], int(sys.argv[2])
-core_cost(policy, queue_len=queue, rounds=200)
-us = core_cost(policy, queue_len=queue).us_per_enqueue_and_dispatch
-print(json.dumps({"us": us, "module": scheduler.core.__file__}))
+name, arg, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+measure(name, arg, TIMES[0])
+print(json.dumps({"us": measure(name, arg, TIMES[1]), "module": module.__file__}))
 """
 COUNTED = """
 import sys, time
-from simulator.bench import core_cost
-policy, queue, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-core_cost(policy, queue_len=queue, rounds=50)
+name, arg, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+measure(name, arg, 50)
 print("ready", flush=True)
 time.sleep(2)
-core_cost(policy, queue_len=queue, rounds=rounds)
+measure(name, arg, rounds)
 """
+SCRIPTS = {"core": _CORE, "path": _PATH}
 
 
 def pure_copy(directory: Path) -> Path:
-    """A copy of the ``scheduler`` package's Python source alone under ``directory``, to put
-    first on ``PYTHONPATH``: there it is what ``import scheduler`` finds, uncompiled."""
-    target = directory / "scheduler"
-    shutil.copytree(SOURCE_ROOT / "scheduler", target, ignore=shutil.ignore_patterns("*.so"))
+    """A copy of the compiled packages' Python source alone under ``directory``, to put first
+    on ``PYTHONPATH``: there it is what ``import scheduler`` and ``import api`` find,
+    uncompiled."""
+    for package in COMPILED_PACKAGES:
+        shutil.copytree(
+            SOURCE_ROOT / package, directory / package, ignore=shutil.ignore_patterns("*.so")
+        )
     return directory
 
 
@@ -65,10 +93,10 @@ def _env(path: Path | None) -> dict[str, str]:
     return env
 
 
-def timed(policy: str, queue: int, path: Path | None) -> tuple[float, str]:
-    """CPU µs per request of one run, and the file ``scheduler.core`` was loaded from."""
+def timed(kind: str, name: str, arg: int, path: Path | None) -> tuple[float, str]:
+    """CPU µs per request of one run, and the file its first compiled module came from."""
     out = subprocess.run(
-        [sys.executable, "-c", TIMED, policy, str(queue)],
+        [sys.executable, "-c", SCRIPTS[kind] + TIMED, name, str(arg), "0"],
         env=_env(path),
         cwd=path or SOURCE_ROOT,
         capture_output=True,
@@ -79,7 +107,7 @@ def timed(policy: str, queue: int, path: Path | None) -> tuple[float, str]:
     return float(got["us"]), str(got["module"])
 
 
-def counted(policy: str, queue: int, path: Path | None, rounds: int) -> int:
+def counted(kind: str, name: str, arg: int, path: Path | None, rounds: int) -> int:
     """The instructions of ``rounds`` requests (and the run's fixed cost) under callgrind."""
     with tempfile.TemporaryDirectory() as tmp:
         out_file = Path(tmp) / "callgrind.out"
@@ -91,9 +119,9 @@ def counted(policy: str, queue: int, path: Path | None, rounds: int) -> int:
                 f"--callgrind-out-file={out_file}",
                 sys.executable,
                 "-c",
-                COUNTED,
-                policy,
-                str(queue),
+                SCRIPTS[kind] + COUNTED,
+                name,
+                str(arg),
                 str(rounds),
             ],
             env=_env(path),
@@ -117,9 +145,12 @@ def counted(policy: str, queue: int, path: Path | None, rounds: int) -> int:
     raise RuntimeError("callgrind wrote no total")
 
 
-def instructions(policy: str, queue: int, path: Path | None) -> float:
-    """Instructions per request: 600 requests' count less 200's, over the 400 between."""
-    return (counted(policy, queue, path, 600) - counted(policy, queue, path, 200)) / 400
+def instructions(kind: str, name: str, arg: int, path: Path | None) -> float:
+    """Instructions per request: more requests' count less fewer's, over those between."""
+    few, more = COUNTS[kind]
+    return (counted(kind, name, arg, path, more) - counted(kind, name, arg, path, few)) / (
+        more - few
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,44 +165,54 @@ def main(argv: list[str] | None = None) -> int:
     rows, data = [], []
     with tempfile.TemporaryDirectory() as tmp:
         pure = pure_copy(Path(tmp))
-        for policy, queue in CELLS:
+        for kind, name, arg in CELLS:
+            what = (
+                f"the core under {name} at a queue of {arg}"
+                if kind == "core"
+                else f"the {name} path at concurrency {arg}"
+            )
             compiled_us, pure_us = [], []
             module = ""
             for k in range(args.rounds):
-                print(f"{policy} at a queue of {queue}: round {k + 1} of {args.rounds}", flush=True)
-                us, module = timed(policy, queue, None)
+                print(f"{what}: round {k + 1} of {args.rounds}", flush=True)
+                us, module = timed(kind, name, arg, None)
                 compiled_us.append(us)
-                pure_us.append(timed(policy, queue, pure)[0])
+                pure_us.append(timed(kind, name, arg, pure)[0])
             cell: dict[str, object] = {
-                "policy": policy,
-                "queue": queue,
+                "kind": kind,
+                "name": name,
+                "arg": arg,
                 "compiled": module.endswith(".so"),
                 "compiled_us": compiled_us,
                 "pure_us": pure_us,
             }
             c, p = statistics.median(compiled_us), statistics.median(pure_us)
-            row: list[object] = [policy, queue, "yes" if cell["compiled"] else "no",
+            row: list[object] = [what, "yes" if cell["compiled"] else "no",
                                  f"{p:.1f}", f"{c:.1f}", f"{c / p:.2f}"]  # fmt: skip
             if args.instructions:
-                print(f"{policy} at a queue of {queue}: counting instructions", flush=True)
-                ci, pi = instructions(policy, queue, None), instructions(policy, queue, pure)
+                print(f"{what}: counting instructions", flush=True)
+                ci = instructions(kind, name, arg, None)
+                pi = instructions(kind, name, arg, pure)
                 cell |= {"compiled_instructions": ci, "pure_instructions": pi}
                 row += [f"{pi:,.0f}", f"{ci:,.0f}", f"{ci / pi:.2f}"]
             rows.append(row)
             data.append(cell)
-    head = ["policy", "queue", "compiled", "CPU µs/request Python", "compiled", "ratio"]
+    head = ["cell", "compiled", "CPU µs/request Python", "compiled", "ratio"]
     if args.instructions:
         head += ["instructions/request Python", "compiled", "ratio"]
+    core, path = COUNTS["core"], COUNTS["path"]
     md, _ = write_results(
         "compiled",
-        title="The compiled scheduler core against its Python (python -m benchmarks.compiled)",
+        title="The compiled request path against its Python (python -m benchmarks.compiled)",
         markdown=(
-            "CPU time of the core per request (one enqueue, dispatch and completion at a steady "
-            "queue, batch holds off, 3 flows): this checkout's compiled modules against a copy "
-            "of the same source run as Python, each in its own process, alternating; medians "
-            f"over {args.rounds} rounds (started at {started}). Instructions (where counted): "
-            "callgrind's count over 400 requests, without the imports.\n\n"
-            + markdown_table(head, rows)
+            "CPU time per request, this checkout's compiled modules against a copy of the same "
+            "source run as Python, each in its own process, alternating; medians over "
+            f"{args.rounds} rounds (started at {started}). The core: one enqueue, dispatch and "
+            "completion at a steady queue, batch holds off, 3 flows (`scheduler bench`). The "
+            "path: the sidecar's whole Python from a request's bytes to its reply's, a fake "
+            "Triton answering at once, policy max (`benchmarks.pathbench`). Instructions "
+            f"(where counted): callgrind's count over {core[1] - core[0]} requests (core) and "
+            f"{path[1] - path[0]} (path), without the imports.\n\n" + markdown_table(head, rows)
         ),
         data={"rounds": args.rounds, "cells": data},
         directory=args.results_dir,

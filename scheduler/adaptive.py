@@ -234,10 +234,6 @@ class AdaptivePolicy(SlackPolicy):
         speeds = self._speeds_of(s, model)
         return None if speeds is None else speeds.levels
 
-    def _clock_at(self, levels: FloatArray, level: float) -> int:
-        """The lowest clock (index) at least as fast as ``level``."""
-        return min(int(levels.searchsorted(level - 1e-12)), len(levels) - 1)
-
     def energy_floor_mhz(self, s: SchedulerView, model: str) -> int | None:
         """The energy floor of ``model`` at its arrival rate now (see the module docstring);
         None without a table."""
@@ -588,15 +584,15 @@ class AdaptivePolicy(SlackPolicy):
         state."""
         out: list[dict[str, object]] = []
         for (model, slo_ms), c in self.controllers.items():
-            levels = self._levels(self._view, model) if self._view is not None else None
+            speeds = self._speeds_of(self._view, model) if self._view is not None else None
             out.append(
                 {
                     "model": model,
                     "slo_ms": slo_ms,
                     "scale": round(c.scale, 4),
                     "base_mhz": None
-                    if levels is None
-                    else self.clocks_mhz[self._clock_at(levels, c.level)],
+                    if speeds is None
+                    else self.clocks_mhz[speeds.clock_at(c.level)],
                     "attainment": _finite(c.attainment()),
                     "tail_over_slo": _finite(c.tail_ratio()),
                     "completions": c.completions,

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import math
 import struct
-from collections.abc import AsyncGenerator, Awaitable
+from collections.abc import Awaitable
 from functools import partial
 
 from api.grpc_frontend.h2 import (
@@ -266,6 +266,53 @@ def _http_status(status: str) -> int:
     }.get(status, Status.UNKNOWN)
 
 
+class Replies:
+    """A streaming call's replies, iterated with ``async for`` (an async generator's
+    interface: ``aclose`` resets a call not yet ended, as a cancelled one is); a class, since
+    compiled modules hold no async generators."""
+
+    def __init__(
+        self, channel: TritonChannel, path: str, message: bytes, metadata: Metadata
+    ) -> None:
+        self._channel, self._path, self._message, self._metadata = channel, path, message, metadata
+        self._replies: asyncio.Queue[bytes | GrpcError | None] = asyncio.Queue()
+        self._end: asyncio.Future[bytes] | None = None
+        self._over = False
+
+    def __aiter__(self) -> Replies:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._over:
+            raise StopAsyncIteration
+        if self._end is None:
+            try:
+                connection = await self._channel._connect()
+            except BaseException:
+                self._over = True
+                raise
+            block = self._channel._block(self._path)
+            self._end = connection.start(block, self._message, self._metadata, None, self._replies)
+        try:
+            reply = await self._replies.get()
+        except BaseException:
+            await self.aclose()
+            raise
+        if reply is None:
+            await self.aclose()
+            raise StopAsyncIteration
+        if isinstance(reply, GrpcError):
+            await self.aclose()
+            raise reply
+        return reply
+
+    async def aclose(self) -> None:
+        """End the iteration; a call not yet ended is reset (RST_STREAM)."""
+        self._over = True
+        if self._end is not None:
+            self._end.cancel()
+
+
 class TritonChannel:
     """Unary gRPC calls to the Triton at ``url`` (``host:port``); see the module."""
 
@@ -301,22 +348,11 @@ class TritonChannel:
         connection = await self._connect()
         return await connection.start(self._block(path), message, metadata, timeout_s)
 
-    async def stream(
-        self, path: str, message: bytes, metadata: Metadata = ()
-    ) -> AsyncGenerator[bytes, None]:
+    def stream(self, path: str, message: bytes, metadata: Metadata = ()) -> Replies:
         """Call ``path`` with one request, ``message``; its replies as they come. A status
         other than OK is raised after the replies before it; leaving the iteration before the
-        end resets the call."""
-        connection = await self._connect()
-        replies: asyncio.Queue[bytes | GrpcError | None] = asyncio.Queue()
-        end = connection.start(self._block(path), message, metadata, None, replies)
-        try:
-            while (reply := await replies.get()) is not None:
-                if isinstance(reply, GrpcError):
-                    raise reply
-                yield reply
-        finally:
-            end.cancel()  # a call not yet ended is reset (RST_STREAM), as a cancelled one is
+        end (``aclose``) resets the call."""
+        return Replies(self, path, message, metadata)
 
     def _block(self, path: str) -> bytes:
         block = self._blocks.get(path)

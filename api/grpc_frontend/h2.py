@@ -21,10 +21,11 @@ import asyncio
 import base64
 import struct
 from collections.abc import Iterable
-from typing import cast
+from typing import Any, cast
 from urllib.parse import quote, unquote
 
 import hpack
+from mypy_extensions import mypyc_attr
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 DATA, HEADERS, PRIORITY_FRAME, RST_STREAM, SETTINGS, PUSH_PROMISE = 0, 1, 2, 3, 4, 5
@@ -146,6 +147,7 @@ class _Pending:
         self.end: bytes | None = None  # the final HEADERS frame, once the stream has one
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # the server's and the channel's connections
 class Connection(asyncio.Protocol):
     """One HTTP/2 connection, either end (see the module). Subclasses handle the streams'
     frames in :meth:`stream_frame` and their headers in :meth:`headers_received`."""
@@ -321,7 +323,9 @@ class Connection(asyncio.Protocol):
         table = self._decoder.header_table.dynamic_entries
         before = (len(table), id(table[0]) if table else None)
         try:
-            headers = [(str(k), str(v)) for k, v in self._decoder.decode(block)]
+            # hpack says bytes and gives text (raw=False): Any, so no compiled check trips.
+            fields: Any = self._decoder.decode(block)
+            headers = [(str(k), str(v)) for k, v in fields]
         except Exception as err:  # hpack's HPACKError and its kinds
             raise ProtocolError(
                 f"a header block HPACK cannot decode: {err}", COMPRESSION_ERROR

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from mypy_extensions import mypyc_attr
+
 from api.grpc_frontend.h2 import (
     DATA,
     END_HEADERS,
@@ -86,6 +88,27 @@ def parse_timeout(value: str) -> float | None:
     return int(digits) * unit
 
 
+class Messages:
+    """The request messages of a streaming call, iterated with ``async for`` until the
+    client's end (None in ``inbox``); a class, since compiled modules hold no async
+    generators."""
+
+    def __init__(self, inbox: asyncio.Queue[bytes | None]) -> None:
+        self._inbox = inbox
+        self._over = False
+
+    def __aiter__(self) -> Messages:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if not self._over:
+            message = await self._inbox.get()
+            if message is not None:
+                return message
+            self._over = True
+        raise StopAsyncIteration
+
+
 @dataclass(slots=True, eq=False)
 class Call:
     """One call as its handler sees it: the client's metadata and deadline, and the trailing
@@ -110,11 +133,10 @@ class Call:
         """Seconds left of the client's deadline, or None without one."""
         return None if self.deadline_s is None else max(0.0, self.deadline_s - time.monotonic())
 
-    async def messages(self) -> AsyncIterator[bytes]:
+    def messages(self) -> Messages:
         """A streaming call's request messages, as they arrive, until the client ends them."""
         assert self.inbox is not None
-        while (message := await self.inbox.get()) is not None:
-            yield message
+        return Messages(self.inbox)
 
 
 class GrpcServer:
@@ -131,14 +153,17 @@ class GrpcServer:
         self.unary, self.streaming = unary, streaming
         self.max_message_bytes = max_message_bytes
         self.connections: set[GrpcConnection] = set()
+        # What serves each connection: a subclass of GrpcConnection may watch or change it.
+        self.connection_type: type[GrpcConnection] = GrpcConnection
         self._server: asyncio.Server | None = None
         self.port = 0
 
     async def start(self, host: str, port: int) -> int:
         """Listen; the port listened on (``port`` 0: a free one)."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: GrpcConnection(self), host, port)
-        self.port = int(self._server.sockets[0].getsockname()[1])
+        self._server = await loop.create_server(lambda: self.connection_type(self), host, port)
+        server: Any = self._server  # its sockets: uvloop's are a list, typeshed says a tuple
+        self.port = int(server.sockets[0].getsockname()[1])
         return self.port
 
     async def stop(self, grace_s: float) -> None:
@@ -159,6 +184,7 @@ class GrpcServer:
                 await asyncio.wait_for(self._server.wait_closed(), 1.0)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class GrpcConnection(Connection):
     """One client's HTTP/2 connection to :class:`GrpcServer`."""
 
@@ -251,7 +277,7 @@ class GrpcConnection(Connection):
                 f"header list of {size} bytes over the limit of {MAX_HEADER_LIST_BYTES}",
             )
             return
-        if encoding not in (None, "identity", *INFLATE_BITS):
+        if encoding is not None and encoding != "identity" and encoding not in INFLATE_BITS:
             self._refuse(
                 stream, flags, Status.UNIMPLEMENTED, f"grpc-encoding {encoding!r} not supported"
             )
@@ -387,8 +413,8 @@ class GrpcConnection(Connection):
                     if self._drained is None:
                         self._drained = asyncio.get_running_loop().create_future()
                     await self._drained
-        except GrpcError as err:
-            code, details, trailing = err.code, err.details, err.trailing
+        except GrpcError as failed:
+            code, details, trailing = failed.code, failed.details, failed.trailing
         except Exception as err:
             log.error("the gRPC stream handler of %s failed", call.path, exc_info=err)
             code, details = Status.UNKNOWN, f"Unexpected error in the sidecar: {err!r}"

@@ -161,19 +161,16 @@ def test_a_deadline_and_a_cancel_stop_the_handler() -> None:
     _with_server(test)
 
 
-def test_a_message_over_the_limit_is_refused_from_its_prefix(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_a_message_over_the_limit_is_refused_from_its_prefix() -> None:
     held: list[int] = []
-    data = GrpcConnection._data
 
-    def watched(self: GrpcConnection, call: Call, payload: bytes) -> None:
-        data(self, call, payload)
-        held.append(len(call.body))
-
-    monkeypatch.setattr(GrpcConnection, "_data", watched)
+    class Watched(GrpcConnection):
+        def _data(self, call: Call, payload: bytes) -> None:
+            super()._data(call, payload)
+            held.append(len(call.body))
 
     async def test(channel: grpc.aio.Channel, seen: _Seen, server: GrpcServer) -> None:
+        server.connection_type = Watched
         with pytest.raises(grpc.aio.AioRpcError) as big:
             await channel.unary_unary(PATH)(b"x" * (4 * LIMIT), timeout=20)
         assert big.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED

@@ -35,8 +35,8 @@ def test_the_wheel_builds_with_its_declared_backend_and_holds_the_packages(
         (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]
         meta = Parser().parsestr(z.read(metadata).decode())
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
-    # The compiled scheduler core (setup.py): one library of mypyc's for all of its modules.
-    native = {t for t in tops if t.startswith("scheduler_native__mypyc.")}
+    # The compiled request path (setup.py): one library of mypyc's for all of its modules.
+    native = {t for t in tops if t.startswith("sidecar_native__mypyc.")}
     packages = tops - native
     assert packages == IN_THE_WHEEL
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
@@ -48,6 +48,6 @@ def test_the_wheel_builds_with_its_declared_backend_and_holds_the_packages(
         local = {p.relative_to(ROOT).as_posix() for p in (ROOT / package).rglob("*.py")}
         assert local <= modules, f"{package}: {sorted(local - modules)} not in the wheel"
     if native:  # built compiled (a C compiler and mypyc were there): every module of it
-        suffix = native.pop().removeprefix("scheduler_native__mypyc")
+        suffix = native.pop().removeprefix("sidecar_native__mypyc")
         compiled = {n.removesuffix(suffix) + ".py" for n in names if n.endswith(suffix)}
         assert {p.relative_to(ROOT).as_posix() for p in compiled_sources()} <= compiled

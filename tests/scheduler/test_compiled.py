@@ -1,9 +1,9 @@
-"""The compiled scheduler core (``setup.py``): what runs is the build of the source beside it.
+"""The compiled request path (``setup.py``): what runs is the build of the source beside it.
 
 A compiled module shadows its ``.py``: an edit to the source that was not built again would
 run the old code in silence. ``make`` builds again whenever a compiled module changes; these
 tests make a stale or missing build loud wherever the tests run. The behaviour of the compiled
-core is what every other test of the scheduler checks (the pinned seeded decisions of
+modules is what every other test of them checks (the pinned seeded decisions of
 ``test_plan_decisions`` were recorded from the Python source)."""
 
 from __future__ import annotations
@@ -62,8 +62,9 @@ def test_no_compiled_module_is_older_than_its_source() -> None:
 def test_each_built_module_is_what_imports_load() -> None:
     built = [(s, ext) for s in compiled_sources() if (ext := extension_of(s)) is not None]
     if not built:
-        pytest.skip("no compiled core here (no C compiler or mypyc when it was built)")
+        pytest.skip("no compiled modules here (no C compiler or mypyc when it was built)")
     assert len(built) == len(compiled_sources()), "built in part: run `make setup`"
     for source, ext in built:
-        module = importlib.import_module(f"scheduler.{source.stem}")
+        name = ".".join(source.relative_to(ROOT).with_suffix("").parts)
+        module = importlib.import_module(name)
         assert Path(module.__file__ or "") == ext

@@ -1,0 +1,25 @@
+"""``benchmarks.compiled``: its Python side is the same source without the compiled modules, and
+both sides measure the same cell."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from benchmarks.compiled import COMPILED_PACKAGES, pure_copy, timed
+from simulator.results import SOURCE_ROOT
+
+
+def test_the_pure_copy_holds_every_source_and_no_extension(tmp_path: Path) -> None:
+    pure_copy(tmp_path)
+    for package in COMPILED_PACKAGES:
+        sources = {p.relative_to(SOURCE_ROOT) for p in (SOURCE_ROOT / package).rglob("*.py")}
+        copied = {p.relative_to(tmp_path) for p in (tmp_path / package).rglob("*.py")}
+        assert sources == copied
+        assert not list((tmp_path / package).rglob("*.so"))
+
+
+def test_the_python_side_runs_the_copy(tmp_path: Path) -> None:
+    pure = pure_copy(tmp_path)
+    us, module = timed("core", "max", 10, pure)
+    assert us > 0
+    assert Path(module) == pure / "scheduler" / "core.py"
