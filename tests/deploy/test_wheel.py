@@ -11,12 +11,15 @@ import zipfile
 from email.parser import Parser
 from pathlib import Path
 
+import pytest
+
 from tests.scheduler.test_compiled import compiled_sources
 
 ROOT = Path(__file__).resolve().parents[2]
 IN_THE_WHEEL = {"api", "dvfs", "scheduler", "time2clock", "loadgen", "simulator", "gpucheck"}
 
 
+@pytest.mark.timeout(1200)  # the build compiles the request path: minutes on a small machine
 def test_the_wheel_builds_with_its_declared_backend_and_holds_the_packages(
     tmp_path: Path,
 ) -> None:
@@ -26,7 +29,7 @@ def test_the_wheel_builds_with_its_declared_backend_and_holds_the_packages(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", str(ROOT), "-w", str(tmp_path)],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=1100,
     )
     assert built.returncode == 0, built.stderr[-4000:]
     (wheel,) = tmp_path.glob("*.whl")
