@@ -1,12 +1,13 @@
 """The build's one step beyond pyproject.toml: the request path compiled with mypyc.
 
 The modules below run on every request (the HTTP connection, admission, the scheduler core's
-enqueue, dispatch, completion and clock plan, the dispatcher, the upstream client, gRPC's
-HTTP/2 at both ends); mypyc compiles them, type annotations and all, into one C extension
-(docs/performance.md, "The compiled request path", says what it saves and how that is
-measured). The Python source stays beside it and is what runs wherever the build could not
-compile (no mypyc, no C compiler, a type check that fails) or was told not to
-(``SIDECAR_PURE_PYTHON=1``): the build then says why and ships the Python.
+enqueue, dispatch, completion and clock plan, the dispatcher, the upstream client, the
+metrics a request changes, gRPC's HTTP/2 at both ends and its message checks); mypyc
+compiles them, type annotations and all, into one C extension (docs/performance.md, "The
+compiled request path", says what it saves and how that is measured). The Python source
+stays beside it and is what runs wherever the build could not compile (no mypyc, no C
+compiler, a type check that fails) or was told not to (``SIDECAR_PURE_PYTHON=1``): the build
+then says why and ships the Python.
 """
 
 from __future__ import annotations
@@ -22,13 +23,16 @@ from setuptools import Extension, setup
 COMPILED = [
     "api/admission.py",
     "api/connection.py",
+    "api/counts.py",
     "api/dispatcher.py",
     "api/grpc_frontend/channel.py",
     "api/grpc_frontend/h2.py",
     "api/grpc_frontend/h2server.py",
+    "api/grpc_frontend/protocol.py",
     "api/hints.py",
     "api/tensors.py",
     "api/upstream.py",
+    "api/upstream_errors.py",
     "scheduler/adaptive.py",
     "scheduler/constraints.py",
     "scheduler/core.py",

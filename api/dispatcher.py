@@ -22,7 +22,8 @@ from typing import Any, Protocol
 from api.metrics import GatewayMetrics
 from api.shadow import ShadowLedger
 from api.tasks import cancel_and_wait
-from api.upstream import Upstream, UpstreamUnavailableError
+from api.upstream import Upstream
+from api.upstream_errors import UpstreamUnavailableError
 from dvfs.device import Device
 from dvfs.errors import DeviceError
 from scheduler.core import Scheduler

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from api.counts import SpreadFamily, ValueFamily
 from api.looplag import LAG_BUCKETS_S
 from dvfs.device import Device
 from scheduler.policies import FixedPolicy
@@ -53,23 +53,20 @@ def sanitize_label(value: str) -> str:
     return _UNSAFE.sub("_", value[:MAX_LABEL_CHARS]) or "_"
 
 
-class Children:
-    """A labelled metric's children, cached by their label values: ``labels()`` checks and
-    copies its arguments at every call, and the request path asks for several children per
-    request. The label values are bounded where they are made (model and client labels), so
-    the cache is as bounded as the metric itself."""
+class PlainCollector(Collector):
+    """Exports the request path's plain metrics (:mod:`api.counts`) at scrape time."""
 
-    __slots__ = ("_cache", "_metric")
+    def __init__(self, families: list[ValueFamily | SpreadFamily]) -> None:
+        self.families = families
 
-    def __init__(self, metric: Any) -> None:
-        self._metric = metric
-        self._cache: dict[tuple[str, ...], Any] = {}
+    def describe(self) -> Iterator[Metric]:
+        """The families it exports, without their series (for a restricted scrape)."""
+        for family in self.families:
+            yield family.family(with_values=False)
 
-    def __call__(self, *values: str) -> Any:
-        child = self._cache.get(values)
-        if child is None:
-            child = self._cache[values] = self._metric.labels(*values)
-        return child
+    def collect(self) -> Iterator[Metric]:
+        for family in self.families:
+            yield family.family()
 
 
 class DeviceCollector(Collector):
@@ -113,64 +110,60 @@ class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
-        self.requests = Counter(
+        self.requests = ValueFamily(
+            "counter",
             "sidecar_requests",
             "Inference requests by outcome and protocol (http, grpc).",
-            ["model", "priority", "client", "outcome", "protocol"],
-            registry=r,
+            ("model", "priority", "client", "outcome", "protocol"),
         )
-        self.latency = Histogram(
+        self.latency = SpreadFamily(
             "sidecar_request_duration_seconds",
             "Latency in the sidecar: from the request's arrival (over HTTP its first byte read) to "
             "Triton's answer (admission, queue and Triton).",
-            ["model", "client"],
-            buckets=LATENCY_BUCKETS_S,
-            registry=r,
+            ("model", "client"),
+            LATENCY_BUCKETS_S,
         )
-        self.ttft = Histogram(
+        self.ttft = SpreadFamily(
             "sidecar_time_to_first_token_seconds",
             "Streams of tokens: from arrival to the first token.",
-            ["model"],
-            buckets=LATENCY_BUCKETS_S,
-            registry=r,
+            ("model",),
+            LATENCY_BUCKETS_S,
         )
-        self.inter_token = Histogram(
+        self.inter_token = SpreadFamily(
             "sidecar_inter_token_seconds",
             "Streams of tokens: time between one token and the next.",
-            ["model"],
-            buckets=TOKEN_GAP_BUCKETS_S,
-            registry=r,
+            ("model",),
+            TOKEN_GAP_BUCKETS_S,
         )
-        self.output_tokens = Counter(
+        self.output_tokens = ValueFamily(
+            "counter",
             "sidecar_output_tokens",
             "Tokens streamed back to clients (energy per token: the GPUs' energy over this).",
-            ["model"],
-            registry=r,
+            ("model",),
         )
-        self.token_slo = Counter(
+        self.token_slo = ValueFamily(
+            "counter",
             "sidecar_token_slo_requests",
             "Streams by token SLO (ttft, tpot) and whether they met it.",
-            ["model", "slo", "met"],
-            registry=r,
+            ("model", "slo", "met"),
         )
-        self.queue_delay = Histogram(
+        self.queue_delay = SpreadFamily(
             "sidecar_queue_delay_seconds",
             "Time spent in the queue.",
-            ["model"],
-            buckets=LATENCY_BUCKETS_S,
-            registry=r,
+            ("model",),
+            LATENCY_BUCKETS_S,
         )
-        self.slo = Counter(
+        self.slo = ValueFamily(
+            "counter",
             "sidecar_slo_requests",
             "Completed requests, by whether they met their SLO.",
-            ["model", "client", "met"],
-            registry=r,
+            ("model", "client", "met"),
         )
-        self.gpu_time = Counter(
+        self.gpu_time = ValueFamily(
+            "counter",
             "sidecar_gpu_time_seconds",
             "GPU (Triton) time received.",
-            ["client", "priority", "nice"],
-            registry=r,
+            ("client", "priority", "nice"),
         )
         self.queue_length = Gauge("sidecar_queue_length", "Requests waiting.", ["gpu"], registry=r)
         self.inflight = Gauge(
@@ -195,13 +188,13 @@ class GatewayMetrics:
             ["gpu"],
             registry=r,
         )
-        self.shadow_energy = Counter(
+        self.shadow_energy = ValueFamily(
+            "counter",
             "sidecar_shadow_energy_joules",
             "Shadow mode: table-estimated energy of the completed requests at the clock the GPU "
             "ran (at=gpu_clock) and at the clock the policy would have set (at=shadow_clock); "
             "their difference is the estimated saving.",
-            ["gpu", "at"],
-            registry=r,
+            ("gpu", "at"),
         )
         self.clock_changes = Counter(
             "sidecar_gpu_clock_changes", "Clock changes applied.", ["gpu"], registry=r
@@ -220,11 +213,11 @@ class GatewayMetrics:
             ["gpu", "model"],
             registry=r,
         )
-        self.client_weight = Gauge(
+        self.client_weight = ValueFamily(
+            "gauge",
             "sidecar_client_weight",
             "CFS weight of the nice a client last sent, by priority level.",
-            ["client", "priority"],
-            registry=r,
+            ("client", "priority"),
         )
         self.default_slo = Gauge(
             "sidecar_default_slo_seconds", "SLO of requests that name none.", registry=r
@@ -236,11 +229,11 @@ class GatewayMetrics:
             buckets=LAG_BUCKETS_S,
             registry=r,
         )
-        self.gpu_requests = Counter(
+        self.gpu_requests = ValueFamily(
+            "counter",
             "sidecar_gpu_requests",
             "Requests each GPU's Triton answered (its share of the node's work).",
-            ["gpu"],
-            registry=r,
+            ("gpu",),
         )
         self.placement = Gauge(
             "sidecar_placement_info",
@@ -249,19 +242,28 @@ class GatewayMetrics:
             ["placement", "gpus"],
             registry=r,
         )
+        r.register(PlainCollector(self._plain()))
         self._clients: set[str] = set()
         self._client_labels: dict[str, str] = {}  # client id as sent -> its label
         # The model label: the runtime puts its model index here (known names, else "unknown").
         self.model_label: Callable[[str], str] = sanitize_label
-        # The children the request path uses, cached (see Children).
-        self.requests_of = Children(self.requests)
-        self.latency_of = Children(self.latency)
-        self.queue_delay_of = Children(self.queue_delay)
-        self.slo_of = Children(self.slo)
-        self.gpu_time_of = Children(self.gpu_time)
-        self.client_weight_of = Children(self.client_weight)
+        # The series the request path uses, by their label values.
+        self.requests_of = self.requests.labels
+        self.latency_of = self.latency.labels
+        self.queue_delay_of = self.queue_delay.labels
+        self.slo_of = self.slo.labels
+        self.gpu_time_of = self.gpu_time.labels
+        self.client_weight_of = self.client_weight.labels
         self.requests_by_protocol: dict[str, int] = {}  # for the admin state
         self._device_collector: DeviceCollector | None = None
+
+    def _plain(self) -> list[ValueFamily | SpreadFamily]:
+        """The families kept as plain numbers: every one the request path or a stream changes."""
+        return [
+            *(self.requests, self.latency, self.ttft, self.inter_token, self.output_tokens),
+            *(self.token_slo, self.queue_delay, self.slo, self.gpu_time, self.shadow_energy),
+            *(self.client_weight, self.gpu_requests),
+        ]
 
     def count(
         self, model: str, priority: str, client: str, outcome: str, protocol: str = "http"

@@ -17,7 +17,8 @@ from typing import Any
 
 from api.metrics import sanitize_label
 from api.tensors import ModelLimits
-from api.upstream import Upstream, UpstreamUnavailableError
+from api.upstream import Upstream
+from api.upstream_errors import UpstreamUnavailableError
 
 log = logging.getLogger(__name__)
 UNKNOWN = "unknown"

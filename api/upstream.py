@@ -18,14 +18,14 @@ from collections.abc import Awaitable, Iterable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, cast
+from typing import cast
 from urllib.parse import quote, urlsplit
 
 import httptools
 from mypy_extensions import mypyc_attr
 
-if TYPE_CHECKING:
-    from api.upstream_stream import UpstreamStream
+from api.upstream_errors import UpstreamUnavailableError
+from api.upstream_stream import UpstreamStream, open_stream
 
 FORWARD_HEADERS = (
     "content-type",
@@ -34,10 +34,6 @@ FORWARD_HEADERS = (
     "content-encoding",
 )
 _SAFE_TARGET = re.compile(r"[A-Za-z0-9/_.~-]*")  # a path sent as is; anything else is quoted
-
-
-class UpstreamUnavailableError(Exception):
-    """Triton could not be reached or dropped the connection."""
 
 
 class _StaleError(UpstreamUnavailableError):
@@ -287,8 +283,6 @@ class Upstream:
         which tells the upstream that nobody reads any more (:mod:`api.upstream_stream`)."""
         if self._closed:
             raise UpstreamUnavailableError("the connection to Triton is closed")
-        from api.upstream_stream import open_stream  # which imports this module
-
         request = self._head(method, path, body, headers) + body
         return open_stream(self._host, self._port, self.url, request, self._timeout_s)
 

@@ -1,7 +1,7 @@
 """A reply that streams from Triton (server-sent events), on a connection of its own.
 
 Apart from :mod:`api.upstream` because it is made of an async generator and an async context
-manager, which the compiled modules cannot hold (docs/performance.md, "The compiled core"):
+manager, which the compiled modules cannot hold (docs/performance.md, "The compiled request path"):
 :meth:`api.upstream.Upstream.stream` builds the request and hands it here.
 """
 
@@ -15,7 +15,7 @@ from typing import cast
 
 import httptools
 
-from api.upstream import UpstreamUnavailableError
+from api.upstream_errors import UpstreamUnavailableError
 
 STREAM_HEADERS = ("content-type", "cache-control")
 _STREAM_FORWARD = frozenset(h.encode() for h in STREAM_HEADERS)

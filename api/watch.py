@@ -24,7 +24,8 @@ from collections.abc import Awaitable, Callable
 
 from api.embedded import EmbeddedTriton
 from api.tasks import cancel_and_wait
-from api.upstream import Upstream, UpstreamUnavailableError
+from api.upstream import Upstream
+from api.upstream_errors import UpstreamUnavailableError
 
 log = logging.getLogger(__name__)
 

@@ -27,6 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.native_build import compiled_packages
 from simulator.results import DEFAULT_DIR, SOURCE_ROOT, markdown_table, write_results
 
 # (what, its argument): the core under a policy at a queue length, or the whole path of a
@@ -38,7 +39,6 @@ CELLS = (
     ("path", "http", 16),
     ("path", "grpc", 16),
 )
-COMPILED_PACKAGES = ("api", "scheduler")
 # Requests counted under callgrind (fewer, more): the difference is over the requests between.
 COUNTS = {"core": (200, 600), "path": (300, 900)}
 # One measurement in a child process: the cell's cost per request, or (instructions) a
@@ -60,7 +60,7 @@ TIMES = (400, 4000)
 """
 TIMED = """
 import json, sys
-name, arg, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+name, arg = sys.argv[1], int(sys.argv[2])
 measure(name, arg, TIMES[0])
 print(json.dumps({"us": measure(name, arg, TIMES[1]), "module": module.__file__}))
 """
@@ -79,7 +79,7 @@ def pure_copy(directory: Path) -> Path:
     """A copy of the compiled packages' Python source alone under ``directory``, to put first
     on ``PYTHONPATH``: there it is what ``import scheduler`` and ``import api`` find,
     uncompiled."""
-    for package in COMPILED_PACKAGES:
+    for package in compiled_packages():
         shutil.copytree(
             SOURCE_ROOT / package, directory / package, ignore=shutil.ignore_patterns("*.so")
         )
@@ -96,7 +96,7 @@ def _env(path: Path | None) -> dict[str, str]:
 def timed(kind: str, name: str, arg: int, path: Path | None) -> tuple[float, str]:
     """CPU µs per request of one run, and the file its first compiled module came from."""
     out = subprocess.run(
-        [sys.executable, "-c", SCRIPTS[kind] + TIMED, name, str(arg), "0"],
+        [sys.executable, "-c", SCRIPTS[kind] + TIMED, name, str(arg)],
         env=_env(path),
         cwd=path or SOURCE_ROOT,
         capture_output=True,

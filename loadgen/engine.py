@@ -26,7 +26,8 @@ import numpy as np
 import numpy.typing as npt
 import tritonclient.http as httpclient
 
-from api.upstream import Upstream, UpstreamUnavailableError
+from api.upstream import Upstream
+from api.upstream_errors import UpstreamUnavailableError
 from loadgen.classes import RequestClass
 
 GPU_HEADER = "x-sidecar-gpu"  # the sidecar's answer to "which GPU served this request"

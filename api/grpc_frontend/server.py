@@ -42,7 +42,8 @@ from api.runtime import Runtime
 from api.streaming import TokenMeter, token_slos
 from api.tensors import ModelLimits
 from api.triton_priority import grpc_with_priority
-from api.upstream import Upstream, UpstreamUnavailableError
+from api.upstream import Upstream
+from api.upstream_errors import UpstreamUnavailableError
 
 log = logging.getLogger(__name__)
 PROTOCOL = "grpc"

@@ -7,7 +7,7 @@ from fastapi.responses import Response
 
 from api.errors import error
 from api.runtime import Runtime
-from api.upstream import UpstreamUnavailableError
+from api.upstream_errors import UpstreamUnavailableError
 
 router = APIRouter(tags=["health and metadata"])
 

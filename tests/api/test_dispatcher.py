@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 from api.dispatcher import MAX_TIMER_US, ClockApplier, RejectedError
-from api.upstream import Upstream, UpstreamUnavailableError
+from api.upstream import Upstream
+from api.upstream_errors import UpstreamUnavailableError
 from dvfs.timesource import VirtualTime
 from scheduler.policies import ClockPolicy, FixedPolicy, MaxPolicy, SeedPolicy
 from scheduler.registry import POLICIES, make_policy

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from api.upstream import Upstream, UpstreamUnavailableError
+from api.upstream import Upstream
+from api.upstream_errors import UpstreamUnavailableError
 
 Reply = Callable[[bytes], bytes | None]  # the request's head -> the bytes to answer (None: none)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.scheduler.test_compiled import compiled_sources
+from benchmarks.native_build import compiled_sources
 
 ROOT = Path(__file__).resolve().parents[2]
 IN_THE_WHEEL = {"api", "dvfs", "scheduler", "time2clock", "loadgen", "simulator", "gpucheck"}

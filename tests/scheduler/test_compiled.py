@@ -8,7 +8,6 @@ modules is what every other test of them checks (the pinned seeded decisions of
 
 from __future__ import annotations
 
-import ast
 import importlib
 import os
 from importlib.machinery import EXTENSION_SUFFIXES
@@ -16,19 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.native_build import compiled_sources
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def compiled_sources() -> list[Path]:
-    """The modules ``setup.py`` compiles (its ``COMPILED`` list)."""
-    tree = ast.parse((ROOT / "setup.py").read_text())
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(
-            isinstance(t, ast.Name) and t.id == "COMPILED" for t in node.targets
-        ):
-            value = ast.literal_eval(node.value)
-            return [ROOT / p for p in value]
-    raise AssertionError("setup.py has no COMPILED list")
 
 
 def extension_of(source: Path) -> Path | None:
