@@ -258,12 +258,10 @@ class GatewayMetrics:
         self._device_collector: DeviceCollector | None = None
 
     def _plain(self) -> list[ValueFamily | SpreadFamily]:
-        """The families kept as plain numbers: every one the request path or a stream changes."""
-        return [
-            *(self.requests, self.latency, self.ttft, self.inter_token, self.output_tokens),
-            *(self.token_slo, self.queue_delay, self.slo, self.gpu_time, self.shadow_energy),
-            *(self.client_weight, self.gpu_requests),
-        ]
+        """The families kept as plain numbers (those the request path or a stream changes):
+        found among the attributes, so that one added above is exported without a list to
+        keep."""
+        return [v for v in vars(self).values() if isinstance(v, ValueFamily | SpreadFamily)]
 
     def count(
         self, model: str, priority: str, client: str, outcome: str, protocol: str = "http"
