@@ -73,9 +73,7 @@ class Job:
 
     send: Send
     timeout_us: int | None = None
-    future: asyncio.Future[Any] = field(
-        default_factory=lambda: asyncio.get_running_loop().create_future()
-    )
+    future: asyncio.Future[Any] = field(init=False)  # made by the dispatcher that takes it
     # A stream (tokens of a generative model): when its client leaves after it was sent, the
     # send is cut short and its place at the upstream freed at once; ``tokens`` tells the
     # policy of each token as it goes by.
@@ -192,6 +190,7 @@ class GpuDispatcher:
         self._streams: dict[int, asyncio.Task[None]] = {}  # in-flight streams by request seq
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
         self._refit: asyncio.Future[None] | None = None  # a refit's fits, running
         # The last clocks applied, with when (for the admin state: what the policy did lately,
@@ -307,6 +306,8 @@ class GpuDispatcher:
         job = _job(request)
         if self._closed:
             raise UnavailableError("the sidecar is shutting down")
+        loop = self._running()
+        job.future = loop.create_future()
         result = self.scheduler.enqueue(request, self._now())
         if not result.accepted:
             raise RejectedError(result.reason or "refused")
@@ -314,9 +315,7 @@ class GpuDispatcher:
         self._pump()
         timer = None
         if job.timeout_us is not None and job.timeout_us < MAX_TIMER_US and not job.future.done():
-            timer = asyncio.get_running_loop().call_later(
-                job.timeout_us / 1e6, self._expire, request
-            )
+            timer = loop.call_later(job.timeout_us / 1e6, self._expire, request)
         try:
             return await job.future
         except asyncio.CancelledError:  # the client went away: its place in the queue goes too
@@ -338,6 +337,15 @@ class GpuDispatcher:
         self._arm_timer()
         return True
 
+    def _running(self) -> asyncio.AbstractEventLoop:
+        """The event loop the dispatcher runs in, looked up again only once it has stopped:
+        asyncio's own lookup asks the OS for the process id at every call on Python 3.11 (a
+        system call), several times per request otherwise."""
+        loop = self._loop
+        if loop is None or not loop.is_running():
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
+
     def _pump(self) -> None:
         """Send what the core says to send, while it has room."""
         while (d := self.scheduler.next_dispatch(self._now())) is not None:
@@ -354,7 +362,7 @@ class GpuDispatcher:
             # Started here (over HTTP, written to Triton) before the task that awaits the
             # answer first runs: that turn of the loop is not on the request's latency.
             answer = self._start(request, job)
-            task = asyncio.create_task(
+            task = self._running().create_task(
                 self._send(request, answer, now, self.scheduler.clock_target_mhz)
             )
             self._sends[task] = answer
@@ -429,7 +437,7 @@ class GpuDispatcher:
             self._fail(request, error or UnavailableError("no response from Triton"))
         elif not job.future.done():
             job.future.set_result(response)
-        asyncio.get_running_loop().call_soon(
+        self._running().call_soon(
             self._completed, request, response, error is None, sent_s, now, planned_mhz
         )
 
@@ -507,7 +515,7 @@ class GpuDispatcher:
         self._timer_at = wake
         if wake is not None and not self._closed:
             delay = max(0.0, wake - self._now())
-            self._timer = asyncio.get_running_loop().call_later(delay, self._on_timer)
+            self._timer = self._running().call_later(delay, self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer, self._timer_at = None, None

@@ -61,6 +61,9 @@ class _Connection(asyncio.Protocol):
     """One keep-alive connection to Triton, one request at a time."""
 
     def __init__(self, generation: int, keep: frozenset[bytes]) -> None:
+        # Made in the loop it serves (a protocol factory's call), looked up once: asyncio's
+        # lookup asks the OS for the process id at every call on Python 3.11 (a system call).
+        self.loop = asyncio.get_running_loop()
         self.generation = generation
         self.keep = keep  # the reply's headers kept (lower case)
         self.transport: asyncio.Transport | None = None
@@ -80,7 +83,7 @@ class _Connection(asyncio.Protocol):
 
     def send(self, data: bytes, body: bytes) -> asyncio.Future[UpstreamResponse]:
         assert self.transport is not None and self.waiter is None
-        self.waiter = asyncio.get_running_loop().create_future()
+        self.waiter = self.loop.create_future()
         if len(body) > 65536:
             self.transport.writelines((data, body))  # no copy of a large body
         else:
@@ -306,7 +309,7 @@ class Upstream:
         when its reply has come, failed, or been given up on (a cancelled reply: what comes
         after belongs to no one, so the connection is closed)."""
         reply = conn.send(head, body)
-        timer = asyncio.get_running_loop().call_later(
+        timer = conn.loop.call_later(
             timeout_s,
             conn.abort,
             UpstreamUnavailableError(

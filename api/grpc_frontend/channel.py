@@ -108,14 +108,13 @@ class _TritonConnection(Connection):
         replies: asyncio.Queue[bytes | GrpcError | None] | None = None,
     ) -> asyncio.Future[bytes]:
         stream, self.next_stream = self.next_stream, self.next_stream + 2
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[bytes] = loop.create_future()
+        future: asyncio.Future[bytes] = self.loop.create_future()
         reply = self.calls[stream] = _Reply(future, replies)
         if metadata:
             block += metadata_block(metadata)
         if timeout_s is not None:
             block += literal("grpc-timeout", timeout_header(timeout_s))
-            reply.timer = loop.call_later(timeout_s, self._expire, stream)
+            reply.timer = self.loop.call_later(timeout_s, self._expire, stream)
         future.add_done_callback(partial(self._done, stream))
         self.open_window(stream)
         self.send(

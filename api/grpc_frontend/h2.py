@@ -156,6 +156,9 @@ class Connection(asyncio.Protocol):
     preface_in = b""  # what this end expects first: a server's is the client's preface
 
     def __init__(self, settings: dict[int, int] | None = None) -> None:
+        # Made in the loop it serves (a protocol factory's call), looked up once: asyncio's
+        # lookup asks the OS for the process id at every call on Python 3.11 (a system call).
+        self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self._buffer = b""
         self._preface_left = len(self.preface_in)
@@ -199,7 +202,7 @@ class Connection(asyncio.Protocol):
             self._corked.append(data)
         elif self.in_flight() > 1:
             self._corked.append(data)
-            asyncio.get_running_loop().call_soon(self._uncork)
+            self.loop.call_soon(self._uncork)
         elif self.transport is not None:
             self.transport.write(data)
 

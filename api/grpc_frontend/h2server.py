@@ -287,7 +287,7 @@ class GrpcConnection(Connection):
             self._refuse(stream, flags, Status.UNIMPLEMENTED, f"Method not found: {path}")
             return
         self.calls[stream] = call
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         if deadline_s is not None:
             call.timer = loop.call_at(
                 loop.time() + (deadline_s - time.monotonic()), self._expire, call
@@ -357,7 +357,7 @@ class GrpcConnection(Connection):
         if call.body or message is None:
             self._fail(call, Status.UNIMPLEMENTED, "a unary call without its one whole request")
             return
-        task: asyncio.Task[bytes] = asyncio.get_running_loop().create_task(
+        task: asyncio.Task[bytes] = self.loop.create_task(
             self.server.unary[call.path](message, call)
         )
         call.task = task
@@ -411,7 +411,7 @@ class GrpcConnection(Connection):
                 self.send(stream, head, framed(reply), None)
                 while self.held_bytes(stream) > MAX_HELD_BYTES and not self.closed:
                     if self._drained is None:
-                        self._drained = asyncio.get_running_loop().create_future()
+                        self._drained = self.loop.create_future()
                     await self._drained
         except GrpcError as failed:
             code, details, trailing = failed.code, failed.details, failed.trailing

@@ -98,6 +98,9 @@ class GrpcFrontend:
         self.runtime = runtime
         self.port = 0
         self._server: GrpcServer | None = None
+        # The loop it serves in, once started: asyncio's own lookup asks the OS for the
+        # process id at every call on Python 3.11 (a system call per request).
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._tritons: dict[int, TritonChannel] = {}  # by id() of the GPU's HTTP Upstream
         self._first: TritonChannel | None = None  # GPU 0's: every call that is not an inference
 
@@ -118,6 +121,7 @@ class GrpcFrontend:
 
     async def start(self) -> None:
         cfg = self.runtime.config
+        self._loop = asyncio.get_running_loop()
         self.open_channels()
         unary: dict[str, Any] = {
             method_path(name): self._passthrough(method_path(name)) for name in UNARY_METHODS
@@ -198,7 +202,7 @@ class GrpcFrontend:
         """One request through :func:`api.admission.admit` (``sender(raw)`` sends it; with
         the sidecar's level as Triton's priority, a map entry appended); a shutdown past its
         grace cancels it, as it cancels HTTP's."""
-        task = asyncio.current_task()
+        task = asyncio.current_task(self._loop)
         rt = self.runtime
         if task is not None:
             rt.pending.add(task)
