@@ -15,6 +15,14 @@ $(PROMETHEUS):
 	SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 	$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null
 
+# Debian's strace: `make bench` counts the system calls per request with it.
+STRACE := /usr/bin/strace
+
+$(STRACE):
+	@command -v apt-get >/dev/null || { echo "strace is needed: install it (Debian: apt-get install strace)"; exit 1; }
+	SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends strace >/dev/null
+
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] in ((3, 11), (3, 12)), "Python 3.11 or 3.12 is required (set PYTHON=...)"'
 	$(PYTHON) -m venv $(VENV)
@@ -67,9 +75,10 @@ compare-varying: setup
 # path, measured side by side with it: python -m benchmarks.bench --before-tree DIR --name
 # bench-before); the same code's Python alone, without sockets; gRPC's own floor and its second
 # hop; then batching and the core (compiled, and against its own Python).
-bench: setup
+bench: setup $(STRACE)
 	$(BIN)/python -m benchmarks.bench --before results/bench-before.json
 	$(BIN)/python -m benchmarks.pathbench
+	$(BIN)/python -m benchmarks.syscalls
 	$(BIN)/python -m benchmarks.grpcfloor
 	$(BIN)/python -m benchmarks.grpchop
 	$(BIN)/python -m benchmarks.clientcost
