@@ -73,7 +73,8 @@ class Job:
 
     send: Send
     timeout_us: int | None = None
-    future: asyncio.Future[Any] = field(init=False)  # made by the dispatcher that takes it
+    # Made by the dispatcher that takes the job (unset before: no repr, no comparison).
+    future: asyncio.Future[Any] = field(init=False, repr=False, compare=False)
     # A stream (tokens of a generative model): when its client leaves after it was sent, the
     # send is cut short and its place at the upstream freed at once; ``tokens`` tells the
     # policy of each token as it goes by.
