@@ -7,21 +7,24 @@ OUT    := out
 
 .PHONY: setup lint typecheck test fuzz demo compare compare-steady compare-varying bench monitor gpu-check clean
 
+# $(call apt_install,WHAT,PACKAGE): Debian's PACKAGE, installed with sudo unless root.
+define apt_install
+	@command -v apt-get >/dev/null || { echo "$(1) is needed: install it (Debian: apt-get install $(2))"; exit 1; }
+	SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $(2) >/dev/null
+endef
+
 # Debian's Prometheus (promtool too): the monitoring tests and `make monitor` need it.
 PROMETHEUS := /usr/bin/prometheus
 
 $(PROMETHEUS):
-	@command -v apt-get >/dev/null || { echo "Prometheus is needed: install it (Debian: apt-get install prometheus)"; exit 1; }
-	SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
-	$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+	$(call apt_install,Prometheus,prometheus)
 
 # Debian's strace: `make bench` counts the system calls per request with it.
 STRACE := /usr/bin/strace
 
 $(STRACE):
-	@command -v apt-get >/dev/null || { echo "strace is needed: install it (Debian: apt-get install strace)"; exit 1; }
-	SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
-	$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends strace >/dev/null
+	$(call apt_install,strace,strace)
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] in ((3, 11), (3, 12)), "Python 3.11 or 3.12 is required (set PYTHON=...)"'
