@@ -418,6 +418,7 @@ _SCALE_HELP = {
     "min_scale": "lowest scale",
     "max_scale": "highest scale",
     "start_scale": "scale at start",
+    "horizon_s": "seconds over which misses past the target's budget are also counted (0: off)",
 }
 _LOOP_NAMES = {"ttft_feedback": "TTFT", "tpot_feedback": "TPOT"}
 

@@ -141,6 +141,15 @@ class ScaleController:
     ``period_s``, the window's ``target`` quantile ``q`` since the last cut against
     ``setpoint``: below it the scale grows by ``(setpoint / q) ** gain``, at most ``max_step``;
     over the SLO it falls the same way); **bounded** within ``[min_scale, max_scale]``.
+
+    **A budget kept over a horizon** (``horizon_s``, 0: off). The window's budget alone lets
+    each window spend its ``1 − target`` of misses in full, so over many windows the misses come
+    to the budget and the run's ``target`` quantile sits on the SLO, over it as often as under.
+    With a horizon, completions and misses are also counted over it (decayed with that time
+    constant); misses past ``1 − target`` of those completions are a *debt* (counted once the
+    horizon holds a full window's ``max_samples``, so that a handful of early misses does not
+    set it): the debt comes off the window's budget, and while it lasts the scale does not creep
+    up.
     """
 
     def __init__(self, params: ScaleParams | None = None) -> None:
@@ -153,6 +162,17 @@ class ScaleController:
         self.backoffs = 0
         self.raises = 0
         self.rebases = 0
+        self._seen_w = 0.0  # completions over the horizon, decayed
+        self._missed_w = 0.0  # and misses
+        self._seen_at_s: float | None = None
+
+    @property
+    def debt(self) -> float:
+        """Misses over the horizon past its budget (``1 − target`` of its completions); none
+        until the horizon holds as many completions as a full window."""
+        if self._seen_w < self.params.max_samples:
+            return 0.0
+        return self._missed_w - (1.0 - self.params.target) * self._seen_w
 
     def observe(self, now_s: float, latency_ms: float, slo_ms: float) -> bool:
         """Record one completion; True if the scale changed."""
@@ -161,11 +181,20 @@ class ScaleController:
         self._window.append((now_s, ratio))
         while len(self._window) > p.max_samples or self._window[0][0] < now_s - p.window_s:
             self._window.popleft()
+        if p.horizon_s > 0:
+            decay = (
+                1.0
+                if self._seen_at_s is None
+                else math.exp(-max(0.0, now_s - self._seen_at_s) / p.horizon_s)
+            )
+            self._seen_at_s = now_s
+            self._seen_w = self._seen_w * decay + 1.0
+            self._missed_w = self._missed_w * decay + (1.0 if ratio > 1.0 else 0.0)
         if ratio > 1.0:
             self._misses.append(now_s)
             while self._misses[0] < now_s - p.window_s:
                 self._misses.popleft()
-            budget = max(1.0, (1.0 - p.target) * len(self._window))
+            budget = max(1.0, (1.0 - p.target) * len(self._window) - max(0.0, self.debt))
             if len(self._misses) > budget and now_s >= self._last_cut_s + p.backoff_gap_s:
                 self._cut(now_s, p.backoff)
                 return True
@@ -209,7 +238,7 @@ class ScaleController:
         if q > 1.0:
             self._cut(now_s, max(p.backoff, (p.setpoint / q) ** p.gain))
             return True
-        if q >= p.setpoint:
+        if q >= p.setpoint or self.debt > 0:
             return False
         factor = min(1.0 + p.max_step, (p.setpoint / q) ** p.gain)
         new = min(p.max_scale, self.scale * factor)

@@ -192,8 +192,11 @@ class ScaleParams:
     min_scale: float = 0.5
     max_scale: float = 3.0
     start_scale: float = 1.0
+    horizon_s: float = 0.0  # the miss budget is also kept over this long (0: the window only)
 
     def __post_init__(self) -> None:
+        if self.horizon_s < 0:
+            raise ValueError(f"horizon_s must be >= 0 (0: off), got {self.horizon_s}")
         if not 0.5 <= self.target < 1.0:
             raise ValueError(f"target attainment must be in [0.5, 1), got {self.target}")
         if not 0.0 < self.setpoint <= 1.0:

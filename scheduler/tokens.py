@@ -75,7 +75,11 @@ whose mean clocks were nearest ``f``. Before ``min_samples`` streams finished, `
   :class:`scheduler.feedback.ScaleController` per SLO, fed every measured TTFT and TPOT. The TTFT
   one moves the boost target both ways (misses cut it, a tail well under the SLO lets it rise
   past ``ttft_share``); the TPOT one only tightens the budget after misses and lets it recover
-  (the tail factor already plans to the SLO).
+  (the tail factor already plans to the SLO). The TPOT loop also keeps its miss budget over
+  ``horizon_s`` (10 minutes): a run's p99 is judged over all its streams, and a loop that spends
+  each minute's budget in full ends a long run with its p99 on the SLO, over it as often as
+  under; misses past the budget over the horizon are a debt that shrinks each minute's
+  allowance and stops the budget from easing until it is repaid.
 * The admission limit: the most running sequences whose mean gap at the chosen clock stays
   within the TPOT SLO × ``headroom``. Past it every stream would miss on average, so new
   requests wait at the sidecar (their TTFT grows, running streams keep their pace). It guards
@@ -225,6 +229,7 @@ class TokenPolicyParams:
         default_factory=lambda: ScaleParams(
             setpoint=0.97, window_s=60.0, max_samples=1000, min_samples=100, max_step=0.05,
             backoff=0.95, backoff_gap_s=2.0, settle_s=5.0, min_scale=0.7, max_scale=1.0,
+            horizon_s=600.0,
         )
     )  # fmt: skip
 

@@ -110,6 +110,7 @@ def test_quiet_class_keeps_its_scale() -> None:
         {"setpoint": 0.0},
         {"backoff": 1.0},
         {"min_scale": 2.0},
+        {"horizon_s": -1.0},
     ],
 )
 def test_params_are_checked(bad: dict[str, float]) -> None:
@@ -126,3 +127,61 @@ def test_a_rebase_takes_back_earned_room_and_forgets_the_old_window() -> None:
     assert np.isnan(c.attainment())  # what completed under the old plan no longer counts
     c.rebase(1.0)
     assert c.rebases == 1  # nothing to take back: not counted
+
+
+def feed(
+    c: ScaleController, start_s: float, n: int, rate_hz: float, ratio: float, miss_every: int = 0
+) -> float:
+    """``n`` completions at ``rate_hz`` from ``start_s``, each at ``ratio`` of the SLO but every
+    ``miss_every``-th (0: none) at twice it; the time after the last."""
+    for i in range(n):
+        miss = miss_every > 0 and i % miss_every == miss_every - 1
+        c.observe(start_s + i / rate_hz, (2.0 if miss else ratio) * SLO_MS, SLO_MS)
+    return start_s + n / rate_hz
+
+
+def test_a_debt_over_the_horizon_holds_the_scale_until_repaid() -> None:
+    """4% misses for 25 s: both loops cut. Then no misses: the window-only loop creeps back up
+    at once, the one with a horizon holds its scale until the completions since have paid the
+    misses past 1% back, then creeps up too."""
+    window_only = ScaleController(ScaleParams())
+    horizon = ScaleController(ScaleParams(horizon_s=600.0))
+    for c in (window_only, horizon):
+        t = feed(c, 0.0, 2500, 100.0, 0.3, miss_every=25)
+        assert c.backoffs > 0
+    cut = horizon.scale
+    assert horizon.debt > 50  # 100 misses against a budget of 25
+    for c in (window_only, horizon):
+        feed(c, t, 3000, 100.0, 0.3)
+    assert window_only.scale > 2 * cut
+    assert horizon.scale == cut and horizon.raises == 0
+    assert horizon.debt > 0
+    feed(horizon, t + 30.0, 12000, 100.0, 0.3)  # 2 minutes more: repaid, decayed
+    assert horizon.debt < 0
+    assert horizon.scale > 2 * cut
+
+
+def test_a_debt_takes_misses_off_the_window_budget() -> None:
+    """After a debt, two misses in a full window cut, where the window's own budget (1% of its
+    1,000) lets ten go by."""
+    window_only = ScaleController(ScaleParams(max_scale=1.0))
+    horizon = ScaleController(ScaleParams(max_scale=1.0, horizon_s=600.0))
+    for c in (window_only, horizon):
+        t = feed(c, 0.0, 2500, 100.0, 0.3, miss_every=25)
+        t = feed(c, t, 1000, 100.0, 0.3)  # a full window without a miss
+    assert horizon.debt > 10
+    before = {id(c): c.backoffs for c in (window_only, horizon)}
+    for c in (window_only, horizon):
+        for k in range(3):
+            c.observe(t + 3.0 * k, 2.0 * SLO_MS, SLO_MS)
+    assert window_only.backoffs == before[id(window_only)]
+    assert horizon.backoffs > before[id(horizon)]
+
+
+def test_no_debt_before_a_full_window_of_completions() -> None:
+    """A few early misses set no debt: the horizon counts once it holds ``max_samples``."""
+    c = ScaleController(ScaleParams(horizon_s=600.0, max_samples=1000))
+    t = feed(c, 0.0, 999, 100.0, 0.3, miss_every=10)
+    assert c.debt == 0.0
+    feed(c, t, 100, 100.0, 0.3)  # the decayed count passes 1,000
+    assert c.debt > 0
