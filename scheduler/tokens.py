@@ -788,6 +788,7 @@ class TokenPolicy:
             "tpot_budget_ms": round(tpot_b, 3),
             "ttft_scale": round(self.ttft_loop.scale, 4),
             "tpot_scale": round(self.tpot_loop.scale, 4),
+            "tpot_debt": round(self.tpot_loop.debt, 2),
             "clock_changes": self.changes,
             "boosts": self.boosts,
             "gap_samples": self.steps.samples,

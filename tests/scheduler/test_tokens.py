@@ -314,6 +314,7 @@ def test_state_is_plain_data() -> None:
     assert state["policy"] == "tokens" and state["clock_mhz"] == policy.clock_mhz
     for key in ("ttft_target_ms", "tpot_budget_ms", "tail_factor"):
         assert isinstance(state[key], float) and math.isfinite(state[key])  # type: ignore[arg-type]
+    assert state["tpot_debt"] == round(policy.tpot_loop.debt, 2)
     json.dumps(state)  # plain data
     plans = policy.predict(10.0)
     assert len(plans) == len(CLOCKS)
