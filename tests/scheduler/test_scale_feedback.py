@@ -162,8 +162,8 @@ def test_a_debt_over_the_horizon_holds_the_scale_until_repaid() -> None:
 
 
 def test_a_debt_takes_misses_off_the_window_budget() -> None:
-    """After a debt, two misses in a full window cut, where the window's own budget (1% of its
-    1,000) lets ten go by."""
+    """After a debt, the second of three misses a few seconds apart cuts, where the window's own
+    budget (1% of the some 400-1,000 completions it holds) lets all three go by."""
     window_only = ScaleController(ScaleParams(max_scale=1.0))
     horizon = ScaleController(ScaleParams(max_scale=1.0, horizon_s=600.0))
     for c in (window_only, horizon):
