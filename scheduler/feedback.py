@@ -207,7 +207,8 @@ class ScaleController:
 
     def rebase(self, at_most: float) -> None:
         """The plan under the scale changed (a new table): keep the scale no higher than
-        ``at_most`` and judge only what completes from now on."""
+        ``at_most`` and judge only what completes from now on in the window. The horizon's
+        counts, and so its debt, are kept: a miss under the old plan was a miss all the same."""
         if self.scale > at_most:
             self.scale = at_most
             self.rebases += 1
