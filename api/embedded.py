@@ -57,6 +57,7 @@ INPUT_WIDTH = 16
 STEP_S = 0.002  # how often a running batch re-reads the clock
 PARENT_POLL_S = 0.1  # how often the Triton child checks that the sidecar is still there
 ORPHAN_GRACE_S = 3.0  # the sidecar gone: Triton's orderly stop gets this long, then all is killed
+RETRY_WAIT_MAX_S = 5.0  # the longest wait before another start after a failed one
 SHM_DIR = Path("/dev/shm")
 
 
@@ -345,16 +346,18 @@ class EmbeddedTriton:
         self.restarts += 1
         self.start()
 
-    def start(self, attempts: int = 5) -> None:
+    def start(self, attempts: int = 10) -> None:
         """Start Triton and wait until it serves; retried on a failed start-up.
 
         PyTriton's handshake with a model instance occasionally races during model load (a
         second instance connects to the first one's handshake socket before it listens: the
         connect is refused, the model fails to load, Triton exits); a fresh start on fresh
-        ports succeeds. Seen about once in twenty starts on a 2-core machine, and three times
-        in a row right after a Triton that had to be killed: each retry waits a little longer
-        first. A start that never becomes ready (a stub stuck in the same handshake, Triton
-        alive but the model never loaded) is stopped and retried the same way.
+        ports succeeds. Seen about once in twenty starts on a 2-core machine, three times in a
+        row right after a Triton that had to be killed, and five in a row in one clean-clone CI
+        run (which instance initialises first is a race each start): each retry first waits a
+        little longer, at most ``RETRY_WAIT_MAX_S``. A start that never becomes ready (a stub
+        stuck in the same handshake, Triton alive but the model never loaded) is stopped and
+        retried the same way.
         """
         require_embedded()
         for attempt in range(1, attempts + 1):
@@ -367,7 +370,7 @@ class EmbeddedTriton:
                 if attempt == attempts:
                     raise
                 log.warning("embedded Triton failed to start (%s); retrying", err)
-                time.sleep(2.0 * attempt)  # a machine loaded for a moment may be less so then
+                time.sleep(min(2.0 * attempt, RETRY_WAIT_MAX_S))  # load may pass meanwhile
                 self.ports = EmbeddedPorts(free_port(), free_port(), free_port())
 
     def _start_once(self) -> None:
