@@ -76,11 +76,13 @@ compare-varying: setup
 
 # The sidecar's cost now against results/bench-before.json (the code before the cheaper data
 # path, measured side by side with it: python -m benchmarks.bench --before-tree DIR --name
-# bench-before); the same code's Python alone, without sockets; gRPC's own floor and its second
-# hop; then batching and the core (compiled, and against its own Python).
+# bench-before); the same code's Python alone, without sockets; an idle sidecar's CPU; gRPC's
+# own floor and its second hop; then batching and the core (compiled, and against its own
+# Python).
 bench: setup $(STRACE)
 	$(BIN)/python -m benchmarks.bench --before results/bench-before.json
 	$(BIN)/python -m benchmarks.pathbench
+	$(BIN)/python -m benchmarks.idle
 	$(BIN)/python -m benchmarks.syscalls
 	$(BIN)/python -m benchmarks.grpcfloor
 	$(BIN)/python -m benchmarks.grpchop

@@ -37,6 +37,7 @@ COMPILED = [
     "scheduler/constraints.py",
     "scheduler/core.py",
     "scheduler/feedback.py",
+    "scheduler/observe.py",
     "scheduler/policies.py",
     "scheduler/queue.py",
     "scheduler/request.py",

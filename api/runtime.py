@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import tempfile
 from dataclasses import dataclass, field, replace
@@ -289,8 +290,14 @@ class Runtime:
             )
             gpu.saver.start()
             if gpu.learner.energy is not None:  # energy that learns: read the counter
+                params = gpu.learner.energy.params
                 gpu.energy_reader = EnergyReader(
-                    gpu.device, scheduler.on_energy, poll_s=gpu.learner.energy.params.poll_s
+                    gpu.device,
+                    scheduler.on_energy,
+                    poll_s=params.poll_s,
+                    idle_poll_s=params.idle_poll_s,
+                    idle_after_s=params.idle_after_s,
+                    busy=functools.partial(_has_work, scheduler),
                 )
                 gpu.energy_reader.start()
         gpu.watch.start()
@@ -627,6 +634,12 @@ class Runtime:
         if gpu.embedded is not None:
             gpu.embedded.close(timeout_s=3.0)
             gpu.embedded = None
+
+
+def _has_work(scheduler: Scheduler[Job]) -> bool:
+    """Whether ``scheduler`` has a request at Triton or waiting (asked from the energy
+    reader's thread: two reads of a size, each whole under the GIL)."""
+    return bool(scheduler.inflight) or len(scheduler.queue) > 0
 
 
 def _idle_power_w(device: Device, kind: str, profile: str) -> float | None:

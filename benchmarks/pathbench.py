@@ -49,6 +49,7 @@ from loadgen.engine import InputTensor, build_payloads
 from loadgen.grpc_client import grpc_payloads
 from scheduler.core import Scheduler
 from simulator.results import DEFAULT_DIR, markdown_table, write_results
+from time2clock.online import OnlineTables
 from time2clock.table import TableSet
 
 # What the embedded Triton says of ``noop``, and its reply to one request (as Triton sends it).
@@ -158,7 +159,10 @@ class _Client:
 @contextmanager
 def runtime(**options: Any) -> Iterator[Runtime]:
     """A runtime as ``python -m api serve --policy max`` runs it (``options``: other settings,
-    as :func:`api.config.from_options` takes them), in front of the fake Triton."""
+    as :func:`api.config.from_options` takes them; ``learn=False`` as ``--no-learn``), in front
+    of the fake Triton. With the tables that learn (the default), every isolated execution is
+    a sample and every change of what runs goes to the energy fit's log, as live; the energy
+    counter's reader, a thread of its own live, is not run."""
     with tempfile.TemporaryDirectory() as tmp:
         device = SimulatedDevice("v100", state_path=Path(tmp) / "gpu.state")
         options = {"policy": "max", "max_queue": 10_000, **options}
@@ -166,8 +170,10 @@ def runtime(**options: Any) -> Iterator[Runtime]:
         rt = Runtime(config, GatewayMetrics())
         upstream = _FakeUpstream("127.0.0.1:1")
         rt.upstream = upstream
+        clocks = device.supported_clocks_mhz()
+        learner = OnlineTables(clocks, gpu="v100") if config.learn else None
         scheduler: Scheduler[Job] = Scheduler(
-            TableSet(), config.policy.build(device.supported_clocks_mhz()), config.scheduler
+            TableSet(), config.policy.build(clocks), config.scheduler, learner=learner
         )
         scheduler.set_serving(NOOP, serving_from_config(NOOP_CONFIG))
         rt.dispatcher = GpuDispatcher(
@@ -258,9 +264,9 @@ async def started(**options: Any) -> AsyncIterator[Runtime]:
             yield rt
 
 
-async def cost_us(protocol: str, concurrency: int, requests: int) -> float:
+async def cost_us(protocol: str, concurrency: int, requests: int, *, learn: bool = True) -> float:
     """CPU µs per request of ``requests`` through ``protocol`` at ``concurrency``."""
-    async with started() as rt:
+    async with started(learn=learn) as rt:
         clients = [
             (http_client if protocol == "http" else grpc_client)(rt) for _ in range(concurrency)
         ]
@@ -293,12 +299,12 @@ def after_sleeps(gap_ms: float, requests: int) -> Iterator[None]:
         yield
 
 
-async def cold_cost_us(gap_ms: float, requests: int) -> float:
+async def cold_cost_us(gap_ms: float, requests: int, *, learn: bool = True) -> float:
     """CPU µs of one HTTP request sent after the process slept ``gap_ms`` (the sleep itself
     not counted; rounds as :func:`after_sleeps` gives them): the path's cost when it starts
     cold."""
     spent_s: list[float] = []
-    async with started() as rt:
+    async with started(learn=learn) as rt:
         one = http_client(rt)
         for _ in range(20):  # first-time paths (labels, caches) out of the count
             await one()
@@ -336,9 +342,15 @@ def main(argv: list[str] | None = None) -> int:
         help="idle gaps before each request of the cold table, ms (empty: no cold table)",
     )
     parser.add_argument(
+        "--no-learn",
+        action="store_true",
+        help="without the tables that learn (as the sidecar's --no-learn)",
+    )
+    parser.add_argument(
         "--results-dir", type=Path, default=DEFAULT_DIR, help="where pathbench.{md,json} go"
     )
     args = parser.parse_args(argv)
+    learn = not args.no_learn
     try:
         gaps_ms = [float(g) for g in args.gaps_ms.split(",") if g.strip()]
     except ValueError:
@@ -349,14 +361,14 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for protocol in args.protocols.split(","):
         for c in (int(x) for x in args.concurrency.split(",")):
-            us = uvloop.run(cost_us(protocol, c, args.requests))
+            us = uvloop.run(cost_us(protocol, c, args.requests, learn=learn))
             rows.append({"protocol": protocol, "concurrency": c, "cpu_us": us})
             print(f"  {protocol:>4} concurrency {c:>2}: {us:6.1f} µs CPU per request", flush=True)
     cold = []
     if gaps_ms:
         print("one HTTP request at a time, after the process slept:")
     for gap in gaps_ms:
-        us = uvloop.run(cold_cost_us(gap, args.requests))
+        us = uvloop.run(cold_cost_us(gap, args.requests, learn=learn))
         compact = compact_cost_us(gap, args.requests)
         cold.append({"gap_ms": gap, "cpu_us": us, "compact_cpu_us": compact})
         print(
@@ -366,6 +378,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     markdown = (
         "In one process, no sockets, a fake Triton that answers at once; policy max; "
+        + ("tables that learn on (the default); " if learn else "--no-learn; ")
+        + "the energy counter's reader (a thread of its own) not run; "
         f"{args.requests} requests per cell.\n\n"
         + markdown_table(
             ["protocol", "concurrency", "CPU µs per request"],
@@ -391,7 +405,12 @@ def main(argv: list[str] | None = None) -> int:
         title="The sidecar's own Python per request (python -m benchmarks.pathbench)",
         markdown=markdown,
         data={
-            "settings": {"requests": args.requests, "policy": "max", "gaps_ms": gaps_ms},
+            "settings": {
+                "requests": args.requests,
+                "policy": "max",
+                "learn": learn,
+                "gaps_ms": gaps_ms,
+            },
             "cost": rows,
             "cold": cold,
         },

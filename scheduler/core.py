@@ -19,6 +19,7 @@ from scheduler.view import ModelServing, QueuedRequest
 from scheduler.waitbound import GUARD_S, WaitBound
 from scheduler.weights import NICE_MAX, NICE_MIN, weight_for_nice
 from time2clock.online import OnlineTables, TableRefit
+from time2clock.online_energy import Composition
 from time2clock.table import ModelTable, TableSet
 
 FAIR_FROM = 0.5
@@ -568,8 +569,19 @@ class Scheduler(Generic[P]):
     # -- energy (what the online fit attributes the GPU's energy counter to) ------------------
 
     def _occupancy(self, now_s: float) -> None:
-        if self.learner is not None:
-            self.learner.occupancy(now_s, self.clock_target_mhz, self._inflight_by_model)
+        if self.learner is None:
+            return
+        # What is at Triton, as time2clock.online_energy.composition makes it (every list of
+        # _inflight_by_model holds a request: an emptied one is deleted).
+        by_model = self._inflight_by_model
+        busy: Composition
+        if not by_model:
+            busy = ()
+        elif len(by_model) == 1:
+            busy = tuple([(m, len(v)) for m, v in by_model.items()])
+        else:
+            busy = tuple(sorted([(m, len(v)) for m, v in by_model.items()]))
+        self.learner.record_occupancy(now_s, self.clock_target_mhz, busy)
 
     def on_energy(self, reading: EnergyReading, update_interval_s: float | None) -> None:
         """A new value of the GPU's energy counter (whoever reads the device hands it here, in

@@ -14,23 +14,23 @@ clock is left to the GPU (policy ``default``: the clock is not known).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from time2clock.online import ExecutionSample
 
 WINDOW_S = 0.001
 SETTLE_S = 0.02
 
 
-@dataclass(slots=True)
 class _Group:
-    model: str
-    clock_mhz: int
-    first_s: float
-    max_batch: int
-    pending: set[int] = field(default_factory=set)
-    size: int = 0
-    spoiled: bool = False
+    """The requests sent together since the GPU was last idle: a sample while not spoiled."""
+
+    def __init__(self, model: str, clock_mhz: int, first_s: float, max_batch: int) -> None:
+        self.model = model
+        self.clock_mhz = clock_mhz
+        self.first_s = first_s
+        self.max_batch = max_batch
+        self.pending: set[int] = set()
+        self.size = 0
+        self.spoiled = False
 
 
 class ExecutionObserver:

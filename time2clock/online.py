@@ -45,12 +45,13 @@ import math
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence, Sized
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 import numpy as np
 
 from dvfs.energy import EnergyReading
 from time2clock.fit import trimmed_mean
-from time2clock.online_energy import EnergyParams, EnergyRefit, OnlineEnergy
+from time2clock.online_energy import Composition, EnergyParams, EnergyRefit, OnlineEnergy
 from time2clock.profile import select_clocks
 from time2clock.table import (
     TAIL_QUANTILES,
@@ -61,11 +62,13 @@ from time2clock.table import (
     Time2ClockTable,
 )
 
+MAX_RATIOS = 1000  # measured / predicted times kept per model between refits, for its error
 
-@dataclass(frozen=True, slots=True)
-class ExecutionSample:
+
+class ExecutionSample(NamedTuple):
     """One isolated execution: ``batch`` requests of ``model`` took ``ms`` at ``clock_mhz``;
-    ``at_s`` is when the last of them completed (see :mod:`scheduler.observe`)."""
+    ``at_s`` is when the last of them completed (see :mod:`scheduler.observe`). A named tuple:
+    the request path makes one per isolated execution, and a tuple is the cheapest to make."""
 
     model: str
     clock_mhz: int
@@ -265,26 +268,42 @@ class OnlineTables:
             return
         if self.journal is not None:
             self.journal.append(sample)
-        state = self._models.setdefault(sample.model, _ModelState())
-        cell = state.cells.setdefault((sample.batch, sample.clock_mhz), deque())
+        state = self._models.get(sample.model)
+        if state is None:
+            state = self._models[sample.model] = _ModelState()
+        key = (sample.batch, sample.clock_mhz)
+        cell = state.cells.get(key)
+        if cell is None:
+            cell = state.cells[key] = deque()
         cell.append((sample.at_s, sample.ms))
         while len(cell) > self.params.cell_cap:
             cell.popleft()
-        state.recent.append((sample.at_s, sample.batch, sample.clock_mhz, sample.ms))
-        while len(state.recent) > self.params.residual_cap:
-            state.recent.popleft()
+        recent = state.recent
+        recent.append((sample.at_s, sample.batch, sample.clock_mhz, sample.ms))
+        while len(recent) > self.params.residual_cap:
+            recent.popleft()
         state.samples_total += 1
         state.new_samples += 1
         if table is not None:
             predicted = table.predict_ms(sample.clock_mhz, sample.batch)
             if predicted > 0 and math.isfinite(predicted):
-                state.ratios.append(sample.ms / predicted)
-                del state.ratios[:-1000]
+                ratios = state.ratios
+                ratios.append(sample.ms / predicted)
+                if len(ratios) > MAX_RATIOS:
+                    del ratios[:-MAX_RATIOS]
 
     def occupancy(self, now_s: float, clock_mhz: int | None, inflight: Mapping[str, Sized]) -> None:
         """What runs changed (see :meth:`time2clock.online_energy.ClockWindows.occupancy`)."""
         if self.energy is not None:
             self.energy.occupancy(now_s, clock_mhz, inflight)
+
+    def record_occupancy(
+        self, now_s: float, clock_mhz: int | None, composition: Composition
+    ) -> None:
+        """:meth:`occupancy` with what is at Triton as its composition
+        (:func:`time2clock.online_energy.composition`)."""
+        if self.energy is not None:
+            self.energy.attribution.record(now_s, clock_mhz, composition)
 
     def clock_unknown(self) -> None:
         """The clock target changed at a moment not known (e.g. a new policy)."""

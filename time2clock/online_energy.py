@@ -98,6 +98,10 @@ class EnergyParams:
     probe_min_s: float = 1.0
     probe_clocks: int = 8
     poll_s: float = 0.02  # how often a reader reads the counter (it is refreshed on its own)
+    # The live reader, once nothing has been at Triton or queued for idle_after_s, reads every
+    # idle_poll_s instead (api.learning.EnergyReader says why it loses nothing).
+    idle_poll_s: float = 0.25
+    idle_after_s: float = 1.0
 
     def __post_init__(self) -> None:
         positive = (
@@ -114,6 +118,8 @@ class EnergyParams:
                 "window_s, min_window_s, prior_uncertainty, min_noise_w, outlier_sigmas, poll_s "
                 "and power_exponent must be > 0"
             )
+        if self.idle_poll_s < self.poll_s or self.idle_after_s < 0:
+            raise ValueError("idle_poll_s must be >= poll_s and idle_after_s >= 0")
         if self.max_windows < 1 or self.probe_clocks < 2:
             raise ValueError("max_windows must be >= 1 and probe_clocks >= 2")
 
@@ -185,7 +191,13 @@ class EnergyWindow:
         return tuple(sorted(total.items()))
 
 
-Composition = tuple[tuple[str, int], ...]
+Composition = tuple[tuple[str, int], ...]  # (model, requests of it at Triton), by model
+
+
+def composition(inflight: Mapping[str, Sized]) -> Composition:
+    """What is at Triton, as :class:`ClockWindows` logs it: each model with requests there and
+    how many, in the models' order."""
+    return tuple(sorted((m, len(v)) for m, v in inflight.items() if len(v)))
 
 
 class ClockWindows:
@@ -203,15 +215,22 @@ class ClockWindows:
     def occupancy(self, now_s: float, clock_mhz: int | None, inflight: Mapping[str, Sized]) -> None:
         """From ``now_s`` the clock target is ``clock_mhz`` (None: the GPU's own) and
         ``len(inflight[model])`` requests of each model are at Triton."""
-        if not self._clocks or self._clocks[-1][1] != clock_mhz:
-            self._append(self._clocks, now_s, clock_mhz)
-        composition = tuple(sorted((m, len(v)) for m, v in inflight.items() if len(v)))
-        if not self._busy or self._busy[-1][1] != composition:
-            self._append(self._busy, now_s, composition)
-        for log in (self._busy, self._clocks):
-            if len(log) > MAX_CHANGES:  # no counter value for a long while: start over
-                log.popleft()
-                self._start = None
+        self.record(now_s, clock_mhz, composition(inflight))
+
+    def record(self, now_s: float, clock_mhz: int | None, busy: Composition) -> None:
+        """:meth:`occupancy` with what is at Triton given as its :func:`composition` (the
+        scheduler's request path makes it in compiled code)."""
+        clocks, log = self._clocks, self._busy
+        if not clocks or clocks[-1][1] != clock_mhz:
+            self._append(clocks, now_s, clock_mhz)
+        if not log or log[-1][1] != busy:
+            self._append(log, now_s, busy)
+        if len(log) > MAX_CHANGES:  # no counter value for a long while: start over
+            log.popleft()
+            self._start = None
+        if len(clocks) > MAX_CHANGES:
+            clocks.popleft()
+            self._start = None
 
     def forget(self) -> None:
         """The clock changed at a moment not known: no window spans it."""

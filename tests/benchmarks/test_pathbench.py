@@ -27,8 +27,10 @@ def test_warm_and_cold_cells_are_measured_and_written(tmp_path: Path) -> None:
 
 def test_no_cold_table_when_asked_for_none(tmp_path: Path) -> None:
     argv = ["--protocols", "grpc", "--concurrency", "1", "--requests", "20", "--gaps-ms", ""]
-    assert pathbench.main([*argv, "--results-dir", str(tmp_path)]) == 0
-    assert json.loads((tmp_path / "pathbench.json").read_text())["results"]["cold"] == []
+    assert pathbench.main([*argv, "--no-learn", "--results-dir", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "pathbench.json").read_text())["results"]
+    assert results["cold"] == [] and results["settings"]["learn"] is False
+    assert "--no-learn" in (tmp_path / "pathbench.md").read_text()
     assert "idle gap" not in (tmp_path / "pathbench.md").read_text()
 
 
