@@ -30,6 +30,7 @@ COMPILED = [
     "api/grpc_frontend/h2server.py",
     "api/grpc_frontend/protocol.py",
     "api/hints.py",
+    "api/http_infer.py",
     "api/tensors.py",
     "api/upstream.py",
     "api/upstream_errors.py",

@@ -11,7 +11,7 @@ sending (within ``linger_s``), so that no reset overtakes the reply.
 
 Inference (``POST /v2/models/<m>[/versions/<v>]/infer``) does not go through ASGI: the protocol
 collects the body (bounded by ``--max-body-bytes``, each chunk due within ``--read-timeout-s``),
-runs :func:`api.routes.inference.infer` in one task, and writes the reply in one write; the
+runs :func:`api.http_infer.infer` in one task, and writes the reply in one write; the
 request's clock (its deadline, its latency) starts at its first byte read. A client
 that goes away cancels that task, which takes its request out of the queue. The ASGI layer, with
 its scope, message dicts and three tasks per request, had cost more CPU than the scheduling
@@ -32,7 +32,7 @@ import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from api.errors import error_body
-from api.routes.inference import Reply, infer, infer_target, too_large
+from api.http_infer import Reply, infer, infer_target, too_large
 
 if TYPE_CHECKING:
     from api.runtime import Runtime
