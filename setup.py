@@ -29,6 +29,7 @@ COMPILED = [
     "api/grpc_frontend/h2.py",
     "api/grpc_frontend/h2server.py",
     "api/grpc_frontend/protocol.py",
+    "api/grpc_frontend/unary.py",
     "api/hints.py",
     "api/http_infer.py",
     "api/tensors.py",

@@ -5,7 +5,9 @@ Messages travel as bytes, so a passthrough RPC reaches Triton exactly as the cli
 and every reply comes back exactly as Triton encoded it. Inference requests are decoded only to
 read their model, parameters and tensor shapes; the bytes sent on are the client's own. Calls
 go on to Triton over :class:`.channel.TritonChannel` (HTTP/2 of the sidecar's own, as the front
-end); each request of a ``ModelStreamInfer`` stream on a stream of its own.
+end); each request of a ``ModelStreamInfer`` stream on a stream of its own. ``ModelInfer``
+itself is :class:`.unary.UnaryInfer`, compiled with the request path; this module keeps the
+rest (the passthrough calls, the streaming call, starting and stopping).
 """
 
 from __future__ import annotations
@@ -15,78 +17,42 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
-from api.admission import Admission, Inbound, Outcome, admit
-from api.dispatcher import Job, Send
+from api.admission import Outcome
+from api.dispatcher import Send
 from api.grpc_frontend.channel import TritonChannel
 from api.grpc_frontend.h2server import Call, GrpcServer
 from api.grpc_frontend.messages import GrpcError, Status
 from api.grpc_frontend.protocol import (
-    MODEL_INFER,
     STREAM_INFER,
     UNARY_METHODS,
     BadMessageError,
     Metadata,
-    check_infer_request,
     forwarded,
     method_path,
     parameter_values,
     parse_infer_request,
     stream_error,
     stream_reply,
-    text_metadata,
 )
+from api.grpc_frontend.unary import GPU_METADATA as GPU_METADATA
+from api.grpc_frontend.unary import (
+    INFER_PATH,
+    PROTOCOL,
+    GrpcAnswer,
+    UnaryInfer,
+    admit_grpc,
+    failed,
+)
+from api.grpc_frontend.unary import STATUS as STATUS
+from api.grpc_frontend.unary import GrpcBody as GrpcBody
 from api.runtime import Runtime
 from api.streaming import TokenMeter, token_slos
-from api.tensors import ModelLimits
-from api.triton_priority import grpc_with_priority
 from api.upstream import Upstream
-from api.upstream_errors import UpstreamUnavailableError
 
 log = logging.getLogger(__name__)
-PROTOCOL = "grpc"
-GPU_METADATA = "x-sidecar-gpu"  # trailing metadata of a unary reply: which GPU served it
-STATUS = {
-    Outcome.BAD_REQUEST: Status.INVALID_ARGUMENT,
-    Outcome.UNAUTHORIZED: Status.UNAUTHENTICATED,
-    Outcome.UNKNOWN_MODEL: Status.NOT_FOUND,
-    Outcome.REJECTED: Status.RESOURCE_EXHAUSTED,
-    Outcome.UNAVAILABLE: Status.UNAVAILABLE,
-}
-_INFER_PATH = method_path(MODEL_INFER)
 _STREAM_PATH = method_path(STREAM_INFER)
-
-
-@dataclass(slots=True)  # not frozen: built per request, and cheaper so
-class GrpcAnswer:
-    """Triton's answer to one request: its status, and for a unary call the reply's bytes."""
-
-    code: int
-    details: str = ""
-    body: bytes = b""
-    trailing: Metadata = ()
-
-    @property
-    def ok(self) -> bool:
-        return self.code == Status.OK
-
-
-class GrpcBody:
-    """A ``ModelInferRequest`` as admission reads it (decoded once, for its parameters and
-    tensor shapes; the bytes sent on are the client's own)."""
-
-    __slots__ = ("request",)
-
-    def __init__(self, request: Any) -> None:
-        self.request = request
-
-    def parameters(self) -> Any:
-        return parameter_values(self.request.parameters)
-
-    def check(self, *, max_elements: int, model: ModelLimits | None) -> None:
-        check_infer_request(self.request, max_elements=max_elements, model=model)
 
 
 class GrpcFrontend:
@@ -103,6 +69,8 @@ class GrpcFrontend:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tritons: dict[int, TritonChannel] = {}  # by id() of the GPU's HTTP Upstream
         self._first: TritonChannel | None = None  # GPU 0's: every call that is not an inference
+        self._unary = UnaryInfer(runtime, self._to)
+        self._infer = self._unary.infer  # ModelInfer's handler (compiled)
 
     def _to(self, upstream: Upstream) -> TritonChannel:
         """The gRPC channel of the GPU whose HTTP upstream is ``upstream``."""
@@ -121,12 +89,12 @@ class GrpcFrontend:
 
     async def start(self) -> None:
         cfg = self.runtime.config
-        self._loop = asyncio.get_running_loop()
+        self._loop = self._unary.loop = asyncio.get_running_loop()
         self.open_channels()
         unary: dict[str, Any] = {
             method_path(name): self._passthrough(method_path(name)) for name in UNARY_METHODS
         }
-        unary[_INFER_PATH] = self._infer
+        unary[INFER_PATH] = self._infer
         self._server = GrpcServer(
             unary,
             {method_path(STREAM_INFER): self._stream_infer},
@@ -164,77 +132,6 @@ class GrpcFrontend:
 
     # -- inference ---------------------------------------------------------------------
 
-    async def _infer(self, raw: bytes, context: Call) -> bytes:
-        arrival_s = time.monotonic()
-        metadata = forwarded(context.metadata)
-        deadline_s = context.deadline_s  # the client's deadline, if it set one
-        try:
-            request = parse_infer_request(raw)
-        except BadMessageError as err:
-            self.runtime.metrics.count("unknown", "", "", Outcome.BAD_REQUEST, PROTOCOL)
-            raise GrpcError(Status.INVALID_ARGUMENT, str(err)) from None
-
-        def unary(message: bytes) -> Send:
-            return lambda upstream: self._upstream_infer(
-                message, metadata, deadline_s, self._to(upstream)
-            )
-
-        admission = await self._admit(request, metadata, arrival_s, unary, raw)
-        answer: GrpcAnswer | None = admission.answer
-        if answer is None:
-            raise GrpcError(STATUS[admission.outcome], admission.message)
-        if not answer.ok:
-            raise GrpcError(answer.code, answer.details, answer.trailing)
-        if admission.gpu is not None:
-            context.trailing = ((GPU_METADATA, admission.gpu),)
-        return answer.body
-
-    async def _admit(
-        self,
-        request: Any,
-        metadata: Metadata,
-        arrival_s: float,
-        sender: Callable[[bytes], Send],
-        raw: bytes,
-        *,
-        tokens: TokenMeter | None = None,
-    ) -> Admission:
-        """One request through :func:`api.admission.admit` (``sender(raw)`` sends it; with
-        the sidecar's level as Triton's priority, a map entry appended); a shutdown past its
-        grace cancels it, as it cancels HTTP's."""
-        task = asyncio.current_task(self._loop)
-        rt = self.runtime
-        if task is not None:
-            rt.pending.add(task)
-        try:
-            return await admit(
-                rt,
-                Inbound(
-                    protocol=PROTOCOL,
-                    model=request.model_name,
-                    body=GrpcBody(request),
-                    headers=text_metadata(metadata),
-                    arrival_s=arrival_s,
-                    job=Job(
-                        send=sender(raw),
-                        stream=tokens is not None,
-                        tokens=tokens,
-                        at_level=lambda level: sender(grpc_with_priority(raw, level)),
-                    ),
-                ),
-            )
-        finally:
-            if task is not None:
-                rt.pending.discard(task)
-
-    def _upstream_infer(
-        self, raw: bytes, metadata: Metadata, deadline_s: float | None, triton: TritonChannel
-    ) -> Awaitable[GrpcAnswer]:
-        """Send to ``triton`` with what is left of the client's deadline after the queue: the
-        call is written now, in the dispatch pass, and its answer is awaited after."""
-        timeout_s = None if deadline_s is None else max(0.0, deadline_s - time.monotonic())
-        return _answer(triton.call(_INFER_PATH, raw, metadata, timeout_s))
-
     async def _stream_infer(
         self, requests: AsyncIterator[bytes], context: Call
     ) -> AsyncIterator[bytes]:
@@ -264,7 +161,9 @@ class GrpcFrontend:
                     message, metadata, out, meter, self._to(upstream)
                 )
 
-            admission = await self._admit(request, metadata, arrival_s, streamed, raw, tokens=meter)
+            admission = await admit_grpc(
+                self.runtime, self._loop, request, metadata, arrival_s, streamed, raw, meter
+            )
             if admission.answer is None:
                 out.put_nowait(stream_error(admission.message, request))
 
@@ -303,30 +202,14 @@ class GrpcFrontend:
             async with contextlib.aclosing(triton.stream(_STREAM_PATH, raw, metadata)) as replies:
                 async for reply in replies:
                     out.put_nowait(reply)
-                    failed, tokens = stream_reply(reply)
-                    ok = ok and not failed
+                    bad, tokens = stream_reply(reply)
+                    ok = ok and not bad
                     if tokens:
                         meter.on_token(time.monotonic())
         except GrpcError as err:
-            answer = _failed(err)
+            answer = failed(err)
             out.put_nowait(stream_error(answer.details, parse_infer_request(raw)))
             return answer
         if ok:
             meter.finish()
         return GrpcAnswer(Status.OK if ok else Status.UNKNOWN)
-
-
-async def _answer(call: Awaitable[bytes]) -> GrpcAnswer:
-    """A unary call's reply, or Triton's error, as an answer."""
-    try:
-        body = await call
-    except GrpcError as err:
-        return _failed(err)
-    return GrpcAnswer(Status.OK, body=body)
-
-
-def _failed(err: GrpcError) -> GrpcAnswer:
-    """Triton's error as an answer; Triton out of reach is the dispatcher's unavailable."""
-    if err.code == Status.UNAVAILABLE:
-        raise UpstreamUnavailableError(err.details or "Triton's gRPC is unavailable") from None
-    return GrpcAnswer(err.code, err.details, trailing=err.trailing)
