@@ -109,6 +109,12 @@ def timed(kind: str, name: str, arg: int, path: Path | None) -> tuple[float, str
 
 def counted(kind: str, name: str, arg: int, path: Path | None, rounds: int) -> int:
     """The instructions of ``rounds`` requests (and the run's fixed cost) under callgrind."""
+    return counted_script(SCRIPTS[kind], name, arg, path, rounds)
+
+
+def counted_script(script: str, name: str, arg: int, path: Path | None, rounds: int) -> int:
+    """:func:`counted` of ``script`` (which defines ``measure(name, arg, rounds)``), with
+    ``path`` first on ``PYTHONPATH`` and the working directory."""
     with tempfile.TemporaryDirectory() as tmp:
         out_file = Path(tmp) / "callgrind.out"
         child = subprocess.Popen(
@@ -119,7 +125,7 @@ def counted(kind: str, name: str, arg: int, path: Path | None, rounds: int) -> i
                 f"--callgrind-out-file={out_file}",
                 sys.executable,
                 "-c",
-                SCRIPTS[kind] + COUNTED,
+                script + COUNTED,
                 name,
                 str(arg),
                 str(rounds),
