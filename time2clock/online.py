@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence, Sized
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
@@ -292,16 +292,11 @@ class OnlineTables:
                 if len(ratios) > MAX_RATIOS:
                     del ratios[:-MAX_RATIOS]
 
-    def occupancy(self, now_s: float, clock_mhz: int | None, inflight: Mapping[str, Sized]) -> None:
-        """What runs changed (see :meth:`time2clock.online_energy.ClockWindows.occupancy`)."""
-        if self.energy is not None:
-            self.energy.occupancy(now_s, clock_mhz, inflight)
-
     def record_occupancy(
         self, now_s: float, clock_mhz: int | None, composition: Composition
     ) -> None:
-        """:meth:`occupancy` with what is at Triton as its composition
-        (:func:`time2clock.online_energy.composition`)."""
+        """What runs changed: from ``now_s`` the clock target is ``clock_mhz`` and what is at
+        Triton is ``composition`` (see :meth:`time2clock.online_energy.ClockWindows.record`)."""
         if self.energy is not None:
             self.energy.attribution.record(now_s, clock_mhz, composition)
 

@@ -522,9 +522,6 @@ class OnlineEnergy:
 
     # -- measurements ---------------------------------------------------------------------
 
-    def occupancy(self, now_s: float, clock_mhz: int | None, inflight: Mapping[str, Sized]) -> None:
-        self.attribution.occupancy(now_s, clock_mhz, inflight)
-
     def reading(self, reading: EnergyReading, update_interval_s: float | None) -> None:
         """A value of the GPU's energy counter, with the counter's refresh interval as learned."""
         if update_interval_s is not None:
