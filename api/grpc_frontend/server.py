@@ -36,7 +36,6 @@ from api.grpc_frontend.protocol import (
     stream_error,
     stream_reply,
 )
-from api.grpc_frontend.unary import GPU_METADATA as GPU_METADATA
 from api.grpc_frontend.unary import (
     INFER_PATH,
     PROTOCOL,
@@ -45,8 +44,6 @@ from api.grpc_frontend.unary import (
     admit_grpc,
     failed,
 )
-from api.grpc_frontend.unary import STATUS as STATUS
-from api.grpc_frontend.unary import GrpcBody as GrpcBody
 from api.runtime import Runtime
 from api.streaming import TokenMeter, token_slos
 from api.upstream import Upstream

@@ -18,7 +18,7 @@ from tritonclient.grpc import service_pb2
 from api.admission import Admission, Inbound, Outcome, RequestBody, admit
 from api.config import from_options
 from api.dispatcher import GpuDispatcher, Job
-from api.grpc_frontend.server import GrpcBody
+from api.grpc_frontend.unary import GrpcBody
 from api.metrics import GatewayMetrics
 from api.routes.inference import HttpBody
 from api.runtime import Runtime
