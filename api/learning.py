@@ -137,8 +137,9 @@ class EnergyReader:
     long-lived thread and waking the loop a few times a second, rather than a worker-thread
     hop per read, is what keeps an idle sidecar's CPU low.
 
-    Once ``busy`` (asked at each read) has said no for ``idle_after_s``, the reader reads every
-    ``idle_poll_s`` instead, until it says yes again. Each wake-up of the thread costs the
+    Once the scheduler has had no work for ``idle_after_s`` (``last_work_s``, asked at each
+    read: when it last had a request at Triton or waiting), the reader reads every
+    ``idle_poll_s`` instead, until work comes again. Each wake-up of the thread costs the
     process a few hundred microseconds of CPU on a small machine, most of an idle sidecar's
     CPU at 50 reads a second; and an idle GPU's windows lose nothing by it: a value's time is
     late by at most the gap between reads *and* at most the counter's own refresh interval,
@@ -154,10 +155,11 @@ class EnergyReader:
         deliver_s: float = 0.1,
         idle_poll_s: float | None = None,
         idle_after_s: float = 1.0,
-        busy: Callable[[], bool] | None = None,
+        last_work_s: Callable[[], float] | None = None,
         time_source: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``idle_poll_s`` None: every ``poll_s``, busy or not (so without ``busy``)."""
+        """``idle_poll_s`` None, or no ``last_work_s``: every ``poll_s``, work or not.
+        ``last_work_s`` gives times of ``time_source``."""
         idle_poll_s = poll_s if idle_poll_s is None else idle_poll_s
         if poll_s <= 0 or deliver_s < 0 or idle_poll_s < poll_s or idle_after_s < 0:
             raise ValueError(
@@ -169,9 +171,8 @@ class EnergyReader:
         self.deliver_s = deliver_s
         self.idle_poll_s = idle_poll_s
         self.idle_after_s = idle_after_s
-        self._busy = busy
+        self._last_work_s = last_work_s
         self._now = time_source
-        self._busy_s = time_source()  # when ``busy`` last said yes
         self._on_reading = on_reading
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -196,13 +197,12 @@ class EnergyReader:
         await asyncio.to_thread(thread.join)
 
     def next_wait_s(self) -> float:
-        """How long to wait before the next read: ``poll_s``, or ``idle_poll_s`` once ``busy``
-        has said no for ``idle_after_s``."""
-        now_s = self._now()
-        if self._busy is None or self._busy():
-            self._busy_s = now_s
+        """How long to wait before the next read: ``poll_s``, or ``idle_poll_s`` once the
+        scheduler has had no work for ``idle_after_s``."""
+        if self._last_work_s is None:
             return self.poll_s
-        return self.poll_s if now_s - self._busy_s < self.idle_after_s else self.idle_poll_s
+        idle_s = self._now() - self._last_work_s()
+        return self.poll_s if idle_s < self.idle_after_s else self.idle_poll_s
 
     def _deliver(self, batch: list[tuple[EnergyReading, float | None]]) -> None:
         if self._thread is None:

@@ -14,6 +14,7 @@ import contextlib
 import functools
 import logging
 import tempfile
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -297,7 +298,7 @@ class Runtime:
                     poll_s=params.poll_s,
                     idle_poll_s=params.idle_poll_s,
                     idle_after_s=params.idle_after_s,
-                    busy=functools.partial(_has_work, scheduler),
+                    last_work_s=functools.partial(_last_work_s, scheduler),
                 )
                 gpu.energy_reader.start()
         gpu.watch.start()
@@ -636,10 +637,13 @@ class Runtime:
             gpu.embedded = None
 
 
-def _has_work(scheduler: Scheduler[Job]) -> bool:
-    """Whether ``scheduler`` has a request at Triton or waiting (asked from the energy
-    reader's thread: two reads of a size, each whole under the GIL)."""
-    return bool(scheduler.inflight) or len(scheduler.queue) > 0
+def _last_work_s(scheduler: Scheduler[Job]) -> float:
+    """When ``scheduler`` last had work (``time.monotonic()``'s, as its events' times): now
+    while a request is at Triton or waiting, else its last completion. Asked from the energy
+    reader's thread: a size, a length and a float, each read whole under the GIL."""
+    if scheduler.inflight or len(scheduler.queue) > 0:
+        return time.monotonic()
+    return scheduler.last_done_s
 
 
 def _idle_power_w(device: Device, kind: str, profile: str) -> float | None:

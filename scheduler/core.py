@@ -144,6 +144,9 @@ class Scheduler(Generic[P]):
         self._rates_now: tuple[float, dict[str, float]] = (math.nan, {})  # (at_s, per model)
         self._last_slo_ms: dict[str, float] = {}
         self._last_completion_s: dict[str, float] = {}
+        # When any request last completed (-inf: never): one float, so that another thread
+        # (the energy reader's) may read it whole.
+        self.last_done_s = -math.inf
 
     def set_policy(self, policy: ClockPolicy) -> None:
         """Swap the clock policy (the admin API does this); its initial clock becomes the target."""
@@ -528,6 +531,7 @@ class Scheduler(Generic[P]):
             used_ms = request.charged_ms  # its GPU time, charged in full when it was sent
         self.queue.settle(request, used_ms, record=used_ms > 0)
         self._last_completion_s[request.model] = now_s
+        self.last_done_s = now_s
         self._occupancy(now_s)
         sample = self._observer.on_complete(request.seq, now_s, measured=measured)
         if sample is not None and self.learner is not None:

@@ -276,29 +276,30 @@ def test_a_learned_model_keeps_its_profiled_table_as_the_reference(tmp_path: Pat
 
 def test_the_energy_reader_reads_less_often_once_the_gpu_has_been_idle_a_while() -> None:
     """Every ``poll_s`` while the scheduler has work or had it within ``idle_after_s``; every
-    ``idle_poll_s`` after that, until it has work again (time injected)."""
+    ``idle_poll_s`` after that, until it has work again (time injected). However little of
+    each second the GPU is busy, one request a second keeps the reader at ``poll_s``."""
     device = SimulatedDevice("v100", rng=np.random.default_rng(0))
     now = [100.0]
-    work = [True]
+    last_work = [100.0]
     reader = EnergyReader(
         device, lambda r, i: None, poll_s=0.02, idle_poll_s=0.25, idle_after_s=1.0,
-        busy=lambda: work[0], time_source=lambda: now[0],
+        last_work_s=lambda: last_work[0], time_source=lambda: now[0],
     )  # fmt: skip
-    assert reader.next_wait_s() == 0.02  # work
-    work[0] = False
+    assert reader.next_wait_s() == 0.02  # work now
     now[0] += 0.99
     assert reader.next_wait_s() == 0.02  # idle, not for long yet
     now[0] += 0.02
     assert reader.next_wait_s() == 0.25  # idle for over a second
     now[0] += 5.0
     assert reader.next_wait_s() == 0.25
-    work[0] = True
+    last_work[0] = now[0]
     assert reader.next_wait_s() == 0.02  # work again: at once
-    work[0] = False
-    now[0] += 0.5
-    assert reader.next_wait_s() == 0.02
+    for _ in range(10):  # a short request every 0.9 s, idle in between
+        now[0] += 0.9
+        assert reader.next_wait_s() == 0.02
+        last_work[0] = now[0] + 0.001
     always = EnergyReader(device, lambda r, i: None, poll_s=0.02, time_source=lambda: now[0])
     now[0] += 60.0
-    assert always.next_wait_s() == 0.02  # no busy, no idle_poll_s: every poll_s
+    assert always.next_wait_s() == 0.02  # not told of the work: every poll_s
     with pytest.raises(ValueError, match="idle_poll_s"):
         EnergyReader(device, lambda r, i: None, poll_s=0.02, idle_poll_s=0.01)
