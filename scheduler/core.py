@@ -577,14 +577,7 @@ class Scheduler(Generic[P]):
             return
         # What is at Triton, as time2clock.online_energy.composition makes it (every list of
         # _inflight_by_model holds a request: an emptied one is deleted).
-        by_model = self._inflight_by_model
-        busy: Composition
-        if not by_model:
-            busy = ()
-        elif len(by_model) == 1:
-            busy = tuple([(m, len(v)) for m, v in by_model.items()])
-        else:
-            busy = tuple(sorted([(m, len(v)) for m, v in by_model.items()]))
+        busy: Composition = tuple(sorted([(m, len(v)) for m, v in self._inflight_by_model.items()]))
         self.learner.record_occupancy(now_s, self.clock_target_mhz, busy)
 
     def on_energy(self, reading: EnergyReading, update_interval_s: float | None) -> None:

@@ -61,13 +61,13 @@ class GrpcFrontend:
         self.runtime = runtime
         self.port = 0
         self._server: GrpcServer | None = None
-        # The loop it serves in, once started: asyncio's own lookup asks the OS for the
-        # process id at every call on Python 3.11 (a system call per request).
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._tritons: dict[int, TritonChannel] = {}  # by id() of the GPU's HTTP Upstream
         self._first: TritonChannel | None = None  # GPU 0's: every call that is not an inference
+        # ModelInfer's handler (compiled); its ``loop`` is the one the front end serves in,
+        # once started (asyncio's own lookup asks the OS for the process id at every call on
+        # Python 3.11: a system call per request), and the streams' too.
         self._unary = UnaryInfer(runtime, self._to)
-        self._infer = self._unary.infer  # ModelInfer's handler (compiled)
+        self._infer = self._unary.infer
 
     def _to(self, upstream: Upstream) -> TritonChannel:
         """The gRPC channel of the GPU whose HTTP upstream is ``upstream``."""
@@ -86,7 +86,7 @@ class GrpcFrontend:
 
     async def start(self) -> None:
         cfg = self.runtime.config
-        self._loop = self._unary.loop = asyncio.get_running_loop()
+        self._unary.loop = asyncio.get_running_loop()
         self.open_channels()
         unary: dict[str, Any] = {
             method_path(name): self._passthrough(method_path(name)) for name in UNARY_METHODS
@@ -159,7 +159,7 @@ class GrpcFrontend:
                 )
 
             admission = await admit_grpc(
-                self.runtime, self._loop, request, metadata, arrival_s, streamed, raw, meter
+                self.runtime, self._unary.loop, request, metadata, arrival_s, streamed, raw, meter
             )
             if admission.answer is None:
                 out.put_nowait(stream_error(admission.message, request))

@@ -20,7 +20,8 @@ from api.admission import Admission, Inbound, admit
 from api.dispatcher import Job, post
 from api.errors import error_body
 from api.hints import BadRequestError
-from api.routes.inference import STATUS, Call, Reply
+from api.http_infer import STATUS, Reply
+from api.routes.inference import Call
 from api.runtime import Runtime
 from api.streaming import Relay, TokenMeter, stream_send, token_slos
 from api.tensors import MAX_JSON_DEPTH, ModelLimits, json_depth

@@ -18,14 +18,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from api.errors import error_body
-from api.http_infer import GPU_HEADER as GPU_HEADER
-from api.http_infer import PASS_HEADERS as PASS_HEADERS
-from api.http_infer import STATUS as STATUS
-from api.http_infer import HttpBody as HttpBody
-from api.http_infer import Reply as Reply
-from api.http_infer import infer as infer
-from api.http_infer import infer_target as infer_target
-from api.http_infer import too_large as too_large
+from api.http_infer import Reply, infer, too_large
 from api.runtime import Runtime
 
 router = APIRouter(tags=["inference"])

@@ -26,8 +26,9 @@ from fastapi.responses import Response
 from api.admission import Inbound, admit
 from api.dispatcher import Answer, Job
 from api.hints import BadRequestError
+from api.http_infer import Reply
 from api.routes.generate import JsonBody, forwarded, refusal, relay_stream
-from api.routes.inference import Call, Reply
+from api.routes.inference import Call
 from api.runtime import Runtime
 from api.streaming import Relay, TokenMeter, split_events, stream_send, token_slos
 from api.upstream import Upstream, UpstreamResponse

@@ -19,8 +19,8 @@ from api.admission import Admission, Inbound, Outcome, RequestBody, admit
 from api.config import from_options
 from api.dispatcher import GpuDispatcher, Job
 from api.grpc_frontend.unary import GrpcBody
+from api.http_infer import HttpBody
 from api.metrics import GatewayMetrics
-from api.routes.inference import HttpBody
 from api.runtime import Runtime
 from api.upstream import Upstream, UpstreamResponse
 from dvfs.simulated import SimulatedDevice

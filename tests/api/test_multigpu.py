@@ -20,8 +20,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from api.admission import Inbound, Outcome, admit
 from api.config import from_options
 from api.dispatcher import GpuDispatcher, Job
+from api.http_infer import HttpBody
 from api.metrics import GatewayMetrics
-from api.routes.inference import HttpBody
 from api.runtime import Gpu, Runtime
 from api.upstream import Upstream, UpstreamResponse
 from dvfs.factory import parse_device_list
