@@ -50,6 +50,7 @@ COLUMNS = (
     "p50_ms",
     "p99_ms",
     "p99_over_slo",
+    "misses_past_p99",
     "slo_attainment",
     "mean_batch",
     "mean_clock_mhz",

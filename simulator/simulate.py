@@ -303,6 +303,17 @@ class SimResult:
                 worst = ratio if math.isnan(worst) else max(worst, ratio)
         return worst
 
+    def misses_past_p99(self) -> float:
+        """The worst model's requests over its SLO less the 1% its p99 may leave over it:
+        positive, that many requests too many; negative, the room still left (nan: none
+        completed). It says by how many requests a p99 over or under the SLO was decided."""
+        past = [
+            (s.completed - s.met) - 0.01 * s.completed
+            for s in (self.models[m.name] for m in self.config.models)
+            if s.completed
+        ]
+        return max(past, default=math.nan)
+
     def isolation(self) -> IsolationReport:
         """Seed 000's isolation metric over the clients (:mod:`scheduler.isolation`): GPU work
         served while arrivals ran (the drain after them serves every backlog to the end, which
@@ -353,6 +364,7 @@ class SimResult:
             "p99_ms": self._pct(99),
             "slo_attainment": self.met / self.completed if self.completed else math.nan,
             "p99_over_slo": self.p99_over_slo(),
+            "misses_past_p99": self.misses_past_p99(),
             "mean_batch": self.completed / self.batches if self.batches else math.nan,
             "clock_changes": self.clock_changes,
             "mean_clock_mhz": self.mean_clock_mhz,

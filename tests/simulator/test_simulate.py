@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +42,7 @@ def test_json_has_every_documented_field() -> None:
         "p99_ms",
         "slo_attainment",
         "p99_over_slo",
+        "misses_past_p99",
         "mean_batch",
         "clock_changes",
         "mean_clock_mhz",
@@ -50,6 +52,29 @@ def test_json_has_every_documented_field() -> None:
         assert key in out
     for key in ("completed", "p99_ms", "slo_attainment", "service_ms"):
         assert key in out["clients"]["default"]
+
+
+def test_misses_past_the_p99_count_the_requests_that_decided_it() -> None:
+    """Over the SLO by some requests, or under it with room: counted from the latencies, and
+    on the side of the SLO the p99 is."""
+    past = []
+    for slo_ms, rate_rps in ((8.0, 100.0), (60.0, 60.0)):
+        res = simulate(
+            SimConfig(
+                gpu="v100", policy="max", load=None, rate_rps=rate_rps, slo_ms=slo_ms,
+                duration_s=5.0,
+            )
+        )  # fmt: skip
+        latencies = np.asarray(res.latencies_ms)
+        over = int((latencies > slo_ms).sum())
+        assert res.misses_past_p99() == pytest.approx(over - 0.01 * len(latencies))
+        # More than 1% over the SLO exactly when the p99 is over it (up to the one request
+        # the percentile interpolates across).
+        assert (res.misses_past_p99() > 1) <= (res.p99_over_slo() > 1)
+        assert (res.misses_past_p99() < -1) <= (res.p99_over_slo() <= 1)
+        assert res.to_json()["misses_past_p99"] == res.misses_past_p99()
+        past.append(res.misses_past_p99())
+    assert past[0] > 1 and past[1] < -1  # too tight an SLO, and one with room
 
 
 def test_saturated_clients_get_gpu_time_in_the_ratio_of_their_weights() -> None:
@@ -225,6 +250,10 @@ def test_cli_compare_writes_table_csv_and_plot(
     assert "- commit: " in page and "- machine: " in page
     assert "## Summary over cells" in page and "## adaptive, per cell" in page
     assert "vs best-fixed" in page and "closed" in page
+    # By how many requests each cell's p99 was decided, the policy's and best-fixed's.
+    assert "past the p99 (worst; best-fixed)" in page
+    row = next(line for line in page.splitlines() if line.startswith("| v100 |"))
+    assert re.search(r"\| ([+-]\d+|0); ([+-]\d+|0) \|$", row)
 
 
 def test_cli_compare_varying_matrix_reports_the_distance_to_the_bound(
