@@ -51,6 +51,7 @@ from loadgen.engine import (
     new_session,
     send_one,
 )
+from loadgen.grpc_client import CLIENTS as GRPC_CLIENTS
 from loadgen.grpc_client import GrpcClient, grpc_payloads
 from simulator.results import DEFAULT_DIR, markdown_table, write_results
 
@@ -190,14 +191,18 @@ def floor_process(triton: Mapping[str, str]) -> Iterator[Endpoints]:
 
 
 async def noop_target(
-    stack: contextlib.AsyncExitStack, url: str, protocol: str, model: str = NOOP
+    stack: contextlib.AsyncExitStack,
+    url: str,
+    protocol: str,
+    model: str = NOOP,
+    grpc_client: str = GRPC_CLIENTS[0],
 ) -> Target:
-    """Where the bench's requests go over ``protocol`` (a gRPC client entered on ``stack``),
-    each carrying one row of ones, as ``noop`` takes it."""
+    """Where the bench's requests go over ``protocol`` (a gRPC client of ``grpc_client``'s
+    kind entered on ``stack``), each carrying one row of ones, as ``noop`` takes it."""
     data = np.ones((1, INPUT_WIDTH), dtype=np.float32)
     classes = [RequestClass("bench")]
     if protocol == "grpc":
-        client = await stack.enter_async_context(GrpcClient(url))
+        client = await stack.enter_async_context(GrpcClient(url, grpc_client))
         payloads = grpc_payloads(classes, [InputTensor("INPUT0", "FP32", data)], model, None)
         return Target(url, model, payloads, [1.0], grpc=client)
     return Target(url, model, build_payloads(classes, data=data), [1.0])
@@ -211,6 +216,7 @@ def measure(
     protocol: str = "http",
     model: str = NOOP,
     cpu_of: int | None = None,
+    grpc_client: str = GRPC_CLIENTS[0],
 ) -> Run:
     """A closed loop of ``duration_s`` (after half a second's warm-up); with ``cpu_of``, that
     process's CPU over the measured loop per request answered."""
@@ -219,7 +225,7 @@ def measure(
     async def go() -> Recorder:
         rec = Recorder()
         async with new_session() as session, contextlib.AsyncExitStack() as stack:
-            target = await noop_target(stack, url, protocol, model)
+            target = await noop_target(stack, url, protocol, model, grpc_client)
             await closed_loop(
                 session,
                 target,
@@ -254,7 +260,11 @@ def measure(
 
 
 def interleaved(
-    urls: Mapping[str, str], duration_s: float, protocol: str = "http", model: str = NOOP
+    urls: Mapping[str, str],
+    duration_s: float,
+    protocol: str = "http",
+    model: str = NOOP,
+    grpc_client: str = GRPC_CLIENTS[0],
 ) -> dict[str, dict[str, float]]:
     """One client at concurrency 1 sending each request to the next of ``urls`` in turn (the
     order rotating every round), for ``duration_s`` after half a second's warm-up: every path
@@ -267,7 +277,8 @@ def interleaved(
     async def go() -> None:
         async with new_session() as session, contextlib.AsyncExitStack() as stack:
             targets = {
-                label: await noop_target(stack, url, protocol, model) for label, url in urls.items()
+                label: await noop_target(stack, url, protocol, model, grpc_client)
+                for label, url in urls.items()
             }
             turn = 0
             for seconds, record in ((0.5, False), (duration_s, True)):
@@ -393,6 +404,11 @@ COST_HEAD = (
 )
 
 
+GRPC_CLIENT_SAID = {
+    "h2": "the sidecar's own HTTP/2 channel (`--grpc-client h2`)",
+    "grpcio": "grpc.aio (`--grpc-client grpcio`)",
+}
+
 PAIRED_HEAD = (
     "protocol",
     "requests per path",
@@ -474,7 +490,8 @@ def _report(
         f"against Triton's own endpoint of the same protocol; closed loops of "
         f"{args.duration_s:g} s, direct and sidecar alternating; medians over rounds "
         f"(rounds: {args.rounds}). CPU: the sidecar process's own user + system time per "
-        f"request answered. Added: sidecar − direct. Before: {before_label}. Floor: "
+        f"request answered. Added: sidecar − direct. The load generator's gRPC client: "
+        f"{GRPC_CLIENT_SAID[args.grpc_client]}. Before: {before_label}. Floor: "
         + (
             "the least a Python proxy of the same libraries does (`python -m benchmarks.floor`: "
             "uvloop and httptools passing bytes through for HTTP, the sidecar's own HTTP/2 "
@@ -534,6 +551,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--before", type=Path, help="an earlier run's bench.json: the before figures"
     )
+    parser.add_argument(
+        "--grpc-client",
+        default=GRPC_CLIENTS[0],
+        choices=GRPC_CLIENTS,
+        help="the load generator's gRPC client (python -m loadgen --grpc-client; default h2)",
+    )
     parser.add_argument("--no-check", action="store_true", help="skip loadgen's own check")
     parser.add_argument(
         "--no-floor", action="store_true", help="skip the floor proxy (python -m benchmarks.floor)"
@@ -591,7 +614,15 @@ def main(argv: list[str] | None = None) -> int:
                 for label in runs:
                     where = triton if label == "direct" else ends[label].sidecar
                     pid = None if label == "direct" else ends[label].pid
-                    r = measure(where[protocol], c, args.duration_s, label, protocol, cpu_of=pid)
+                    r = measure(
+                        where[protocol],
+                        c,
+                        args.duration_s,
+                        label,
+                        protocol,
+                        cpu_of=pid,
+                        grpc_client=args.grpc_client,
+                    )
                     runs[label].append(r)
                     print(
                         f"{protocol:>5} {c:>4} {label:>8} {r.throughput:>9.0f} "
@@ -607,7 +638,9 @@ def main(argv: list[str] | None = None) -> int:
             for protocol in protocols:
                 urls = {"direct": triton[protocol]}
                 urls.update({side: ends[side].sidecar[protocol] for side in sides})
-                paired[protocol] = interleaved(urls, seconds, protocol)
+                paired[protocol] = interleaved(
+                    urls, seconds, protocol, grpc_client=args.grpc_client
+                )
                 print(
                     f"  {protocol}: "
                     + ", ".join(

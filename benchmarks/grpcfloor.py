@@ -96,7 +96,7 @@ async def load(
     host, port = url.rsplit(":", 1)
     path = method_path(MODEL_INFER)
     h2 = UnaryGrpcClient(host, int(port))
-    aio = GrpcClient(url)
+    aio = GrpcClient(url, "grpcio")
 
     async def by_h2() -> None:
         if await h2.call(path, raw) != REPLY:

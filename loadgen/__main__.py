@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import grpc
 import numpy as np
 from rich.console import Console
 from rich.progress import (
@@ -31,7 +30,8 @@ from rich.progress import (
 from dvfs.__main__ import PIPE_WIDTH
 from loadgen.classes import RequestClass, parse_mix
 from loadgen.engine import Recorder, Target, build_payloads, new_session
-from loadgen.grpc_client import GrpcClient, grpc_payloads
+from loadgen.grpc_client import CLIENTS as GRPC_CLIENTS
+from loadgen.grpc_client import GrpcClient, UnreachableError, grpc_payloads
 from loadgen.inputs import InputError, build_inputs, parse_shapes
 from loadgen.measure import Load, MeasureOptions, StepResult, measure_step
 from loadgen.report import console_lines, write_csv
@@ -66,6 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
         "-u", "--url", default="localhost:8000", help="server host:port (localhost:8000)"
     )
     p.add_argument("-i", "--protocol", default="http", choices=("http", "grpc"), help="(http)")
+    p.add_argument(
+        "--grpc-client",
+        default=GRPC_CLIENTS[0],
+        choices=GRPC_CLIENTS,
+        help="with -i grpc: the sidecar's own HTTP/2 channel, or grpc.aio's (h2)",
+    )
     load = p.add_mutually_exclusive_group()
     load.add_argument("--concurrency-range", type=lambda t: parse_range(t, int), default=None)
     load.add_argument("--request-rate-range", type=parse_range, default=None)
@@ -181,7 +187,7 @@ async def run(args: argparse.Namespace, console: Console) -> list[StepResult]:
     async with new_session() as session, contextlib.AsyncExitStack() as stack:
         via_grpc = None
         if args.protocol == "grpc":
-            via_grpc = await stack.enter_async_context(GrpcClient(args.url))
+            via_grpc = await stack.enter_async_context(GrpcClient(args.url, args.grpc_client))
             metadata = await via_grpc.metadata(args.model, args.version)
             config = await via_grpc.config(args.model, args.version)
         else:
@@ -293,8 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     except aiohttp.ClientConnectionError as err:
         print(f"error: cannot reach {args.url}: {err}", file=sys.stderr)
         return 3
-    except grpc.RpcError as err:
-        print(f"error: {args.url} (gRPC): {err.code()}: {err.details()}", file=sys.stderr)
+    except UnreachableError as err:
+        print(f"error: cannot reach {err}", file=sys.stderr)
         return 3
     return 0
 

@@ -62,12 +62,22 @@ _REPLY_SKIP = (
 
 
 class _Reply:
-    __slots__ = ("body", "encoding", "future", "messages", "replies", "started", "timer")
+    __slots__ = (
+        "body",
+        "encoding",
+        "future",
+        "messages",
+        "replies",
+        "started",
+        "timer",
+        "trailing",
+    )
 
     def __init__(
         self,
         future: asyncio.Future[bytes],
         replies: asyncio.Queue[bytes | GrpcError | None] | None = None,
+        trailing: list[tuple[str, str | bytes]] | None = None,
     ) -> None:
         self.future = future  # a unary call's reply; a stream's end
         self.replies = replies  # a stream's replies as they come, then None or its error
@@ -76,6 +86,7 @@ class _Reply:
         self.started = False  # its response headers came
         self.encoding: str | None = None
         self.timer: asyncio.TimerHandle | None = None
+        self.trailing = trailing  # where a caller asked for an OK reply's trailing metadata
 
 
 class _TritonConnection(Connection):
@@ -106,10 +117,11 @@ class _TritonConnection(Connection):
         metadata: Metadata,
         timeout_s: float | None,
         replies: asyncio.Queue[bytes | GrpcError | None] | None = None,
+        trailing: list[tuple[str, str | bytes]] | None = None,
     ) -> asyncio.Future[bytes]:
         stream, self.next_stream = self.next_stream, self.next_stream + 2
         future: asyncio.Future[bytes] = self.loop.create_future()
-        reply = self.calls[stream] = _Reply(future, replies)
+        reply = self.calls[stream] = _Reply(future, replies, trailing)
         if metadata:
             block += metadata_block(metadata)
         if timeout_s is not None:
@@ -162,6 +174,8 @@ class _TritonConnection(Connection):
         if code != Status.OK:
             _settle(reply, GrpcError(code, message, metadata_of(headers, _REPLY_SKIP)))
             return
+        if reply.trailing is not None:
+            reply.trailing.extend(metadata_of(headers, _REPLY_SKIP))
         if reply.body:
             _settle(reply, GrpcError(Status.INTERNAL, "Triton's reply ended inside a message"))
         elif reply.replies is not None:
@@ -333,19 +347,28 @@ class TritonChannel:
         message: bytes,
         metadata: Metadata = (),
         timeout_s: float | None = None,
+        trailing: list[tuple[str, str | bytes]] | None = None,
     ) -> Awaitable[bytes]:
         """Call ``path`` with ``message``; the reply message's bytes. Written now when a
-        connection is open."""
+        connection is open. ``trailing``: a list that an OK reply's trailing metadata is
+        added to (a failed call's is on its :class:`GrpcError`)."""
         connection = self._connection
         if connection is not None and connection.usable():
-            return connection.start(self._block(path), message, metadata, timeout_s)
-        return self._call_connecting(path, message, metadata, timeout_s)
+            return connection.start(self._block(path), message, metadata, timeout_s, None, trailing)
+        return self._call_connecting(path, message, metadata, timeout_s, trailing)
 
     async def _call_connecting(
-        self, path: str, message: bytes, metadata: Metadata, timeout_s: float | None
+        self,
+        path: str,
+        message: bytes,
+        metadata: Metadata,
+        timeout_s: float | None,
+        trailing: list[tuple[str, str | bytes]] | None,
     ) -> bytes:
         connection = await self._connect()
-        return await connection.start(self._block(path), message, metadata, timeout_s)
+        return await connection.start(
+            self._block(path), message, metadata, timeout_s, None, trailing
+        )
 
     def stream(self, path: str, message: bytes, metadata: Metadata = ()) -> Replies:
         """Call ``path`` with one request, ``message``; its replies as they come. A status

@@ -277,6 +277,7 @@ def _with_aio_server(test: Callable[[TritonChannel, _Seen], Awaitable[None]]) ->
 
         async def unary(request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
             seen.metadata = tuple(context.invocation_metadata() or ())
+            context.set_trailing_metadata((("x-served-by", "7"),))
             return _reply(request)
 
         async def fails(request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
@@ -340,6 +341,12 @@ def test_the_channel_carries_metadata_statuses_and_trailers() -> None:
         sent = (("x-text", "a b"), ("x-blob-bin", b"\x00\xff\x10"))
         await channel.call(PATH, _request(1, 8), sent)
         assert set(sent) <= set(seen.metadata)
+        # An OK reply's trailers, where the caller asks for them (the load generator does).
+        trailing: list[tuple[str, str | bytes]] = []
+        assert await channel.call(PATH, _request(1, 8), (), None, trailing) == _reply(
+            _request(1, 8)
+        )
+        assert trailing == [("x-served-by", "7")]
         with pytest.raises(GrpcError) as failed:
             await channel.call("/test.Service/Fails", b"")
         assert failed.value.code == Status.INVALID_ARGUMENT

@@ -169,10 +169,21 @@ def test_grpc_writes_the_same_csv(
         if line.startswith("sidecar_requests_total{") and 'protocol="grpc"' in line
     }
     assert {("gold", "1"), ("bulk", "2")} <= seen
-    assert main(["-m", "ghost", "-u", stack.grpc_url, "-i", "grpc", "-p", "100"]) == 2
-    assert "NOT_FOUND" in capsys.readouterr().err
+    # grpc.aio's client (--grpc-client grpcio) writes the same CSV, and says the same.
+    aio = tmp_path / "grpcio.csv"
+    assert main([*args, "--grpc-client", "grpcio", "-f", str(aio)]) == 0
+    assert aio.read_text().splitlines()[0].startswith(EXPECTED_HEADER)
+    assert float(rows(aio)[0]["Inferences/Second"]) > 10
+    for client in ("h2", "grpcio"):
+        ghost = ["-m", "ghost", "-u", stack.grpc_url, "-i", "grpc", "--grpc-client", client]
+        assert main([*ghost, "-p", "100"]) == 2
+        assert "NOT_FOUND" in capsys.readouterr().err
+        nothing = ["-m", "simnet", "-u", "127.0.0.1:1", "-i", "grpc", "--grpc-client", client]
+        assert main([*nothing, "-p", "100"]) == 3
+        assert (
+            "cannot reach 127.0.0.1:1 (gRPC ModelMetadata): UNAVAILABLE" in capsys.readouterr().err
+        )
     assert main(["-m", "simnet", "-u", stack.grpc_url, "-i", "grpc", "--collect-metrics"]) == 2
-    assert main(["-m", "simnet", "-u", "127.0.0.1:1", "-i", "grpc", "-p", "100"]) == 3
 
 
 def test_the_floor_proxy_passes_http_and_grpc_through_to_triton(stack: SidecarServer) -> None:
