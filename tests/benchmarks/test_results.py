@@ -144,8 +144,9 @@ def test_bench_report_gives_cpu_ratios_and_added_latency_before_and_now() -> Non
         }
     ]
     floor = {("http", 16): cost("http", 16, 90.0, 4400.0)}
-    args = argparse.Namespace(duration_s=5.0, rounds=2)
+    args = argparse.Namespace(duration_s=5.0, rounds=2, grpc_client="h2")
     text = bench._report(now, before, "an earlier tree", floor, checks, args)
+    assert "gRPC client: the sidecar's own HTTP/2 channel (`--grpc-client h2`)" in text
     row = (
         "| http | 16 | 340 | 140 | 90 | ≤ 150 | 75% | 75% | +2000 | +1000 | +400 |  "
         "| +3000 | +3000 |"
@@ -166,8 +167,9 @@ def test_bench_report_gives_the_interleaved_p50_added_per_path() -> None:
         "http": {"direct": path(3000.0, 900), "now": path(3250.0, 899), "floor": path(3100.0, 900)},
         "grpc": {"direct": path(2000.0, 500), "now": path(2900.0, 500)},
     }
-    args = argparse.Namespace(duration_s=5.0, rounds=2)
+    args = argparse.Namespace(duration_s=5.0, rounds=2, grpc_client="grpcio")
     text = bench._report([], None, "none given", None, [], args, paired)
+    assert "gRPC client: grpc.aio (`--grpc-client grpcio`)" in text
     assert "for 10 s" in text
     assert "| http | 899 | 3000 | — | +250 | +100 | ≤ 300 |" in text
     assert "| grpc | 500 | 2000 | — | +900 | — | ≤ 300 |" in text
