@@ -22,7 +22,6 @@ import struct
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 from mypy_extensions import mypyc_attr
@@ -357,42 +356,46 @@ class GrpcConnection(Connection):
         if call.body or message is None:
             self._fail(call, Status.UNIMPLEMENTED, "a unary call without its one whole request")
             return
-        task: asyncio.Task[bytes] = self.loop.create_task(
-            self.server.unary[call.path](message, call)
+        call.task = self.loop.create_task(
+            self._run_unary(call, self.server.unary[call.path], message)
         )
-        call.task = task
-        task.add_done_callback(partial(self._answered, call))
 
     # -- answers -------------------------------------------------------------------------
 
-    def _answered(self, call: Call, task: asyncio.Task[bytes]) -> None:
-        error = None if task.cancelled() else task.exception()
-        if self.calls.get(call.stream) is not call:
-            return  # reset, expired or the connection gone: nobody to answer
-        if task.cancelled():  # by the sidecar (a shutdown past its grace): the client is told
-            code = Status.UNAVAILABLE if self._draining else Status.CANCELLED
-            self._fail(call, code, "the call was cancelled in the sidecar")
-        elif error is None:
-            reply = task.result()
-            stream = call.stream
-            del self.calls[stream]
-            if call.timer is not None:
-                call.timer.cancel()
-            trailers = (
-                _OK_TRAILERS + metadata_block(call.trailing) if call.trailing else _OK_TRAILERS
-            )
-            self.send(
-                stream,
-                frame(HEADERS, END_HEADERS, stream, REPLY_HEADERS),
-                framed(reply),
-                frame(HEADERS, END_HEADERS | END_STREAM, stream, trailers),
-            )
-            self._after_call()
-        elif isinstance(error, GrpcError):
-            self._fail(call, error.code, error.details, error.trailing)
-        else:
-            log.error("the gRPC handler of %s failed", call.path, exc_info=error)
-            self._fail(call, Status.UNKNOWN, f"Unexpected error in the sidecar: {error!r}")
+    async def _run_unary(self, call: Call, handler: Unary, message: bytes) -> None:
+        """``handler``'s answer to ``call``, written as the handler returns: in the same turn
+        of the event loop, not in a done callback's (one turn less on every call's latency).
+        A call reset, expired or whose connection is gone has nobody to answer."""
+        try:
+            reply = await handler(message, call)
+        except asyncio.CancelledError:
+            if self.calls.get(call.stream) is call:  # by the sidecar (a shutdown past its grace)
+                code = Status.UNAVAILABLE if self._draining else Status.CANCELLED
+                self._fail(call, code, "the call was cancelled in the sidecar")
+            raise
+        except GrpcError as err:
+            if self.calls.get(call.stream) is call:
+                self._fail(call, err.code, err.details, err.trailing)
+            return
+        except Exception as error:
+            if self.calls.get(call.stream) is call:
+                log.error("the gRPC handler of %s failed", call.path, exc_info=error)
+                self._fail(call, Status.UNKNOWN, f"Unexpected error in the sidecar: {error!r}")
+            return
+        stream = call.stream
+        if self.calls.get(stream) is not call:
+            return
+        del self.calls[stream]
+        if call.timer is not None:
+            call.timer.cancel()
+        trailers = _OK_TRAILERS + metadata_block(call.trailing) if call.trailing else _OK_TRAILERS
+        self.send(
+            stream,
+            frame(HEADERS, END_HEADERS, stream, REPLY_HEADERS),
+            framed(reply),
+            frame(HEADERS, END_HEADERS | END_STREAM, stream, trailers),
+        )
+        self._after_call()
 
     async def _run_stream(self, call: Call, handler: Streaming) -> None:
         code: int = Status.OK
