@@ -237,18 +237,34 @@ def test_cli_compare_writes_table_csv_and_plot(
     )
     lines = (tmp_path / "compare.csv").read_text().splitlines()
     assert lines[0].startswith("gpu,mix,arrival,load,slo_mult,seed,policy,")
-    assert len(lines) == 1 + 2 * 4  # 2 seeds × 4 policies
+    assert len(lines) == 1 + 2 * 5  # 2 seeds × 4 policies, and one clock for both seeds
     assert (tmp_path / "compare.png").read_bytes()[:4] == b"\x89PNG"
     out = capsys.readouterr().out
-    assert "adaptive" in out and "where the best single clock meets p99" in out
+    assert "adaptive" in out and "where the best single clock (best-fixed) meets p99" in out
     # The results file: every run, the summary, where and from what code they came.
     written = json.loads((tmp_path / "compare.json").read_text())
     results, provenance = written["results"], written["provenance"]
-    assert len(results["rows"]) == 8 and provenance["commit"] and provenance["machine"]
-    assert {s["policy"] for s in results["summary"]} == {"max", "slack", "adaptive"}
+    assert len(results["rows"]) == 10 and provenance["commit"] and provenance["machine"]
+    summary = {(s["baseline"], s["policy"]) for s in results["summary"]}
+    assert summary == {
+        (baseline, policy)
+        for baseline in ("best-fixed", "best-fixed-cell")
+        for policy in ("max", "slack", "adaptive")
+    }
+    # One clock for both seeds, meeting the tail on each; every run is measured against it.
+    per_cell = [r for r in results["rows"] if r["policy"] == "best-fixed-cell"]
+    assert len({r["fixed_mhz"] for r in per_cell}) == 1
+    assert all(r["p99_over_slo"] <= 1.0 for r in per_cell)
+    for r in results["rows"]:
+        same = next(c for c in per_cell if c["seed"] == r["seed"])
+        assert r["vs_best_fixed_cell"] == pytest.approx(
+            r["energy_per_inference_j"] / same["energy_per_inference_j"]
+        )
+    assert "where one clock per cell (best-fixed-cell) meets p99" in out
     page = (tmp_path / "compare.md").read_text()
     assert "- commit: " in page and "- machine: " in page
     assert "## Summary over cells" in page and "## adaptive, per cell" in page
+    assert "## Against one clock per cell" in page and "## best-fixed-cell" not in page
     assert "vs best-fixed" in page and "closed" in page
     # By how many requests each cell's p99 was decided, the policy's and best-fixed's.
     assert "past the p99 (worst; best-fixed)" in page
