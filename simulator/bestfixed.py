@@ -77,14 +77,14 @@ def walk_up(
 
 def cheapest_meeting(
     n: int, *, meets: Callable[[int], bool], cost: Callable[[int], float], stride: int = 1
-) -> int:
-    """The index, among ``n`` clocks in ascending order, of the best fixed clock: the lowest
-    that meets the SLO, then up by ``stride`` while the next meets it too and costs less.
-    Where even the top misses, the top."""
+) -> tuple[int | None, int]:
+    """Among ``n`` clocks in ascending order, the index of the lowest that meets the SLO (None
+    where even the top misses) and of the best fixed clock: that lowest, then up by ``stride``
+    while the next meets it too and costs less; where even the top misses, the top."""
     lowest = lowest_meeting(n, meets=meets)
     if lowest is None:
-        return n - 1
-    return walk_up(n, lowest, meets=meets, cost=cost, stride=stride)
+        return None, n - 1
+    return lowest, walk_up(n, lowest, meets=meets, cost=cost, stride=stride)
 
 
 def best_fixed(cfg: SimConfig) -> Row:
@@ -98,17 +98,11 @@ def best_fixed(cfg: SimConfig) -> Row:
             runs[i] = run_fixed(cfg, clocks[i])
         return runs[i]
 
-    lowest = lowest_meeting(len(clocks), meets=lambda i: _meets(run(i)))
-    chosen = (
-        len(clocks) - 1
-        if lowest is None
-        else walk_up(
-            len(clocks),
-            lowest,
-            meets=lambda i: _meets(run(i)),
-            cost=lambda i: float(run(i)["energy_per_inference_j"]),
-            stride=STRIDE,
-        )
+    lowest, chosen = cheapest_meeting(
+        len(clocks),
+        meets=lambda i: _meets(run(i)),
+        cost=lambda i: float(run(i)["energy_per_inference_j"]),
+        stride=STRIDE,
     )
     # The chosen clock's run, with the cell's oracle (policy-independent: same arrivals).
     best = simulate(replace(cfg, policy=f"fixed:{clocks[chosen]}")).to_json()

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -63,6 +63,8 @@ COLUMNS = (
     "gpus_used",
 )
 DEFAULT_MIX = f"{CNN}:0.7,{TRANSFORMER}:0.3"
+_In = TypeVar("_In")
+_Out = TypeVar("_Out")
 
 
 @dataclass(frozen=True)
@@ -207,12 +209,7 @@ def resolve_capacities(configs: Sequence[SimConfig], *, jobs: int | None = None)
     filled in, so that worker processes do not each measure it again."""
     todo = [c for c in configs if c.rate_rps is None and c.capacity_rps is None]
     keys = list(dict.fromkeys(replace(c, policy="max", seed=0) for c in todo))
-    workers = min(jobs or os.cpu_count() or 1, max(1, len(keys)))
-    if workers == 1:
-        capacities = [top_clock_capacity_rps(k) for k in keys]
-    else:
-        with ProcessPoolExecutor(workers) as pool:
-            capacities = list(pool.map(top_clock_capacity_rps, keys))
+    capacities = _parallel(top_clock_capacity_rps, keys, jobs, None)
     found = dict(zip(keys, capacities, strict=True))
     return [
         c
@@ -222,23 +219,49 @@ def resolve_capacities(configs: Sequence[SimConfig], *, jobs: int | None = None)
     ]
 
 
-def _run(cfg: SimConfig) -> Row:
+def _with_node(cfg: SimConfig, row: Row) -> Row:
+    """``row`` with the node's fields and the matrix's load, whatever it is a fraction of (a
+    rate given is the load's rate)."""
     node = {"gpus": cfg.gpus, "placement": cfg.placement.mode, "gpus_used": 1}
-    row = best_fixed(cfg) if cfg.policy == BEST_FIXED else {**run(cfg).to_json(), "fixed_mhz": None}
-    # The matrix's load, whatever it is a fraction of (a rate given is the load's rate).
     return {**node, **row, "load": cfg.load}
+
+
+def _run(cfg: SimConfig) -> Row:
+    row = best_fixed(cfg) if cfg.policy == BEST_FIXED else {**run(cfg).to_json(), "fixed_mhz": None}
+    return _with_node(cfg, row)
+
+
+CellSearch = tuple[list[SimConfig], int]  # a cell's configs, one per seed; where to start
 
 
 def _run_cell(search: CellSearch) -> list[Row]:
     cfgs, lowest_mhz = search
-    node = {"gpus": cfgs[0].gpus, "placement": cfgs[0].placement.mode, "gpus_used": 1}
-    return [
-        {**node, **row, "load": cfg.load}
-        for cfg, row in zip(cfgs, best_fixed_cell(cfgs, lowest_mhz), strict=True)
-    ]
+    rows = best_fixed_cell(cfgs, lowest_mhz)
+    return [_with_node(cfg, row) for cfg, row in zip(cfgs, rows, strict=True)]
 
 
-CellSearch = tuple[list[SimConfig], int]  # a cell's configs, one per seed; where to start
+def _parallel(
+    fn: Callable[[_In], _Out],
+    items: Sequence[_In],
+    jobs: int | None,
+    progress: Callable[[int], None] | None,
+) -> list[_Out]:
+    """``fn`` of every item, in order, over at most ``jobs`` processes (one: in this one);
+    ``progress`` is advanced once per item."""
+    workers = min(jobs or os.cpu_count() or 1, max(1, len(items)))
+    out: list[_Out] = []
+    if workers == 1:
+        for item in items:
+            out.append(fn(item))
+            if progress:
+                progress(1)
+        return out
+    with ProcessPoolExecutor(workers) as pool:
+        for result in pool.map(fn, items):
+            out.append(result)
+            if progress:
+                progress(1)
+    return out
 
 
 def cell_searches(configs: Sequence[SimConfig], results: Sequence[Row]) -> list[CellSearch]:
@@ -266,20 +289,7 @@ def one_clock_per_cell(
     """``best-fixed-cell`` rows (:func:`simulator.bestfixed.best_fixed_cell`) for each of
     :func:`cell_searches`' cells (in parallel over ``jobs`` processes); ``progress`` is
     advanced once per cell."""
-    workers = min(jobs or os.cpu_count() or 1, max(1, len(searches)))
-    out: list[Row] = []
-    if workers == 1:
-        for search in searches:
-            out += _run_cell(search)
-            if progress:
-                progress(1)
-        return out
-    with ProcessPoolExecutor(workers) as pool:
-        for rows in pool.map(_run_cell, searches):
-            out += rows
-            if progress:
-                progress(1)
-    return out
+    return [row for rows in _parallel(_run_cell, searches, jobs, progress) for row in rows]
 
 
 def run_all(
@@ -289,22 +299,7 @@ def run_all(
     progress: Callable[[int], None] | None = None,
 ) -> list[Row]:
     """Run every config (in parallel over ``jobs`` processes), results in the same order."""
-    workers = jobs or os.cpu_count() or 1
-    if workers == 1:
-        out = []
-        for cfg in configs:
-            out.append(_run(cfg))
-            if progress:
-                progress(1)
-        return out
-    with ProcessPoolExecutor(workers) as pool:
-        futures = [pool.submit(_run, cfg) for cfg in configs]
-        results = []
-        for fut in futures:
-            results.append(fut.result())
-            if progress:
-                progress(1)
-        return results
+    return _parallel(_run, configs, jobs, progress)
 
 
 def cell(row: Row) -> tuple[Any, ...]:

@@ -581,7 +581,7 @@ def best_fixed_generative(cfg: GenConfig) -> GenResult:
     def joules(r: GenResult) -> float:
         return float(r.row()["j_per_token"])
 
-    chosen = cheapest_meeting(
+    _, chosen = cheapest_meeting(
         len(clocks), meets=lambda i: meets(run(i)), cost=lambda i: joules(run(i))
     )
     best = run(chosen)
