@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +11,7 @@ import pytest
 from dvfs.profiles import get_profile
 from scheduler.__main__ import main
 from scheduler.clients import ClientSpec, parse_clients
-from simulator.compare import DEFAULT_MIX, slo_models
+from simulator.compare import DEFAULT_MIX, plot, slo_models
 from simulator.simulate import SimConfig, simulate
 from simulator.workload import bursty_arrivals, trace_arrivals
 
@@ -273,6 +274,24 @@ def test_cli_compare_writes_table_csv_and_plot(
     assert "past the p99 (worst; best-fixed)" in page
     row = next(line for line in page.splitlines() if line.startswith("| v100 |"))
     assert re.search(r"\| ([+-]\d+|0); ([+-]\d+|0) \|$", row)
+
+
+def test_compare_plot_leaves_out_a_policy_with_no_run_in_a_cell(tmp_path: Path) -> None:
+    """``best-fixed-cell`` has no run where no clock meets the p99 on every seed: its bar is
+    left out there (no mean of nothing, no warning)."""
+
+    def row(load: float, policy: str, vs_max: float) -> dict[str, object]:
+        return {
+            "gpu": "v100", "load": load, "slo_mult": 2.0, "policy": policy, "vs_max": vs_max,
+            "p99_over_slo": 0.9, "energy_per_inference_j": vs_max,
+            "oracle_energy_per_inference_j": 0.5,
+        }  # fmt: skip
+
+    rows = [row(0.1, "max", 1.0), row(0.3, "max", 1.0), row(0.3, "best-fixed-cell", 0.8)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        path = plot(rows, tmp_path / "compare.png")
+    assert path.read_bytes()[:4] == b"\x89PNG"
 
 
 def test_cli_compare_varying_matrix_reports_the_distance_to_the_bound(
