@@ -7,7 +7,7 @@ import json
 import math
 import sys
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +17,11 @@ from rich.table import Table
 
 from dvfs.__main__ import PIPE_WIDTH
 from scheduler.clients import ClientSpec, parse_clients
+from scheduler.config import PolicyConfig
 from scheduler.core import SchedulerConfig
+from scheduler.feedback import FeedbackParams
 from scheduler.placement import DEFAULT_PLACEMENT, PLACEMENTS, PlacementParams
+from scheduler.policies import SlackParams
 from scheduler.registry import DEFAULT_POLICY, POLICIES
 from simulator.bestfixed import BEST_FIXED, BEST_FIXED_CELL, best_fixed
 from simulator.compare import (
@@ -369,7 +372,35 @@ def _matrix(args: argparse.Namespace, **extra: object) -> Matrix:
         given["seeds"] = FULL_SEEDS
     if args.shape is not None:
         given["day"] = replace(base.day, shape=args.shape)
+    if args.config is not None:
+        policy = policy_from_file(args.config)
+        given["slack"], given["feedback"] = policy.slack, policy.feedback
     return replace(base, **{k: v for k, v in given.items() if v is not None})  # type: ignore[arg-type]
+
+
+def policy_from_file(path: Path) -> PolicyConfig:
+    """The clock policy's parameters in a sidecar's TOML file (``python -m api serve
+    --config``): its ``[policy.slack]`` and ``[policy.feedback]`` tables tune ``slack`` and
+    ``adaptive`` here as they do live; its other keys are checked and left aside. ValueError
+    names a bad file, an unknown key or a bad value."""
+    from api.config import build, load_file
+
+    leaves = {tuple(key.split(".")): value for key, value in load_file(path).items()}
+    try:
+        return build(leaves).policy
+    except (TypeError, ValueError) as err:  # a value out of its parameter's range
+        raise ValueError(f"--config {path}: {err}") from None
+
+
+def _tuned(m: Matrix) -> str:
+    """The policy parameters the matrix sets apart from the defaults, as ``name=value``."""
+    out = []
+    for part, default in ((m.slack, SlackParams()), (m.feedback, FeedbackParams())):
+        for f in fields(part):
+            value = getattr(part, f.name)
+            if value != getattr(default, f.name):
+                out.append(f"{f.name}={value}")
+    return ", ".join(out)
 
 
 def _describe(m: Matrix) -> str:
@@ -389,12 +420,13 @@ def _describe(m: Matrix) -> str:
         "highest rate of the run (a burst at the peak)"
     )
     node = f"; nodes of {m.node_gpus} GPUs" if m.node_gpus > 1 else ""
+    tuned = f" Policy parameters apart from the defaults: {t}." if (t := _tuned(m)) else ""
     return (
         f"GPUs {', '.join(m.gpus)}{node}; mix {'; '.join(m.mixes)}; loads "
         f"{', '.join(f'{x:g}' for x in m.loads)} of {load}; SLOs "
         f"{', '.join(f'{x:g}' for x in m.slo_multipliers)}× {slo} at the top clock; {arrivals}; "
         f"{m.duration_s:g} s per run; seeds {', '.join(map(str, m.seeds))}; policies "
-        f"{', '.join(m.policies)}."
+        f"{', '.join(m.policies)}.{tuned}"
     )
 
 
@@ -725,6 +757,13 @@ def build_parser() -> argparse.ArgumentParser:
             "their service with ideal CFS's)",
         )
         p.add_argument("--jobs", type=int, default=None, help="processes (default: all cores)")
+        p.add_argument(
+            "--config",
+            type=Path,
+            default=None,
+            help="a sidecar's TOML file (python -m api serve --config): its [policy.slack] and "
+            "[policy.feedback] tables tune slack and adaptive as they do live",
+        )
         if name == "compare":
             p.add_argument(
                 "--policies",

@@ -17,6 +17,7 @@ import numpy as np
 
 from dvfs.profiles import CNN, TRANSFORMER, get_profile
 from scheduler.clients import ClientSpec
+from scheduler.feedback import FeedbackParams
 from scheduler.placement import DEFAULT_PLACEMENT, PlacementParams
 from scheduler.policies import SlackParams
 from scheduler.registry import DEFAULT_POLICY
@@ -91,6 +92,7 @@ class Matrix:
     duration_s: float = 30.0
     seeds: tuple[int, ...] = (0,)
     slack: SlackParams = field(default_factory=SlackParams)
+    feedback: FeedbackParams = field(default_factory=FeedbackParams)
     slo_basis: str = "full"
     load_basis: str = "capacity"
     arrival: str = "poisson"
@@ -146,6 +148,7 @@ class Matrix:
                                             duration_s=self.duration_s,
                                             seed=seed,
                                             slack=self.slack,
+                                            feedback=self.feedback,
                                             clients=self.clients,
                                             arrival=self.arrival,
                                             day=self.day,

@@ -276,6 +276,41 @@ def test_cli_compare_writes_table_csv_and_plot(
     assert re.search(r"\| ([+-]\d+|0); ([+-]\d+|0) \|$", row)
 
 
+def test_cli_compare_takes_the_policy_parameters_of_a_sidecar_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--config``: a sidecar's TOML file tunes ``adaptive`` as it does live; the page names
+    what it set; a wrong key or value is a clear error, exit 2."""
+    argv = [
+        "compare", "--matrix", "steady", "--gpu", "v100", "--loads", "0.3",
+        "--slo-multipliers", "2", "--seeds", "0", "--policies", "adaptive",
+        "--duration-s", "5", "--jobs", "1",
+    ]  # fmt: skip
+    rows = []
+    for name, text in (("default", ""), ("tuned", "[policy.feedback]\nsetpoint = 0.5\n")):
+        config = tmp_path / f"{name}.toml"
+        config.write_text(f'triton_url = "localhost:8000"\n{text}')
+        out = tmp_path / name
+        assert main([*argv, "--config", str(config), "-o", str(out)]) == 0
+        rows += json.loads((out / "compare.json").read_text())["results"]["rows"]
+    assert "apart from the defaults: setpoint=0.5." in (tmp_path / "tuned/compare.md").read_text()
+    assert "apart from the defaults" not in (tmp_path / "default/compare.md").read_text()
+    # A setpoint at half the SLO runs faster clocks: more energy, a shorter tail.
+    default, tuned = rows
+    assert tuned["mean_clock_mhz"] > default["mean_clock_mhz"]
+    assert tuned["p99_ms"] < default["p99_ms"]
+    capsys.readouterr()
+    for text, says in (
+        ("[policy.feedback]\nsetpiont = 0.9\n", "unknown key 'policy.feedback.setpiont'"),
+        ("[policy.feedback]\nsetpoint = 1.5\n", "setpoint must be in (0, 1], got 1.5"),
+    ):
+        bad = tmp_path / "bad.toml"
+        bad.write_text(text)
+        assert main([*argv, "--config", str(bad), "-o", str(tmp_path / "bad")]) == 2
+        err = capsys.readouterr().err
+        assert f"--config {bad}" in err and says in err
+
+
 def test_compare_plot_leaves_out_a_policy_with_no_run_in_a_cell(tmp_path: Path) -> None:
     """``best-fixed-cell`` has no run where no clock meets the p99 on every seed: its bar is
     left out there (no mean of nothing, no warning)."""
