@@ -388,7 +388,7 @@ def policy_from_file(path: Path) -> PolicyConfig:
     leaves = {tuple(key.split(".")): value for key, value in load_file(path).items()}
     try:
         return build(leaves).policy
-    except (TypeError, ValueError) as err:  # a value out of its parameter's range
+    except (TypeError, ValueError) as err:  # a value its parameter refuses
         raise ValueError(f"--config {path}: {err}") from None
 
 
