@@ -7,7 +7,7 @@ import json
 import math
 import sys
 from collections.abc import Sequence
-from dataclasses import fields, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +19,7 @@ from dvfs.__main__ import PIPE_WIDTH
 from scheduler.clients import ClientSpec, parse_clients
 from scheduler.config import PolicyConfig
 from scheduler.core import SchedulerConfig
-from scheduler.feedback import FeedbackParams
 from scheduler.placement import DEFAULT_PLACEMENT, PLACEMENTS, PlacementParams
-from scheduler.policies import SlackParams
 from scheduler.registry import DEFAULT_POLICY, POLICIES
 from simulator.bestfixed import BEST_FIXED, BEST_FIXED_CELL, best_fixed
 from simulator.compare import (
@@ -393,14 +391,11 @@ def policy_from_file(path: Path) -> PolicyConfig:
 
 
 def _tuned(m: Matrix) -> str:
-    """The policy parameters the matrix sets apart from the defaults, as ``name=value``."""
-    out = []
-    for part, default in ((m.slack, SlackParams()), (m.feedback, FeedbackParams())):
-        for f in fields(part):
-            value = getattr(part, f.name)
-            if value != getattr(default, f.name):
-                out.append(f"{f.name}={value}")
-    return ", ".join(out)
+    """The sidecar's flags for the policy parameters the matrix sets apart from the defaults."""
+    from api.config import GatewayConfig, to_flags
+
+    policy = PolicyConfig(slack=m.slack, feedback=m.feedback)
+    return " ".join(to_flags(GatewayConfig(policy=policy)))
 
 
 def _describe(m: Matrix) -> str:
@@ -420,7 +415,7 @@ def _describe(m: Matrix) -> str:
         "highest rate of the run (a burst at the peak)"
     )
     node = f"; nodes of {m.node_gpus} GPUs" if m.node_gpus > 1 else ""
-    tuned = f" Policy parameters apart from the defaults: {t}." if (t := _tuned(m)) else ""
+    tuned = f" Policy parameters apart from the defaults: `{t}`." if (t := _tuned(m)) else ""
     return (
         f"GPUs {', '.join(m.gpus)}{node}; mix {'; '.join(m.mixes)}; loads "
         f"{', '.join(f'{x:g}' for x in m.loads)} of {load}; SLOs "

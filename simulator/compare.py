@@ -491,7 +491,7 @@ def plot(rows: Sequence[Row], path: Path) -> Path:
                     edgecolor="black",
                     linewidth=0.3,
                 )
-        ax.plot(
+        (oracle,) = ax.plot(
             [x + 0.4 - width / 2 for x in range(len(cells))],
             [
                 float(
@@ -517,7 +517,6 @@ def plot(rows: Sequence[Row], path: Path) -> Path:
         ax.set_ylim(0, 1.25)
         # A swatch per policy, plain whatever its first cell's hatch.
         swatches = [Patch(facecolor=f"C{i}", label=p) for i, p in enumerate(policies)]
-        (oracle,) = ax.get_legend_handles_labels()[0]
         ax.legend(
             handles=[oracle, *swatches], fontsize=7, ncol=len(policies) + 1, loc="upper center"
         )

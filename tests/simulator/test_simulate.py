@@ -293,7 +293,8 @@ def test_cli_compare_takes_the_policy_parameters_of_a_sidecar_config(
         out = tmp_path / name
         assert main([*argv, "--config", str(config), "-o", str(out)]) == 0
         rows += json.loads((out / "compare.json").read_text())["results"]["rows"]
-    assert "apart from the defaults: setpoint=0.5." in (tmp_path / "tuned/compare.md").read_text()
+    tuned_page = (tmp_path / "tuned/compare.md").read_text()
+    assert "apart from the defaults: `--feedback-setpoint=0.5`." in tuned_page
     assert "apart from the defaults" not in (tmp_path / "default/compare.md").read_text()
     # A setpoint at half the SLO runs faster clocks: more energy, a shorter tail.
     default, tuned = rows
