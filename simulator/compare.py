@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import csv
 import math
-import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
@@ -23,6 +21,7 @@ from scheduler.policies import SlackParams
 from scheduler.registry import DEFAULT_POLICY
 from simulator.bestfixed import BEST_FIXED, BEST_FIXED_CELL, best_fixed, best_fixed_cell
 from simulator.node import run
+from simulator.pool import parallel_map
 from simulator.simulate import ModelMix, SimConfig, parse_models, top_clock_capacity_rps
 from simulator.workload import DayCycle
 
@@ -64,8 +63,6 @@ COLUMNS = (
     "gpus_used",
 )
 DEFAULT_MIX = f"{CNN}:0.7,{TRANSFORMER}:0.3"
-_In = TypeVar("_In")
-_Out = TypeVar("_Out")
 
 
 @dataclass(frozen=True)
@@ -212,7 +209,7 @@ def resolve_capacities(configs: Sequence[SimConfig], *, jobs: int | None = None)
     filled in, so that worker processes do not each measure it again."""
     todo = [c for c in configs if c.rate_rps is None and c.capacity_rps is None]
     keys = list(dict.fromkeys(replace(c, policy="max", seed=0) for c in todo))
-    capacities = _parallel(top_clock_capacity_rps, keys, jobs, None)
+    capacities = parallel_map(top_clock_capacity_rps, keys, jobs, None)
     found = dict(zip(keys, capacities, strict=True))
     return [
         c
@@ -243,30 +240,6 @@ def _run_cell(search: CellSearch) -> list[Row]:
     return [_with_node(cfg, row) for cfg, row in zip(cfgs, rows, strict=True)]
 
 
-def _parallel(
-    fn: Callable[[_In], _Out],
-    items: Sequence[_In],
-    jobs: int | None,
-    progress: Callable[[int], None] | None,
-) -> list[_Out]:
-    """``fn`` of every item, in order, over at most ``jobs`` processes (one: in this one);
-    ``progress`` is advanced once per item."""
-    workers = min(jobs or os.cpu_count() or 1, max(1, len(items)))
-    out: list[_Out] = []
-    if workers == 1:
-        for item in items:
-            out.append(fn(item))
-            if progress:
-                progress(1)
-        return out
-    with ProcessPoolExecutor(workers) as pool:
-        for result in pool.map(fn, items):
-            out.append(result)
-            if progress:
-                progress(1)
-    return out
-
-
 def cell_searches(configs: Sequence[SimConfig], results: Sequence[Row]) -> list[CellSearch]:
     """What :func:`one_clock_per_cell` runs: every cell of ``configs`` (run as ``results``, in
     the same order) with more than one seed whose ``best-fixed`` meets the p99 SLO on every
@@ -292,7 +265,7 @@ def one_clock_per_cell(
     """``best-fixed-cell`` rows (:func:`simulator.bestfixed.best_fixed_cell`) for each of
     :func:`cell_searches`' cells (in parallel over ``jobs`` processes); ``progress`` is
     advanced once per cell."""
-    return [row for rows in _parallel(_run_cell, searches, jobs, progress) for row in rows]
+    return [row for rows in parallel_map(_run_cell, searches, jobs, progress) for row in rows]
 
 
 def run_all(
@@ -302,7 +275,7 @@ def run_all(
     progress: Callable[[int], None] | None = None,
 ) -> list[Row]:
     """Run every config (in parallel over ``jobs`` processes), results in the same order."""
-    return _parallel(_run, configs, jobs, progress)
+    return parallel_map(_run, configs, jobs, progress)
 
 
 def cell(row: Row) -> tuple[Any, ...]:

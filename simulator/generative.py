@@ -48,6 +48,7 @@ from loadgen.generative import StreamRecord, TokenSloSpec, summarize
 from scheduler.config import token_default, token_params
 from scheduler.tokens import SEQ_BUCKETS, EnginePrior, TokenPolicy, TokenPolicyParams, TokenSlo
 from simulator.bestfixed import cheapest_meeting
+from simulator.pool import parallel_map
 from simulator.workload import FloatArray, IntArray, poisson_arrivals
 from time2clock.fit import trimmed_mean
 
@@ -655,21 +656,7 @@ def compare_cells(
     """Every policy on every cell (same arrivals per cell), with ratios to ``max`` and
     ``best-fixed`` and the cell's lower bound."""
     configs = [replace(c, policy=p) for c in cells for p in policies]
-    if jobs > 1:
-        from concurrent.futures import ProcessPoolExecutor
-
-        with ProcessPoolExecutor(jobs) as pool:
-            rows = []
-            for row in pool.map(run_one, configs):
-                rows.append(row)
-                if progress:
-                    progress(1)
-    else:
-        rows = []
-        for cfg in configs:
-            rows.append(run_one(cfg))
-            if progress:
-                progress(1)
+    rows = parallel_map(run_one, configs, jobs, progress)
 
     def key(r: dict[str, Any]) -> tuple[Any, ...]:
         return r["gpu"], r["mix"], r["load"], r["seed"]
