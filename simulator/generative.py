@@ -846,7 +846,7 @@ def add_parser(sub: Any) -> None:
         help="a parameter of the token policy (tpot_share=0.94, tpot_feedback.setpoint=0.95; "
         "the sidecar's --tokens-* flags); repeatable",
     )
-    p.add_argument("--jobs", type=int, default=1)
+    p.add_argument("--jobs", type=int, default=1, help="processes (default: 1; 0: all cores)")
     p.add_argument("-o", "--out-dir", default="out/generative")
     p.set_defaults(run=_cmd_generative)
 
