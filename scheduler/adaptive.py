@@ -13,8 +13,10 @@ Three clocks, one for each thing the GPU does:
 * **Queues: the plan.** Above the base, ``slack``'s plan raises the clock at once when the
   requests queued and at Triton need it (every request's deadline, in dispatch order, batches
   and the time already done), on the mean times of the table (the controller measures the
-  tail; a margin on top would count it twice) and with no phantom arrivals (the base carries
-  the load to come).
+  tail; a margin on top would count it twice), and with one phantom arrival: the next, planned
+  early as ``slack`` plans its own. A raise lands a clock change after it is asked for, so a
+  request that arrives behind one running would wait on the base clock's execution; counting
+  it raises the running one in time. The base carries the rest of the load to come.
 * **Never below the energy floor**: the clock with the least energy per request **above the
   idle power** for the batch the load forms there (``max(1, λ·t(f, b))`` requests per
   execution at the measured arrival rate ``λ``, solved at every clock). A slower clock that

@@ -114,7 +114,8 @@ class FeedbackParams:
     against what the wake-up costs. ``floor_tolerance``: the floor is the lowest clock whose
     estimated energy is within this share of the least; 0, the default, takes the clock of least
     energy itself (the estimate already counts the batch the load forms at each clock, so a
-    tolerance only trades energy for a lower clock). ``phantoms``: the plan's arrivals to come.
+    tolerance only trades energy for a lower clock). ``phantoms``: the plan's arrivals to come
+    (one: the next, which may queue behind the request running; see :mod:`scheduler.adaptive`).
     ``raise_quantile``: the quantile of execution times the plan raises the clock for (the
     controller measures the tail, so the plan raises for the mean). ``batch_hold``: the longest
     a model's requests may be held for a fuller batch, as a share of their SLO (a hold also ends
@@ -142,7 +143,7 @@ class FeedbackParams:
     idle_power_w: float | None = None
     idle_power_top_w: float | None = None
     floor_tolerance: float = 0.0
-    phantoms: int = 0
+    phantoms: int = 1
     overshoot: float = 0.1
     quiet_s: float = 0.25
     raise_quantile: str = "mean"

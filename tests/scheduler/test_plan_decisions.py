@@ -13,7 +13,8 @@ each request its model's GPU time per request in full batches, not its time from
 completion, which changes the order of the two nice clients' requests; the tail controller's
 step settling as a class's completions add up, and its setpoint at 0.97; the tables' tail
 margins taken as the spread around each clock's own mean, not against the fit; the energy floor
-at the clock of least energy, with no tolerance below it):
+at the clock of least energy, with no tolerance below it; one arrival to come in ``adaptive``'s
+plan):
 every clock change, batch and completion time feeds into them, so a single decision that
 differs shows. A change that means to alter decisions updates them
 (``python -m tests.scheduler.test_plan_decisions`` prints the current ones).
@@ -32,7 +33,7 @@ from simulator.simulate import ModelMix, SimConfig, mix_capacity_rps, simulate
 # sum of latencies ms, median latency ms, largest latency ms)
 BEFORE = {
     ("adaptive", "poisson", 3): (
-        1175, 979, 12, 952, 1185.222046, 1516.886883, 461171.019845, 23.896107, 6678.330239
+        1175, 980, 12, 955, 1186.704197, 1515.550992, 468662.010796, 23.581758, 6886.873734
     ),
     ("adaptive", "bursty", 5): (
         961, 613, 8, 629, 960.504602, 1525.806565, 201073.187781, 46.9761, 1983.740751
