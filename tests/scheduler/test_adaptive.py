@@ -83,6 +83,31 @@ def test_a_queue_is_planned_on_mean_times_lower_than_slacks_margins() -> None:
     assert targets[0] < targets[1]
 
 
+def test_the_plan_counts_the_next_arrival() -> None:
+    """At 100 requests a second the next one may arrive while this one runs (the plan puts it
+    early, at the 5% quantile of its gap): with it counted, a request arriving to an idle GPU is
+    raised over the base where the two would not both meet a 30 ms SLO at the base clock; with
+    no arrival counted it runs at the base."""
+    targets = []
+    for phantoms in (0, 1):
+        policy = AdaptivePolicy(CLOCKS, feedback=replace(FAST, phantoms=phantoms))
+        s = make_scheduler(policy, make_model_table(), serving={MODEL: ModelServing(1, 1)})
+        now = 0.0
+        while now < 20.0:  # every 10 ms, each done in 5 ms: the class slows to its floor
+            s.enqueue(make_request(arrival_s=now, slo_ms=30.0), now)
+            d = s.next_dispatch(now)
+            assert d is not None
+            s.on_complete(d.request, 0.005, now + 0.005)
+            now += 0.01
+        base = policy.base_mhz(s, MODEL)
+        raised = s.enqueue(make_request(arrival_s=now, slo_ms=30.0), now).clock_mhz
+        assert base is not None and raised is not None
+        targets.append((base, raised))
+    (base_0, alone), (base_1, counted) = targets
+    assert base_0 == base_1 and alone == base_0
+    assert counted > alone
+
+
 def test_idle_the_clock_drops_at_once_and_comes_back_with_the_next_request() -> None:
     policy = AdaptivePolicy(CLOCKS, feedback=FAST)
     s = make_scheduler(policy, make_model_table(), serving={MODEL: ModelServing(1, 1)})
