@@ -26,8 +26,11 @@ from time2clock.table import ClockPoint, ModelTable, TableSet, Time2ClockTable
 FAST = FeedbackParams(min_samples=5)
 
 
-def serve(policy: AdaptivePolicy, until_s: float, slo_ms: float = 100.0) -> float:
-    """Requests one at a time, every 10 ms, each done 5 ms after it is sent; the time reached."""
+def serve(
+    policy: AdaptivePolicy, until_s: float, slo_ms: float = 100.0
+) -> tuple[Scheduler[None], float]:
+    """Requests one at a time, every 10 ms, each done 5 ms after it is sent, on a scheduler of
+    their own; that scheduler (its arrival rate measured) and the time reached."""
     s = make_scheduler(policy, make_model_table(), serving={MODEL: ModelServing(1, 1)})
     now = 0.0
     while now < until_s:
@@ -36,7 +39,7 @@ def serve(policy: AdaptivePolicy, until_s: float, slo_ms: float = 100.0) -> floa
         assert d is not None
         s.on_complete(d.request, 0.005, now + 0.005)
         now += 0.01
-    return now
+    return s, now
 
 
 def test_completions_well_under_the_slo_slow_the_class_down() -> None:
@@ -91,14 +94,7 @@ def test_the_plan_counts_the_next_arrival() -> None:
     targets = []
     for phantoms in (0, 1):
         policy = AdaptivePolicy(CLOCKS, feedback=replace(FAST, phantoms=phantoms))
-        s = make_scheduler(policy, make_model_table(), serving={MODEL: ModelServing(1, 1)})
-        now = 0.0
-        while now < 20.0:  # every 10 ms, each done in 5 ms: the class slows to its floor
-            s.enqueue(make_request(arrival_s=now, slo_ms=30.0), now)
-            d = s.next_dispatch(now)
-            assert d is not None
-            s.on_complete(d.request, 0.005, now + 0.005)
-            now += 0.01
+        s, now = serve(policy, 20.0, slo_ms=30.0)  # done in 5 ms: the class slows to its floor
         base = policy.base_mhz(s, MODEL)
         raised = s.enqueue(make_request(arrival_s=now, slo_ms=30.0), now).clock_mhz
         assert base is not None and raised is not None
