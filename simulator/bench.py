@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dvfs.profiles import CNN
 from scheduler.core import Scheduler, SchedulerConfig
@@ -31,18 +31,24 @@ def core_cost(
     rounds: int = 3000,
     gpu: str = "v100",
     holds: bool = False,
+    phantoms: int | None = None,
 ) -> CoreCost:
     """Mean µs for one enqueue plus one dispatch (and its completion) at a steady queue length.
 
     ``holds`` False: batch holds off (``slack``'s and ``adaptive``'s), so that every round
     dispatches (a request held back for a fuller batch is not a decision to time). True: the
     policy's own defaults, which dispatch every round only while a full batch waits (a queue
-    of 1000)."""
+    of 1000). ``phantoms``: ``adaptive``'s arrivals to come in its plan (default: its own
+    default), so that what counting them costs is measured beside it."""
     tables = profiled_tables(gpu)
     clocks = next(iter(tables)).clocks_mhz
     slack, feedback = (
-        (None, None) if holds else (SlackParams(batch_hold=0.0), FeedbackParams(batch_hold=0.0))
+        (None, FeedbackParams())
+        if holds
+        else (SlackParams(batch_hold=0.0), FeedbackParams(batch_hold=0.0))
     )
+    if phantoms is not None:
+        feedback = replace(feedback, phantoms=phantoms)
     sched: Scheduler[None] = Scheduler(
         tables,
         make_policy(policy, clocks, slack, feedback),
@@ -109,6 +115,12 @@ def run() -> list[str]:
         c = core_cost(name, queue_len=10)
         lines.append(
             f"  {name:8s} {c.us_per_enqueue_and_dispatch:7.1f} µs per request at a queue of 10"
+        )
+    for queue_len in (1000, 10):
+        c = core_cost("adaptive", queue_len=queue_len, phantoms=0)
+        lines.append(
+            f"  adaptive {c.us_per_enqueue_and_dispatch:7.1f} µs per request at a queue of"
+            f" {queue_len}, counting no arrival to come (phantoms 0)"
         )
     c = core_cost("adaptive", holds=True)
     lines.append(
