@@ -57,6 +57,13 @@ def _floats(text: str) -> tuple[float, ...]:
         ) from None
 
 
+def _positive_floats(text: str) -> tuple[float, ...]:
+    values = _floats(text)
+    if not values or any(not (v > 0 and math.isfinite(v)) for v in values):
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers > 0, got {text!r}")
+    return values
+
+
 def _ints(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(x) for x in text.split(",") if x.strip())
@@ -730,10 +737,10 @@ def build_parser() -> argparse.ArgumentParser:
             default=None,
             help=f"model mixes separated by ';' (default matrix: {DEFAULT_MIX})",
         )
-        p.add_argument("--loads", type=_floats, default=None)
+        p.add_argument("--loads", type=_positive_floats, default=None)
         p.add_argument(
             "--slo-multipliers",
-            type=_floats,
+            type=_positive_floats,
             default=None,
             help="each model's SLO as a multiple of its full batch's (steady: one request's) "
             "time at the top clock",

@@ -201,6 +201,20 @@ def test_cli_simulate_json_last_line(capsys: pytest.CaptureFixture[str]) -> None
     assert main(["simulate", "--clients", "a:nice=99"]) == 2
 
 
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [("--loads", "-1"), ("--loads", "0.3,0"), ("--loads", "inf"), ("--slo-multipliers", "nan")],
+)
+def test_cli_compare_refuses_a_load_or_slo_not_above_zero(
+    flag: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Refused by the argument parser, before any cell runs."""
+    with pytest.raises(SystemExit):
+        main(["compare", flag, value])
+    err = capsys.readouterr().err
+    assert f"argument {flag}: expected comma-separated numbers > 0, got {value!r}" in err
+
+
 def test_cli_simulate_best_fixed_names_its_clock(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["simulate", "--policy", "best-fixed", "--load", "0.3", "--duration-s", "3", "--json"]
     assert main(argv) == 0
