@@ -60,7 +60,9 @@ def _floats(text: str) -> tuple[float, ...]:
 def _positive_floats(text: str) -> tuple[float, ...]:
     values = _floats(text)
     if not values or any(not (v > 0 and math.isfinite(v)) for v in values):
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers > 0, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated finite numbers > 0, got {text!r}"
+        )
     return values
 
 

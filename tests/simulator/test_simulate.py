@@ -212,7 +212,7 @@ def test_cli_compare_refuses_a_load_or_slo_not_above_zero(
     with pytest.raises(SystemExit):
         main(["compare", flag, value])
     err = capsys.readouterr().err
-    assert f"argument {flag}: expected comma-separated numbers > 0, got {value!r}" in err
+    assert f"argument {flag}: expected comma-separated finite numbers > 0, got {value!r}" in err
 
 
 def test_cli_simulate_best_fixed_names_its_clock(capsys: pytest.CaptureFixture[str]) -> None:
