@@ -25,6 +25,7 @@ from simulator.bestfixed import BEST_FIXED, BEST_FIXED_CELL, best_fixed
 from simulator.compare import (
     DEFAULT_MIX,
     MATRICES,
+    TUNABLE,
     Matrix,
     Row,
     against_best_fixed,
@@ -41,7 +42,13 @@ from simulator.compare import (
 )
 from simulator.generative import add_parser as add_generative_parser
 from simulator.node import run
-from simulator.report import compare_markdown
+from simulator.report import (
+    TUNE_HEAD,
+    compare_markdown,
+    tune_cells,
+    tune_markdown,
+    verdict_cells,
+)
 from simulator.results import markdown_table, provenance, write_results
 from simulator.shapes import SHAPES
 from simulator.simulate import ARRIVALS, SimConfig, parse_models
@@ -588,12 +595,7 @@ def _print_summary(summary: Sequence[Row], baseline: str, console: Console) -> N
     for s in summary:
         view.add_row(
             s["policy"],
-            str(s["cells"]),
-            str(s["meets"]),
-            str(s["cheaper"]),
-            str(s["both"]),
-            f"{s['mean_vs_best_fixed']:.3f}",
-            f"{s['worst_vs_best_fixed']:.3f}",
+            *verdict_cells(s),
             f"{s['mean_vs_max']:.2f}",
             f"{s['mean_vs_oracle']:.2f}",
             f"{s['mean_closed']:.2f}",
@@ -604,25 +606,43 @@ def _print_summary(summary: Sequence[Row], baseline: str, console: Console) -> N
 
 def _cmd_tune(args: argparse.Namespace, console: Console) -> int:
     matrix = _matrix(args)
-    total = len(args.seeds) * len(matrix.configs()) // len(matrix.policies) * (1 + len(args.values))
+    prov = provenance(["python -m scheduler", *(args.argv or [])])
+    pairs = len(args.seeds) * len(replace(matrix, policies=("max",)).configs())
     with _progress(console) as bar:
-        task = bar.add_task(f"tuning {args.param}", total=total)
+        task = bar.add_task(f"tuning {args.param}", total=pairs * (2 + len(args.values)))
         rows = tune(
             matrix,
             args.param,
             args.values,
             args.seeds,
+            policy=args.policy,
             jobs=args.jobs,
             progress=lambda n: bar.advance(task, n),
         )
-    view = Table(title=f"slack {args.param}: cells (× seeds) where max meets its p99 SLO")
-    for col in ("value", "cells", "slack misses", "energy vs max"):
+    whole = [r for r in rows if r["cell"] is None]
+    view = Table(
+        title=f"{args.policy} {args.param} over the {matrix.name} matrix, seeds "
+        f"{','.join(map(str, args.seeds))}: pairs where best-fixed meets its p99 SLO"
+    )
+    for col in TUNE_HEAD:
         view.add_column(col, justify="right")
-    for r in rows:
-        view.add_row(
-            f"{r['value']:g}", str(r["eligible"]), str(r["misses"]), f"{r['energy_vs_max']:.3f}"
-        )
-    console.print(view)
+    for r in whole:
+        view.add_row(*tune_cells(r))
+    console.print(view if whole else "best-fixed meets the p99 SLO in none of these pairs")
+    md, js = write_results(
+        f"tune-{args.policy}-{args.param}",
+        title=f"tune: {args.policy}'s {args.param} over the {matrix.name} matrix",
+        markdown=tune_markdown(
+            rows,
+            _describe(replace(matrix, seeds=tuple(args.seeds), policies=("max", BEST_FIXED))),
+            f"`{args.policy}` with `{args.param}` at each value, its other parameters as the "
+            "matrix has them, beside `max` and `best-fixed` on the same arrivals.",
+        ),
+        data={"rows": rows},
+        directory=Path(args.out_dir),
+        prov=prov,
+    )
+    console.print(f"wrote {md} and {js}")
     return 0
 
 
@@ -707,7 +727,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name, helptext in (
         ("compare", "a policy matrix: table, CSV, plot and a results page"),
-        ("tune", "sweep one slack parameter over the matrix and seeds"),
+        ("tune", "sweep one parameter of slack or adaptive over the matrix and seeds"),
     ):
         p = sub.add_parser(name, help=helptext)
         p.add_argument(
@@ -787,10 +807,21 @@ def build_parser() -> argparse.ArgumentParser:
             p.set_defaults(run=_cmd_compare)
         else:
             p.add_argument(
-                "--param", required=True, help="a SlackParams field, e.g. arrival_quantile"
+                "--policy",
+                choices=tuple(TUNABLE),
+                default="slack",
+                help="whose parameter: slack's ([policy.slack]) or adaptive's "
+                "([policy.feedback]); default slack",
+            )
+            p.add_argument(
+                "--param",
+                required=True,
+                help="a numeric field of the policy's parameters, e.g. arrival_quantile "
+                "(slack) or setpoint (adaptive)",
             )
             p.add_argument("--values", type=_floats, required=True)
             p.add_argument("--seeds", type=_ints, default=(0, 1, 2))
+            p.add_argument("-o", "--out-dir", default="out/tune")
             p.set_defaults(run=_cmd_tune)
 
     for p in sub.choices.values():

@@ -7,7 +7,7 @@ from __future__ import annotations
 import csv
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -240,6 +240,12 @@ def _run_cell(search: CellSearch) -> list[Row]:
     return [_with_node(cfg, row) for cfg, row in zip(cfgs, rows, strict=True)]
 
 
+def seeds_together(row: Row) -> tuple[Any, ...]:
+    """:func:`cell` without the seed: the runs of one cell over its seeds."""
+    key = cell(row)
+    return key[:5] + key[6:]
+
+
 def cell_searches(configs: Sequence[SimConfig], results: Sequence[Row]) -> list[CellSearch]:
     """What :func:`one_clock_per_cell` runs: every cell of ``configs`` (run as ``results``, in
     the same order) with more than one seed whose ``best-fixed`` meets the p99 SLO on every
@@ -247,8 +253,7 @@ def cell_searches(configs: Sequence[SimConfig], results: Sequence[Row]) -> list[
     seeds: dict[tuple[Any, ...], list[tuple[SimConfig, Row]]] = {}
     for cfg, row in zip(configs, results, strict=True):
         if cfg.policy == BEST_FIXED:
-            key = cell(row)
-            seeds.setdefault(key[:5] + key[6:], []).append((cfg, row))
+            seeds.setdefault(seeds_together(row), []).append((cfg, row))
     return [
         ([c for c, _ in group], max(int(r["lowest_mhz"]) for _, r in group))
         for group in seeds.values()
@@ -500,46 +505,62 @@ def plot(rows: Sequence[Row], path: Path) -> Path:
     return path
 
 
+#: The policies ``tune`` sweeps, and the :class:`Matrix` field that holds their parameters.
+TUNABLE: dict[str, tuple[type, str]] = {
+    "slack": (SlackParams, "slack"),
+    "adaptive": (FeedbackParams, "feedback"),
+}
+
+
+def _typed(params: type, param: str, value: float) -> float | int:
+    """``value`` as ``params``' numeric field ``param`` takes it; ValueError names an unknown
+    field, one that is not a number, or a fraction given to a whole-number field."""
+    kinds = {f.name: f.type for f in fields(params)}
+    if param not in kinds:
+        raise ValueError(f"unknown parameter {param!r}; known: {', '.join(kinds)}")
+    kind = str(getattr(kinds[param], "__name__", kinds[param]))
+    if kind == "int":
+        if value != int(value):
+            raise ValueError(f"{param} takes whole numbers, got {value:g}")
+        return int(value)
+    if kind in ("float", "float | None"):
+        return float(value)
+    raise ValueError(f"{param} is a {kind}, not a number: set it in a --config file")
+
+
 def tune(
     base: Matrix,
     param: str,
     values: Sequence[float],
     seeds: Sequence[int],
     *,
+    policy: str = "slack",
     jobs: int | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> list[Row]:
-    """For each value of one :class:`SlackParams` field: in how many (cell, seed) pairs where
-    ``max`` meets the p99 SLO ``slack`` misses it, and its mean energy relative to ``max``."""
-    if param not in SlackParams.__dataclass_fields__:
-        raise ValueError(
-            f"unknown slack parameter {param!r}; "
-            f"known: {', '.join(SlackParams.__dataclass_fields__)}"
-        )
-    field_type = type(getattr(SlackParams(), param))
-    cells = [
-        replace(c, with_oracle=False)
-        for c in replace(base, seeds=tuple(seeds), policies=("max",)).configs()
-    ]
-    max_rows = run_all(cells, jobs=jobs, progress=progress)
+    """For each value of one numeric parameter of ``policy`` (``slack``'s :class:`SlackParams`
+    or ``adaptive``'s :class:`FeedbackParams`, the rest as ``base`` has them), over the
+    (cell, seed) pairs where ``best-fixed`` meets the p99 SLO: :func:`against_best_fixed`'s
+    summary (in how many the policy meets the p99 too, spends no more, and both; its energy
+    against ``best-fixed`` and ``max``), for the whole matrix (``cell`` None) and for each cell,
+    seeds together. ``max`` and ``best-fixed`` run once, on the same arrivals as every value.
+    Every value is checked before anything runs."""
+    if policy not in TUNABLE:
+        raise ValueError(f"tune sweeps {' or '.join(TUNABLE)}, not {policy!r}")
+    kind, attr = TUNABLE[policy]
+    swept = [replace(getattr(base, attr), **{param: _typed(kind, param, v)}) for v in values]
+    matrix = replace(base, seeds=tuple(seeds), policies=("max", BEST_FIXED))
+    cells = resolve_capacities([replace(c, with_oracle=False) for c in matrix.configs()], jobs=jobs)
+    baseline = run_all(cells, jobs=jobs, progress=progress)
     out = []
-    for value in values:
-        params = replace(base.slack, **{param: field_type(value)})
-        slack_cells = [replace(c, policy="slack", slack=params) for c in cells]
-        slack_rows = run_all(slack_cells, jobs=jobs, progress=progress)
-        eligible = [
-            (m, s) for m, s in zip(max_rows, slack_rows, strict=True) if m["p99_over_slo"] <= 1
-        ]
-        out.append(
-            {
-                "param": param,
-                "value": value,
-                "eligible": len(eligible),
-                "misses": sum(s["p99_over_slo"] > 1 for _, s in eligible),
-                "energy_vs_max": sum(
-                    s["energy_per_inference_j"] / m["energy_per_inference_j"] for m, s in eligible
-                )
-                / max(1, len(eligible)),
-            }
-        )
+    for value, params in zip(values, swept, strict=True):
+        mine = [replace(c, policy=policy, **{attr: params}) for c in cells if c.policy == "max"]
+        rows = tabulate(baseline + run_all(mine, jobs=jobs, progress=progress))
+        groups: dict[tuple[Any, ...] | None, list[Row]] = {None: rows}
+        for r in rows:
+            groups.setdefault(seeds_together(r), []).append(r)
+        for key, group in groups.items():
+            for s in against_best_fixed(group):
+                if s["policy"] == policy:
+                    out.append({"param": param, "value": value, "cell": key, **s})
     return out

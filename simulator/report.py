@@ -1,5 +1,6 @@
-"""The page ``compare`` writes: a table per cell (seeds together) for each policy against
-``max``, ``best-fixed`` and the lower bound, and a summary over cells, as Markdown; written with
+"""The pages ``compare`` and ``tune`` write. ``compare``'s: a table per cell (seeds together)
+for each policy against ``max``, ``best-fixed`` and the lower bound, and a summary over cells;
+``tune``'s: that summary per value of the parameter swept. Markdown, written with
 :func:`simulator.results.write_results` (commit and machine in the header)."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import numpy as np
 from scheduler.registry import DEFAULT_POLICY
 from simulator.bestfixed import BEST_FIXED, BEST_FIXED_CELL
 from simulator.compare import BASELINES, Row, against_best_fixed
+from simulator.results import markdown_table
 
 
 def _cells(rows: Sequence[Row]) -> dict[tuple[Any, ...], list[Row]]:
@@ -135,3 +137,50 @@ def compare_markdown(rows: Sequence[Row], describe: str) -> str:
     for policy in sorted(policies, key=lambda p: p != DEFAULT_POLICY):
         md += [f"## {policy}, per cell", "", *cell_table(rows, policy), ""]
     return "\n".join(md)
+
+
+TUNE_HEAD = ("value", "pairs", "meets p99", "≤ best-fixed", "both", "vs best-fixed", "worst")
+
+
+def verdict_cells(s: Row) -> tuple[str, ...]:
+    """An :func:`simulator.compare.against_best_fixed` row's verdict: pairs, meets the p99,
+    spends no more, both, energy against the baseline (mean, worst)."""
+    return (
+        str(s["cells"]),
+        str(s["meets"]),
+        str(s["cheaper"]),
+        str(s["both"]),
+        f"{s['mean_vs_best_fixed']:.3f}",
+        f"{s['worst_vs_best_fixed']:.3f}",
+    )
+
+
+def tune_cells(r: Row) -> tuple[str, ...]:
+    """One value's figures, as :data:`TUNE_HEAD` heads them."""
+    return (f"{r['value']:g}", *verdict_cells(r))
+
+
+def tune_markdown(rows: Sequence[Row], describe: str, swept: str) -> str:
+    """``tune``'s page (:func:`simulator.compare.tune`'s rows): per value over the whole
+    matrix, then, with more than one cell, per cell (seeds together)."""
+    whole = [tune_cells(r) for r in rows if r["cell"] is None]
+    cells = []
+    for r in sorted(
+        (r for r in rows if r["cell"] is not None), key=lambda r: (r["cell"], r["value"])
+    ):
+        gpu, mix, _, load, slo, *_ = r["cell"]
+        cells.append((gpu, mix, f"{load:g}", f"{slo:g}", *tune_cells(r)))
+    parts = [
+        describe,
+        swept,
+        "Over the (cell, seed) pairs where `best-fixed` meets the p99 SLO: in how many the "
+        "policy meets it too, spends no more energy, and both; its energy over "
+        "`best-fixed`'s (mean, worst).",
+        markdown_table(TUNE_HEAD, whole),
+    ]
+    if len(cells) > len(whole):
+        parts += [
+            "Per cell, seeds together:",
+            markdown_table(("GPU", "mix", "load", "SLO ×", *TUNE_HEAD), cells),
+        ]
+    return "\n\n".join(parts)

@@ -326,6 +326,67 @@ def test_cli_compare_takes_the_policy_parameters_of_a_sidecar_config(
         assert f"--config {bad}" in err and says in err
 
 
+def test_cli_tune_sweeps_an_adaptive_parameter_against_best_fixed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``tune --policy adaptive``: each value of one ``[policy.feedback]`` parameter runs on the
+    same arrivals as ``max`` and ``best-fixed`` (run once); the table and the page give, per
+    value, the pairs where ``best-fixed`` meets the p99 and the policy's figures against it,
+    over the matrix and per cell."""
+    out = tmp_path / "tune"
+    argv = [
+        "tune", "--policy", "adaptive", "--param", "setpoint", "--values", "0.5,0.97",
+        "--matrix", "steady", "--gpu", "v100", "--loads", "0.3", "--slo-multipliers", "3,6",
+        "--seeds", "0", "--duration-s", "5", "--jobs", "1", "-o", str(out),
+    ]  # fmt: skip
+    assert main(argv) == 0
+    assert "adaptive setpoint over the steady matrix" in capsys.readouterr().out
+    rows = json.loads((out / "tune-adaptive-setpoint.json").read_text())["results"]["rows"]
+    whole = {r["value"]: r for r in rows if r["cell"] is None}
+    cells = [r for r in rows if r["cell"] is not None]
+    assert set(whole) == {0.5, 0.97} and len(cells) == 4  # two cells × two values
+    assert all(r["policy"] == "adaptive" and r["cells"] == 2 for r in whole.values())
+    assert {tuple(r["cell"][:5]) for r in cells} == {
+        ("v100", "resnet50:1", "poisson", 0.3, 3.0),
+        ("v100", "resnet50:1", "poisson", 0.3, 6.0),
+    }
+    # The value reaches the policy: a setpoint at half the SLO runs faster, spending more.
+    assert whole[0.5]["mean_vs_best_fixed"] > whole[0.97]["mean_vs_best_fixed"]
+    page = (out / "tune-adaptive-setpoint.md").read_text()
+    assert "- commit: " in page and "`adaptive` with `setpoint` at each value" in page
+    assert "Per cell, seeds together:" in page and "policies max, best-fixed." in page
+    assert "| 0.97 | 2 |" in page and "| v100 | resnet50:1 | 0.3 | 6 | 0.5 | 1 |" in page
+
+
+@pytest.mark.parametrize(
+    ("policy", "param", "values", "says"),
+    [
+        ("adaptive", "setpiont", "0.9", "unknown parameter 'setpiont'; known: target, setpoint"),
+        ("adaptive", "min_samples", "2.5", "min_samples takes whole numbers, got 2.5"),
+        ("adaptive", "raise_quantile", "0.9", "raise_quantile is a str, not a number"),
+        ("adaptive", "setpoint", "0.9,1.5", "setpoint must be in (0, 1], got 1.5"),
+        ("slack", "setpoint", "0.9", "unknown parameter 'setpoint'; known: batch_hold"),
+    ],
+)
+def test_cli_tune_refuses_a_parameter_or_value_before_it_runs(
+    policy: str,
+    param: str,
+    values: str,
+    says: str,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    """An unknown parameter, one that is not a number, a fraction for a whole number or a value
+    the policy refuses: exit 2 with the reason, before any run (nothing written)."""
+    argv = [
+        "tune", "--policy", policy, "--param", param, "--values", values, "--gpu", "v100",
+        "--loads", "0.3", "--slo-multipliers", "3", "--seeds", "0", "-o", str(tmp_path / "o"),
+    ]  # fmt: skip
+    assert main(argv) == 2
+    assert says in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
 def test_compare_plot_leaves_out_a_policy_with_no_run_in_a_cell(tmp_path: Path) -> None:
     """``best-fixed-cell`` has no run where no clock meets the p99 on every seed: its bar is
     left out there (no mean of nothing, no warning)."""
