@@ -359,6 +359,7 @@ def _day(args: argparse.Namespace) -> DayCycle:
 
 
 FULL_SEEDS = (0, 1, 2, 3, 4)
+TUNE_SEEDS = (0, 1, 2)  # tune's, without --seeds or --full
 MAX_ROWS_SHOWN = 300  # more runs than this: the summary and the results page only
 
 
@@ -607,14 +608,15 @@ def _print_summary(summary: Sequence[Row], baseline: str, console: Console) -> N
 def _cmd_tune(args: argparse.Namespace, console: Console) -> int:
     matrix = _matrix(args)
     prov = provenance(["python -m scheduler", *(args.argv or [])])
-    pairs = len(args.seeds) * len(replace(matrix, policies=("max",)).configs())
+    seeds = args.seeds or (FULL_SEEDS if args.full else TUNE_SEEDS)
+    pairs = len(seeds) * len(replace(matrix, policies=("max",)).configs())
     with _progress(console) as bar:
         task = bar.add_task(f"tuning {args.param}", total=pairs * (2 + len(args.values)))
         rows = tune(
             matrix,
             args.param,
             args.values,
-            args.seeds,
+            seeds,
             policy=args.policy,
             jobs=args.jobs,
             progress=lambda n: bar.advance(task, n),
@@ -622,7 +624,7 @@ def _cmd_tune(args: argparse.Namespace, console: Console) -> int:
     whole = [r for r in rows if r["cell"] is None]
     view = Table(
         title=f"{args.policy} {args.param} over the {matrix.name} matrix, seeds "
-        f"{','.join(map(str, args.seeds))}: pairs where best-fixed meets its p99 SLO"
+        f"{','.join(map(str, seeds))}: pairs where best-fixed meets its p99 SLO"
     )
     for col in TUNE_HEAD:
         view.add_column(col, justify="right")
@@ -634,7 +636,7 @@ def _cmd_tune(args: argparse.Namespace, console: Console) -> int:
         title=f"tune: {args.policy}'s {args.param} over the {matrix.name} matrix",
         markdown=tune_markdown(
             rows,
-            _describe(replace(matrix, seeds=tuple(args.seeds), policies=("max", BEST_FIXED))),
+            _describe(replace(matrix, seeds=seeds, policies=("max", BEST_FIXED))),
             f"`{args.policy}` with `{args.param}` at each value, its other parameters as the "
             "matrix has them, beside `max` and `best-fixed` on the same arrivals.",
         ),
@@ -820,7 +822,12 @@ def build_parser() -> argparse.ArgumentParser:
                 "(slack) or setpoint (adaptive)",
             )
             p.add_argument("--values", type=_floats, required=True)
-            p.add_argument("--seeds", type=_ints, default=(0, 1, 2))
+            p.add_argument(
+                "--seeds",
+                type=_ints,
+                default=None,
+                help=f"e.g. 0,1,2,3,4 (default {','.join(map(str, TUNE_SEEDS))})",
+            )
             p.add_argument("-o", "--out-dir", default="out/tune")
             p.set_defaults(run=_cmd_tune)
 

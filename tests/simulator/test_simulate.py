@@ -358,6 +358,20 @@ def test_cli_tune_sweeps_an_adaptive_parameter_against_best_fixed(
     assert "| 0.97 | 2 |" in page and "| v100 | resnet50:1 | 0.3 | 6 | 0.5 | 1 |" in page
 
 
+def test_cli_tune_full_runs_five_seeds_and_three_without(tmp_path: Path) -> None:
+    """``--full`` is five seeds for ``tune`` as for ``compare``; with neither it nor
+    ``--seeds``, three."""
+    argv = [
+        "tune", "--param", "arrival_quantile", "--values", "0.05", "--matrix", "steady",
+        "--gpu", "v100", "--loads", "0.3", "--slo-multipliers", "6", "--duration-s", "2",
+        "--jobs", "1",
+    ]  # fmt: skip
+    for extra, seeds in ((["--full"], "seeds 0, 1, 2, 3, 4;"), ([], "seeds 0, 1, 2;")):
+        out = tmp_path / str(len(extra))
+        assert main([*argv, *extra, "-o", str(out)]) == 0
+        assert seeds in (out / "tune-slack-arrival_quantile.md").read_text()
+
+
 @pytest.mark.parametrize(
     ("policy", "param", "values", "says"),
     [
