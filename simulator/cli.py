@@ -609,7 +609,7 @@ def _cmd_tune(args: argparse.Namespace, console: Console) -> int:
     matrix = _matrix(args)
     prov = provenance(["python -m scheduler", *(args.argv or [])])
     seeds = args.seeds or (FULL_SEEDS if args.full else TUNE_SEEDS)
-    pairs = len(seeds) * len(replace(matrix, policies=("max",)).configs())
+    pairs = len(replace(matrix, seeds=seeds, policies=("max",)).configs())
     with _progress(console) as bar:
         task = bar.add_task(f"tuning {args.param}", total=pairs * (2 + len(args.values)))
         rows = tune(
