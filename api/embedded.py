@@ -180,6 +180,12 @@ def _serve(
             # the sidecar sees this process end and starts a fresh one.
             while not stopping[0] and not orphaned.wait(0.2) and triton.is_alive():
                 pass
+            if not stopping[0] and not orphaned.is_set():  # said in the log the sidecar quotes
+                print(
+                    "embedded Triton: PyTriton reports the server or a model's handler gone; "
+                    "exiting for the sidecar to start a fresh one",
+                    flush=True,
+                )
     stopped.set()
     if orphaned.is_set():
         _end_orphaned(workspace)
@@ -337,6 +343,19 @@ class EmbeddedTriton:
         """Whether the child that runs Triton is still there (it exits when Triton dies)."""
         proc = self._proc
         return proc is not None and proc.is_alive()
+
+    def why_down(self) -> str:
+        """Why Triton is being restarted, for the sidecar's log (Triton's own log goes away with
+        the sidecar's state directory): how its process ended, or that it still runs, and the
+        end of its log."""
+        proc = self._proc
+        if proc is None:
+            how = "not running"
+        elif proc.is_alive():
+            how = "running but not answering"
+        else:
+            how = f"exited with code {proc.exitcode}"
+        return f"embedded Triton {how}; " + _log_end(self.state_path)
 
     def restart(self, stop_timeout_s: float = 5.0) -> None:
         """Stop what is left of Triton and start a fresh one (same ports if they are free)."""

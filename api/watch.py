@@ -117,7 +117,9 @@ class TritonWatch:
 
     async def _restart(self, embedded: EmbeddedTriton) -> None:
         log.warning(
-            "restarting the embedded Triton (next attempt no sooner than %.1f s)", self._backoff_s
+            "restarting the embedded Triton (next attempt no sooner than %.1f s): %s",
+            self._backoff_s,
+            embedded.why_down(),
         )
         self._next_restart_s = self._now() + self._backoff_s
         self._backoff_s = min(2 * self._backoff_s, self.max_backoff_s)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
 import os
 import signal
 import threading
@@ -251,7 +252,8 @@ def test_queued_timeout_is_answered_when_it_expires(sidecar: LiveSidecar) -> Non
         set_clock(sidecar, None)
 
 
-def test_triton_killed_is_restarted(tmp_path: Path) -> None:
+def test_triton_killed_is_restarted(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="api.watch")
     with LiveSidecar(embedded_config(tmp_path, probe_interval_s=0.2)) as sc:
         assert sc.runtime.embedded is not None
         body = infer_body([1, 16], ROW)
@@ -270,6 +272,10 @@ def test_triton_killed_is_restarted(tmp_path: Path) -> None:
             assert r.status_code == 503 and "error" in r.json()
             time.sleep(0.1)
         assert saw_not_ready and sc.runtime.embedded.restarts >= 1
+        # the sidecar's log says why: how Triton's process ended and the end of Triton's log
+        said = [r.getMessage() for r in caplog.records if "restarting" in r.getMessage()]
+        assert said and "exited with code" in said[0] and ".triton.log" in said[0], said
+        assert "a fresh one" in said[0], said  # the child's own line, from Triton's log
         assert sc.get("/v2/health/live").status_code == 200
         print(f"back {time.monotonic() - killed:.1f} s after kill -9")
 
