@@ -86,6 +86,27 @@ def _names(text: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in text.split(",") if x.strip())
 
 
+def _milliseconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected milliseconds, got {text!r}") from None
+    if not (value >= 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"expected finite milliseconds >= 0, got {text!r}")
+    return value
+
+
+def _add_clock_change_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--clock-change-ms",
+        type=_milliseconds,
+        default=None,
+        help="how long the simulated GPU takes to land a clock change (default: its profile's, "
+        "5 ms, an assumption: docs/simulator.md); the policies plan with their own "
+        "change_delay_ms ([policy.slack] in --config)",
+    )
+
+
 def _count(text: str) -> int:
     try:
         value = int(text)
@@ -148,7 +169,7 @@ def _cmd_simulate(args: argparse.Namespace, console: Console) -> int:
         triton_batches=args.triton_batches, triton_batches_alone=args.triton_batches_alone,
         gpus=args.gpus,
         placement=PlacementParams(args.placement, args.pack_slo_share),
-        day=_day(args),
+        day=_day(args), clock_change_ms=args.clock_change_ms,
     )  # fmt: skip
     if args.slo_ms <= 0 or args.duration_s <= 0:
         raise ValueError("--slo-ms and --duration-s must be > 0")
@@ -381,6 +402,7 @@ def _matrix(args: argparse.Namespace, **extra: object) -> Matrix:
         "placements": getattr(args, "placements", None),
         "pack_slo_share": getattr(args, "pack_slo_share", None),
         "clients": tuple(parse_clients(args.clients)) if args.clients else None,
+        "clock_change_ms": args.clock_change_ms,
         **extra,
     }
     if args.full and given.get("seeds") is None:
@@ -433,6 +455,8 @@ def _describe(m: Matrix) -> str:
     )
     node = f"; nodes of {m.node_gpus} GPUs" if m.node_gpus > 1 else ""
     tuned = f" Policy parameters apart from the defaults: `{t}`." if (t := _tuned(m)) else ""
+    if m.clock_change_ms is not None:
+        tuned += f" The GPUs land a clock change {m.clock_change_ms:g} ms after it is asked for."
     return (
         f"GPUs {', '.join(m.gpus)}{node}; mix {'; '.join(m.mixes)}; loads "
         f"{', '.join(f'{x:g}' for x in m.loads)} of {load}; SLOs "
@@ -685,6 +709,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="model mix, name:share[:slo_ms],... (resnet50, bert-large); default resnet50",
     )
     p.add_argument("--instances", type=int, default=2, help="Triton instances per model (2)")
+    _add_clock_change_option(p)
     rate = p.add_mutually_exclusive_group()
     rate.add_argument(
         "--load",
@@ -783,6 +808,7 @@ def build_parser() -> argparse.ArgumentParser:
             "their service with ideal CFS's)",
         )
         p.add_argument("--jobs", type=int, default=None, help="processes (default: all cores)")
+        _add_clock_change_option(p)
         p.add_argument(
             "--config",
             type=Path,

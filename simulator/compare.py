@@ -98,6 +98,7 @@ class Matrix:
     node_gpus: int = 1  # GPUs per node; load is then a fraction of the node's capacity
     placements: tuple[str, ...] = (DEFAULT_PLACEMENT,)
     pack_slo_share: float = PlacementParams.pack_slo_share
+    clock_change_ms: float | None = None  # every GPU's clock-change delay (None: its profile's)
 
     def __post_init__(self) -> None:
         if self.slo_basis not in ("full", "batch1") or self.load_basis not in (
@@ -149,6 +150,7 @@ class Matrix:
                                             clients=self.clients,
                                             arrival=self.arrival,
                                             day=self.day,
+                                            clock_change_ms=self.clock_change_ms,
                                         )
                                     )
         return out

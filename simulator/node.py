@@ -20,7 +20,6 @@ from typing import Any
 import numpy as np
 
 from dvfs.energy import EnergyCounter
-from dvfs.profiles import get_profile
 from dvfs.simulated import SimulatedDevice
 from dvfs.timesource import VirtualTime
 from scheduler.core import Scheduler
@@ -129,7 +128,7 @@ def simulate_node(
     one GPU's energy, not a node's: with several GPUs they are not computed (None)."""
     if cfg.gpus < 1:
         raise ValueError(f"gpus must be >= 1, got {cfg.gpus}")
-    profile = get_profile(cfg.gpu)
+    profile = cfg.gpu_profile
     rng = np.random.default_rng(cfg.seed)
     arrival_rng, client_rng, device_rng = (
         np.random.default_rng(s) for s in rng.integers(0, 2**63, 3)

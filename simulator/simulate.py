@@ -122,6 +122,17 @@ class SimConfig:
     learn: bool = False  # refit the tables online from what the run measures
     gpus: int = 1
     placement: PlacementParams = field(default_factory=PlacementParams)
+    clock_change_ms: float | None = None  # the GPU's clock-change delay (None: its profile's)
+
+    @property
+    def gpu_profile(self) -> GpuProfile:
+        """The GPU's profile, with ``clock_change_ms`` in place of its clock-change delay."""
+        profile = get_profile(self.gpu)
+        if self.clock_change_ms is None:
+            return profile
+        if not self.clock_change_ms >= 0:
+            raise ValueError(f"clock_change_ms must be >= 0, got {self.clock_change_ms}")
+        return replace(profile, clock_change_delay_s=self.clock_change_ms / 1000.0)
 
     @property
     def scheduler_config(self) -> SchedulerConfig:

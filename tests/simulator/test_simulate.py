@@ -326,6 +326,32 @@ def test_cli_compare_takes_the_policy_parameters_of_a_sidecar_config(
         assert f"--config {bad}" in err and says in err
 
 
+def test_cli_compare_sets_the_gpus_clock_change_delay(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--clock-change-ms`` reaches the simulated GPU (the policy's own ``change_delay_ms``
+    stays as configured): a raise that lands 40 ms late, past the 14 ms SLO, costs the tail of
+    the requests that arrive to a GPU idling low; the page says the delay."""
+    argv = [
+        "compare", "--matrix", "steady", "--gpu", "v100", "--loads", "0.3",
+        "--slo-multipliers", "2", "--seeds", "0", "--policies", "adaptive",
+        "--duration-s", "5", "--jobs", "1",
+    ]  # fmt: skip
+    rows = {}
+    for ms in ("0", "40"):
+        out = tmp_path / ms
+        assert main([*argv, "--clock-change-ms", ms, "-o", str(out)]) == 0
+        (rows[ms],) = json.loads((out / "compare.json").read_text())["results"]["rows"]
+    assert rows["40"]["p99_ms"] > 1.5 * rows["0"]["p99_ms"]
+    assert "land a clock change 40 ms after" in (tmp_path / "40/compare.md").read_text()
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as refused:
+        main([*argv, "--clock-change-ms", "-1", "-o", str(tmp_path / "bad")])
+    assert refused.value.code == 2 and "finite milliseconds >= 0" in capsys.readouterr().err
+    assert SimConfig(gpu="v100").gpu_profile == get_profile("v100")
+    assert SimConfig(gpu="v100", clock_change_ms=12).gpu_profile.clock_change_delay_s == 0.012
+
+
 def test_cli_tune_sweeps_an_adaptive_parameter_against_best_fixed(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
