@@ -19,6 +19,7 @@ from dvfs.__main__ import PIPE_WIDTH
 from scheduler.clients import ClientSpec, parse_clients
 from scheduler.config import PolicyConfig
 from scheduler.core import SchedulerConfig
+from scheduler.params import SlackParams
 from scheduler.placement import DEFAULT_PLACEMENT, PLACEMENTS, PlacementParams
 from scheduler.registry import DEFAULT_POLICY, POLICIES
 from simulator.bestfixed import BEST_FIXED, BEST_FIXED_CELL, best_fixed
@@ -102,8 +103,9 @@ def _add_clock_change_option(p: argparse.ArgumentParser) -> None:
         type=_milliseconds,
         default=None,
         help="how long the simulated GPU takes to land a clock change (default: its profile's, "
-        "5 ms, an assumption: docs/simulator.md); the policies plan with their own "
-        "change_delay_ms ([policy.slack] in --config)",
+        "5 ms, an assumption: docs/simulator.md); the policies plan with the same delay, "
+        "as a sidecar given --slack-change-delay-ms (compare/tune: unless --config sets "
+        "policy.slack.change_delay_ms)",
     )
 
 
@@ -171,6 +173,8 @@ def _cmd_simulate(args: argparse.Namespace, console: Console) -> int:
         placement=PlacementParams(args.placement, args.pack_slo_share),
         day=_day(args), clock_change_ms=args.clock_change_ms,
     )  # fmt: skip
+    if args.clock_change_ms is not None:  # the policy plans with the delay the GPU has
+        cfg = replace(cfg, slack=SlackParams(change_delay_ms=args.clock_change_ms))
     if args.slo_ms <= 0 or args.duration_s <= 0:
         raise ValueError("--slo-ms and --duration-s must be > 0")
     # best-fixed: the best single clock in hindsight on these arrivals (several runs).
@@ -409,9 +413,17 @@ def _matrix(args: argparse.Namespace, **extra: object) -> Matrix:
         given["seeds"] = FULL_SEEDS
     if args.shape is not None:
         given["day"] = replace(base.day, shape=args.shape)
+    planned = None
     if args.config is not None:
         policy = policy_from_file(args.config)
         given["slack"], given["feedback"] = policy.slack, policy.feedback
+        from api.config import load_file
+
+        planned = load_file(args.config).get("policy.slack.change_delay_ms")
+    if args.clock_change_ms is not None and planned is None:  # plan with the GPU's delay
+        slack = given.get("slack") or base.slack
+        assert isinstance(slack, SlackParams)
+        given["slack"] = replace(slack, change_delay_ms=args.clock_change_ms)
     return replace(base, **{k: v for k, v in given.items() if v is not None})  # type: ignore[arg-type]
 
 

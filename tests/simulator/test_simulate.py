@@ -329,9 +329,9 @@ def test_cli_compare_takes_the_policy_parameters_of_a_sidecar_config(
 def test_cli_compare_sets_the_gpus_clock_change_delay(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """``--clock-change-ms`` reaches the simulated GPU (the policy's own ``change_delay_ms``
-    stays as configured): a raise that lands 40 ms late, past the 14 ms SLO, costs the tail of
-    the requests that arrive to a GPU idling low; the page says the delay."""
+    """``--clock-change-ms`` reaches the simulated GPU, and the policy plans with it (unless a
+    ``--config`` sets its own): a raise that lands 40 ms late, past the 14 ms SLO, costs the
+    tail of the requests that arrive to a GPU below the clock they need; the page says both."""
     argv = [
         "compare", "--matrix", "steady", "--gpu", "v100", "--loads", "0.3",
         "--slo-multipliers", "2", "--seeds", "0", "--policies", "adaptive",
@@ -343,7 +343,15 @@ def test_cli_compare_sets_the_gpus_clock_change_delay(
         assert main([*argv, "--clock-change-ms", ms, "-o", str(out)]) == 0
         (rows[ms],) = json.loads((out / "compare.json").read_text())["results"]["rows"]
     assert rows["40"]["p99_ms"] > 1.5 * rows["0"]["p99_ms"]
-    assert "land a clock change 40 ms after" in (tmp_path / "40/compare.md").read_text()
+    page = (tmp_path / "40/compare.md").read_text()
+    assert "land a clock change 40 ms after" in page
+    assert "apart from the defaults: `--slack-change-delay-ms=40.0`." in page
+    config = tmp_path / "plans-5.toml"
+    config.write_text("[policy.slack]\nchange_delay_ms = 5\n")
+    out = tmp_path / "own"
+    assert main([*argv, "--clock-change-ms", "40", "--config", str(config), "-o", str(out)]) == 0
+    page = (out / "compare.md").read_text()
+    assert "land a clock change 40 ms after" in page and "apart from the defaults" not in page
     capsys.readouterr()
     with pytest.raises(SystemExit) as refused:
         main([*argv, "--clock-change-ms", "-1", "-o", str(tmp_path / "bad")])
