@@ -21,9 +21,7 @@ Three clocks, one for each thing the GPU does:
   idle power** for the batch the load forms there (``max(1, λ·t(f, b))`` requests per
   execution at the measured arrival rate ``λ``, solved at every clock). A slower clock that
   forms bigger batches costs less per request; one that only stretches a lone request costs
-  more. Where the clock change is too slow for a wake-up from below the floor (see *Idle*), the
-  GPU idles at the floor: each clock then also counts the idle power it would idle at. The
-  controller's level never sinks below the floor (no wind-up).
+  more. The controller's level never sinks below the floor (no wind-up).
 * **Idle: deep.** When nothing is queued or at Triton the clock drops at once to the lowest
   clock from which the next request, arriving now, loses at most ``idle_depth`` (by default
   all) of the room its classes' base speed leaves under the tightest SLO to the clock change
@@ -147,21 +145,13 @@ class EnergyModel:
         hold_s: float = 0.0,
         room_s: float | None = None,
         share: float = 1.0,
-        idle_extra_w: FloatArray | None = None,
     ) -> int:
         """The lowest clock (index) whose energy per request above ``idle_power_w``, at the
-        batch the load forms there (:meth:`batch_at`), is within ``tolerance`` of the least.
-
-        ``idle_extra_w`` (per clock): what idling with that clock as the floor draws above
-        ``idle_power_w`` (where a wake-up from deeper would cost the tail, the GPU idles at
-        the floor itself), counted over each request's share of the idle time (none at rate 0).
-        """
+        batch the load forms there (:meth:`batch_at`), is within ``tolerance`` of the least."""
         batch = self.batch_at(rate_rps, hold_s, room_s, share)
         energy = self._at(self.execution_j, batch)
         time_s = self._at(self.times_ms, batch) / 1000.0
         above = (energy - idle_power_w * time_s) / batch
-        if idle_extra_w is not None and rate_rps > 0:
-            above = above + idle_extra_w * np.maximum(0.0, 1.0 / rate_rps - time_s / batch)
         best = float(above.min())
         return int(np.argmax(above <= best + tolerance * abs(best)))
 
@@ -271,7 +261,6 @@ class AdaptivePolicy(SlackPolicy):
                     self.feedback.floor_tolerance,
                     *self._hold_room_s(s, model, plan),
                     self.params.safety,
-                    self._idle_extra_w(s, model, plan, energy.static_w),
                 ),
             )
         return self.clocks_mhz[known[1]]
@@ -366,59 +355,13 @@ class AdaptivePolicy(SlackPolicy):
 
     # -- idle ---------------------------------------------------------------------------------
 
-    def _idle_extra_w(
-        self, s: SchedulerView, model: str, plan: ModelPlan, static_w: float
-    ) -> FloatArray | None:
-        """Per clock as ``model``'s floor: the idle power above the lowest clock's at the idle
-        clock :meth:`idle_clock_mhz` would choose under that floor, its class at the floor's
-        speed (None when the GPU's idle power is not known). With a clock change slow
-        against the SLO's room the GPU idles at the floor itself, so a higher floor idles
-        higher: the floor counts it, as the single clock it is weighed against does."""
-        idle_w = self._idle_powers_w()
-        if self._attaching or idle_w is None:
-            return None  # attaching, no rate is known either
-        t = plan.times_ms[1]
-        budget_ms = self.feedback.idle_depth * s.last_slo_ms(model) * (1.0 - t[-1] / t)
-        busy = np.arange(len(self.clocks_mhz))
-        chosen = self._idle_indices(busy, budget_ms, [t], static_w)
-        extra: FloatArray = idle_w[chosen] - idle_w[0]
-        return extra
-
-    def _idle_powers_w(self) -> FloatArray | None:
-        """Idle power at every clock of the ladder from the two readings (lowest and top
-        clock), on the same cubic law as busy power; None when they are not known."""
+    def _idle_power_w(self, clock_mhz: float) -> float | None:
+        """Idle power at ``clock_mhz`` from the two readings (lowest and top clock), on the
+        same cubic law as busy power; None when they are not known."""
         lo, hi = self.feedback.idle_power_w, self.feedback.idle_power_top_w
         if lo is None or hi is None:
             return None
-        clocks = np.asarray(self.clocks_mhz, dtype=float)
-        powers: FloatArray = lo + (hi - lo) * (clocks / clocks[-1]) ** 3
-        return powers
-
-    def _idle_indices(
-        self,
-        busy: npt.NDArray[np.int64],
-        budget_ms: FloatArray,
-        times: list[FloatArray],
-        static_w: float | None,
-    ) -> npt.NDArray[np.int64]:
-        """The idle clock (index) under each busy clock (index) of ``busy``: of the clocks at
-        or below it from which a wake-up loses at most its ``budget_ms`` to the raise (the
-        request runs at the idle clock until the raise lands), the one where the idle period
-        (its measured mean) and the wake-up after it (the extra busy time at the static busy
-        power) cost the least; the lowest when the idle power or the gap is not known."""
-        delay_ms = self.params.change_delay_ms
-        lost_ms = np.max([delay_ms * (1.0 - t[busy][:, None] / t[None, :]) for t in times], axis=0)
-        below = np.arange(len(self.clocks_mhz))[None, :] <= busy[:, None]
-        allowed = below & (lost_ms <= budget_ms[:, None])
-        idle_w = self._idle_powers_w()
-        if idle_w is None or static_w is None or self._idle_gap_s is None:
-            lowest: npt.NDArray[np.int64] = np.argmax(allowed, axis=1)
-            return lowest
-        joules = idle_w[None, :] * self._idle_gap_s + np.maximum(
-            0.0, static_w - idle_w[None, :]
-        ) * (lost_ms / 1e3)
-        cheapest: npt.NDArray[np.int64] = np.argmin(np.where(allowed, joules, np.inf), axis=1)
-        return cheapest
+        return lo + (hi - lo) * (clock_mhz / self.clocks_mhz[-1]) ** 3
 
     def idle_clock_mhz(self, s: SchedulerView) -> int:
         """The clock to idle at, never above the busy floor.
@@ -443,13 +386,24 @@ class AdaptivePolicy(SlackPolicy):
         budget_ms = self.feedback.idle_depth * min(
             s.last_slo_ms(m) * (1.0 - self._recent_scale(m)) for m in models
         )
-        b = np.array([self.clocks_mhz.index(busy)])
+        delay_ms = self.params.change_delay_ms
+        b = self.clocks_mhz.index(busy)
         times = [p.times_ms[1] for m in models if (p := self._plan(s, m)) is not None]
         static_w = max(
             (e.static_w for m in models if (e := self._energy.get(m)) is not None), default=None
         )
-        (chosen,) = self._idle_indices(b, np.array([budget_ms]), times, static_w)
-        return self.clocks_mhz[int(chosen)]
+        best, best_j = busy, math.inf
+        for i, clock in enumerate(self.clocks_mhz[: b + 1]):
+            lost_ms = max(delay_ms * (1.0 - t[b] / t[i]) for t in times)
+            if lost_ms > budget_ms:
+                continue
+            idle_w = self._idle_power_w(clock)
+            if idle_w is None or static_w is None or self._idle_gap_s is None:
+                return clock
+            joules = idle_w * self._idle_gap_s + max(0.0, static_w - idle_w) * lost_ms / 1e3
+            if joules < best_j:
+                best, best_j = clock, joules
+        return best
 
     def _idle(self, s: SchedulerView) -> bool:
         return not s.queue_len and not s.inflight_by_model()

@@ -11,7 +11,7 @@ import pytest
 from scheduler.adaptive import MAX_CLASSES, AdaptivePolicy, EnergyModel
 from scheduler.core import Scheduler
 from scheduler.feedback import FeedbackParams
-from scheduler.policies import ModelPlan, SlackParams, SlackPolicy
+from scheduler.policies import ModelPlan, SlackPolicy
 from scheduler.view import ModelServing
 from tests.scheduler.helpers import (
     CLOCKS,
@@ -195,42 +195,6 @@ def test_the_energy_floor_counts_the_batches_the_load_forms() -> None:
     assert energy.floor_index(0.0, 30.0) <= energy.floor_index(0.0, 0.0)
     # Within a tolerance the floor is the lowest clock that close to the least energy.
     assert energy.floor_index(0.0, 30.0, tolerance=0.5) <= energy.floor_index(0.0, 30.0)
-    # Idling higher under a higher floor (a wake-up from deeper would cost the tail) is counted
-    # over each request's share of the idle time: the floor comes down; with no load there is
-    # no share to count.
-    higher = np.linspace(0.0, 60.0, len(CLOCKS))
-    assert energy.floor_index(20.0, 30.0, idle_extra_w=higher) < energy.floor_index(20.0, 30.0)
-    assert energy.floor_index(0.0, 30.0, idle_extra_w=higher) == energy.floor_index(0.0, 30.0)
-
-
-def test_a_slow_clock_change_makes_the_floor_count_the_idle_power_at_it() -> None:
-    """With a clock change that lands at once the GPU idles at the bottom whatever the floor:
-    the floor has no idle power to count. One as slow as the SLO leaves the top clock no room
-    for a wake-up from below: under it the GPU idles at the top, and the floor counts it."""
-    idle = replace(FAST, idle_power_w=30.0, idle_power_top_w=60.0)
-    extras = []
-    for delay_ms in (0.0, 100.0):
-        policy = AdaptivePolicy(CLOCKS, SlackParams(change_delay_ms=delay_ms), feedback=idle)
-        s = make_scheduler(policy, _batched_table(30.0), serving={MODEL: ModelServing(1, 1)})
-        now = 0.0
-        while now < 5.0:  # 50 requests a second, each done 10 ms after it is sent
-            s.enqueue(make_request(arrival_s=now, slo_ms=100.0), now)
-            d = s.next_dispatch(now)
-            assert d is not None
-            s.on_complete(d.request, 0.01, now + 0.01)
-            now += 0.02
-        plan = policy._plan(s, MODEL)
-        assert plan is not None and policy.energy_floor_mhz(s, MODEL) is not None
-        energy = policy._energy[MODEL]
-        assert energy is not None
-        extra = policy._idle_extra_w(s, MODEL, plan, energy.static_w)
-        assert extra is not None and extra.shape == (len(CLOCKS),)
-        extras.append(extra)
-    fast, slow = extras
-    assert np.all(fast == 0.0)
-    # The top clock idles at the top: 60 W, where the lowest clock idles at 30 W and a bit.
-    assert slow[-1] == pytest.approx(30.0 * (1.0 - (CLOCKS[0] / CLOCKS[-1]) ** 3))
-    assert np.all(slow >= 0.0)
 
 
 def test_the_class_never_sinks_below_the_energy_floor() -> None:
