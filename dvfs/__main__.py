@@ -1,15 +1,16 @@
-"""``python -m dvfs list | reset | set``: see and steer GPU clocks."""
+"""``python -m dvfs list | reset | set | delay``: see and steer GPU clocks, and time a change."""
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from rich.console import Console
 from rich.table import Table
 
 from dvfs.errors import DeviceError, NoDeviceError
-from dvfs.profiles import PROFILES
+from dvfs.profiles import PROFILES, get_profile
 
 PIPE_WIDTH = 160  # rich's 80-column default truncates tables in logs and pipes
 
@@ -100,6 +101,46 @@ def _cmd_set(console: Console, gpu: int, clock_mhz: int) -> int:
     return 0
 
 
+def _cmd_delay(console: Console, gpu: int, sim: str | None, changes: int) -> int:
+    from dvfs.clockdelay import measure_changes, summary_ms
+    from dvfs.device import Device
+
+    device: Device
+    if sim is not None:
+        from dvfs.simulated import SimulatedDevice
+
+        device = SimulatedDevice(get_profile(sim))
+    else:
+        from dvfs.nvml import NvmlDevice
+
+        device = NvmlDevice(gpu)
+    try:
+        name = device.identity.name
+        result = measure_changes(device, changes)
+    finally:
+        device.close()
+    stats = summary_ms(result)
+    view = Table(title=f"{name}: a locked clock, read back until it shows (ms)")
+    for col in ("changes", "not landed", "min", "median", "p90", "max"):
+        view.add_column(col, justify="right")
+    view.add_row(
+        str(stats["changes"]),
+        str(stats["not_landed"]),
+        *(f"{stats[k]:.1f}" for k in ("min_ms", "median_ms", "p90_ms", "max_ms")),
+    )
+    console.print(view)
+    p90 = float(stats["p90_ms"])
+    if p90 == p90:  # some landed
+        console.print(
+            f"plan with it: --slack-change-delay-ms {math.ceil(p90)} "
+            "(policy.slack.change_delay_ms); an idle GPU may read lower than it is locked at: "
+            "measure it while it serves"
+        )
+    else:
+        console.print("no change showed within 2 s: the GPU may be idle below its locked clock")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dvfs", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -109,6 +150,12 @@ def main(argv: list[str] | None = None) -> int:
     p_set = sub.add_parser("set", help="lock one GPU's graphics clock")
     p_set.add_argument("--gpu", type=int, default=0)
     p_set.add_argument("--clock-mhz", type=int, required=True)
+    p_delay = sub.add_parser(
+        "delay", help="time how long a locked clock takes to show (changes the GPU's clock)"
+    )
+    p_delay.add_argument("--gpu", type=int, default=0)
+    p_delay.add_argument("--sim", default=None, help="a simulated GPU's profile instead")
+    p_delay.add_argument("--changes", type=int, default=12, help="clock changes to time (12)")
     args = parser.parse_args(argv)
     console = Console(width=None if sys.stdout.isatty() else PIPE_WIDTH)
     try:
@@ -116,8 +163,10 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_list(console)
         if args.cmd == "reset":
             return _cmd_reset(console, args.gpu)
+        if args.cmd == "delay":
+            return _cmd_delay(console, args.gpu, args.sim, args.changes)
         return _cmd_set(console, args.gpu, args.clock_mhz)
-    except DeviceError as err:
+    except (DeviceError, KeyError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
 

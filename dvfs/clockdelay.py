@@ -1,0 +1,117 @@
+"""How long a GPU takes to land a locked clock: ``python -m dvfs delay``.
+
+The policies plan every raise as landing ``--slack-change-delay-ms`` after they ask for it (5 ms
+by default, an assumption: ``dvfs/profiles.py``). This measures it on the device itself: lock a
+clock, then read the clock back every ``poll_s`` until it shows the target; the time from the
+call to the first reading that shows it, over several changes between the lowest, a middle and
+the top clock of the ladder, both ways.
+
+What it measures is the delay NVML's reading shows, not the delay the GPU's work feels (a study
+that times work across a change, Velička et al., IPDPSW 2025, finds the two can differ). An idle
+GPU may not report a locked clock at all (it may rest lower): run it while the GPU serves, or
+read the figure as a bound from below.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from dvfs.device import Device
+
+POLL_S = 0.0005  # how often the clock is read back while a change lands
+TIMEOUT_S = 2.0  # a change not seen by then is reported as not landed
+
+
+@dataclass(frozen=True)
+class ClockChange:
+    """One change: from which clock, to which, and how long until the reading showed it (None:
+    not within the timeout)."""
+
+    from_mhz: int
+    to_mhz: int
+    delay_ms: float | None
+
+
+def change_sequence(clocks_mhz: Sequence[int], changes: int) -> list[int]:
+    """The targets, in order: the lowest, a middle and the top clock of the ladder, visited so
+    that every pair is crossed both ways (up and down, far and near), ``changes`` in all."""
+    ladder = sorted(clocks_mhz)
+    if len(ladder) < 2:
+        raise ValueError("a clock ladder of at least two clocks is needed")
+    if changes < 1:
+        raise ValueError(f"changes must be >= 1, got {changes}")
+    lo, mid, hi = ladder[0], ladder[len(ladder) // 2], ladder[-1]
+    cycle = [hi, lo, mid, hi, mid, lo] if mid not in (lo, hi) else [hi, lo]
+    return [cycle[i % len(cycle)] for i in range(changes)]
+
+
+def measure_changes(
+    device: Device,
+    changes: int = 12,
+    *,
+    poll_s: float = POLL_S,
+    timeout_s: float = TIMEOUT_S,
+    now: Callable[[], float] = time.perf_counter,
+    sleep: Callable[[float], None] = time.sleep,
+) -> list[ClockChange]:
+    """Lock ``device`` at each clock of :func:`change_sequence` in turn, from the lowest, and time
+    each change until ``device.clock_mhz()`` reads the target. The clock is given back after."""
+    if poll_s <= 0 or timeout_s <= 0:
+        raise ValueError("poll_s and timeout_s must be > 0")
+    ladder = device.supported_clocks_mhz()
+    targets = change_sequence(ladder, changes)
+    out = []
+    try:
+        current = min(ladder)
+        device.set_clock_mhz(current)
+        _wait_for(device, current, now() + timeout_s, poll_s, now, sleep)
+        for target in targets:
+            start = now()
+            device.set_clock_mhz(target)
+            seen = _wait_for(device, target, start + timeout_s, poll_s, now, sleep)
+            delay_ms = None if seen is None else (seen - start) * 1000.0
+            out.append(ClockChange(current, target, delay_ms))
+            current = target
+    finally:
+        device.reset()
+    return out
+
+
+def _wait_for(
+    device: Device,
+    target_mhz: int,
+    deadline: float,
+    poll_s: float,
+    now: Callable[[], float],
+    sleep: Callable[[float], None],
+) -> float | None:
+    """When the reading first showed ``target_mhz`` (None: not by ``deadline``)."""
+    while True:
+        if device.clock_mhz() == target_mhz:
+            return now()
+        if now() >= deadline:
+            return None
+        sleep(poll_s)
+
+
+def summary_ms(changes: Sequence[ClockChange]) -> dict[str, float | int]:
+    """Count, how many did not land, and the landed ones' min, median, p90 and max (ms; nan
+    when none landed)."""
+    landed = sorted(c.delay_ms for c in changes if c.delay_ms is not None)
+
+    def q(p: float) -> float:
+        if not landed:
+            return math.nan
+        return landed[min(len(landed) - 1, math.ceil(p * len(landed)) - 1)]
+
+    return {
+        "changes": len(changes),
+        "not_landed": len(changes) - len(landed),
+        "min_ms": landed[0] if landed else math.nan,
+        "median_ms": q(0.5),
+        "p90_ms": q(0.9),
+        "max_ms": landed[-1] if landed else math.nan,
+    }
