@@ -102,7 +102,7 @@ def _cmd_set(console: Console, gpu: int, clock_mhz: int) -> int:
 
 
 def _cmd_delay(console: Console, gpu: int, sim: str | None, changes: int) -> int:
-    from dvfs.clockdelay import measure_changes, summary_ms
+    from dvfs.clockdelay import TIMEOUT_S, measure_changes, summary_ms
     from dvfs.device import Device
 
     device: Device
@@ -130,14 +130,16 @@ def _cmd_delay(console: Console, gpu: int, sim: str | None, changes: int) -> int
     )
     console.print(view)
     p90 = float(stats["p90_ms"])
-    if p90 == p90:  # some landed
+    if not math.isnan(p90):  # some landed
         console.print(
             f"plan with it: --slack-change-delay-ms {math.ceil(p90)} "
             "(policy.slack.change_delay_ms); an idle GPU may read lower than it is locked at: "
             "measure it while it serves"
         )
     else:
-        console.print("no change showed within 2 s: the GPU may be idle below its locked clock")
+        console.print(
+            f"no change showed within {TIMEOUT_S:g} s: the GPU may be idle below its locked clock"
+        )
     return 0
 
 
