@@ -6,10 +6,10 @@ clock, then read the clock back every ``poll_s`` until it shows the target; the 
 call to the first reading that shows it, over several changes between the lowest, a middle and
 the top clock of the ladder, both ways.
 
-What it measures is the delay NVML's reading shows, not the delay the GPU's work feels (a study
-that times work across a change, Velička et al., IPDPSW 2025, finds the two can differ). An idle
-GPU may not report a locked clock at all (it may rest lower): run it while the GPU serves, or
-read the figure as a bound from below.
+What it measures is the delay NVML's reading shows, not the delay the GPU's work feels (the
+study of the delay cited in ``dvfs/profiles.py`` times the work itself); how far the one lags or
+leads the other is not known here. An idle GPU may not report a locked clock at all (it may rest
+lower): run it while the GPU serves.
 """
 
 from __future__ import annotations

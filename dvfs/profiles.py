@@ -28,10 +28,10 @@ Where the numbers come from:
   Dynamic power goes as ``C·V²·f`` and voltage rises roughly linearly with clock over the DVFS
   range, hence an exponent near 3. With a clock-independent floor this makes energy per
   inference U-shaped in clock, with its minimum near half the top clock, as measured on real GPUs.
-* Clock-change delay: 5 ms is our assumption, not a measurement. The one study that
-  measures it on NVIDIA GPUs (Velička, Vysocký, Říha, "Methodology for GPU Frequency Switching
-  Latency Measurement", IPDPSW 2025, arXiv 2502.20075: GH200, A100, Quadro RTX 6000) reports
-  latencies that vary widely across GPUs and target clocks; work citing it gives "roughly
+* Clock-change delay: 5 ms is our assumption, not a measurement. A study that measures it
+  on NVIDIA GPUs (Velička, Vysocký, Říha, "Methodology for GPU Frequency Switching Latency
+  Measurement", 2025, arXiv 2502.20075: GH200, A100, Quadro RTX 6000) reports
+  significant variation between GPUs; work citing it gives "roughly
   1-500 ms" (Lei et al., "The Energy Cost of Execution-Idle in GPU Clusters") and ≈10-100 ms
   on Hopper (Kypriotis et al., "PowerWeave"). Its own per-GPU figures were not read here.
   ``python -m scheduler compare --clock-change-ms`` runs the simulator with another delay
