@@ -116,10 +116,11 @@ class TritonWatch:
         return dead or hung
 
     async def _restart(self, embedded: EmbeddedTriton) -> None:
+        why = await asyncio.to_thread(embedded.why_down)  # reads Triton's log: off the loop
         log.warning(
             "restarting the embedded Triton (next attempt no sooner than %.1f s): %s",
             self._backoff_s,
-            embedded.why_down(),
+            why,
         )
         self._next_restart_s = self._now() + self._backoff_s
         self._backoff_s = min(2 * self._backoff_s, self.max_backoff_s)

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dvfs.errors import DeviceError, NoDeviceError
-from dvfs.profiles import PROFILES, get_profile
+from dvfs.profiles import PROFILES
 
 PIPE_WIDTH = 160  # rich's 80-column default truncates tables in logs and pipes
 
@@ -103,17 +103,9 @@ def _cmd_set(console: Console, gpu: int, clock_mhz: int) -> int:
 
 def _cmd_delay(console: Console, gpu: int, sim: str | None, changes: int) -> int:
     from dvfs.clockdelay import TIMEOUT_S, measure_changes, summary_ms
-    from dvfs.device import Device
+    from dvfs.factory import open_device
 
-    device: Device
-    if sim is not None:
-        from dvfs.simulated import SimulatedDevice
-
-        device = SimulatedDevice(get_profile(sim))
-    else:
-        from dvfs.nvml import NvmlDevice
-
-        device = NvmlDevice(gpu)
+    device = open_device(f"sim:{sim}" if sim is not None else f"nvml:{gpu}")
     try:
         name = device.identity.name
         result = measure_changes(device, changes)
@@ -168,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "delay":
             return _cmd_delay(console, args.gpu, args.sim, args.changes)
         return _cmd_set(console, args.gpu, args.clock_mhz)
-    except (DeviceError, KeyError, ValueError) as err:
+    except (DeviceError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
 

@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from dvfs.device import Device
 
 POLL_S = 0.0005  # how often the clock is read back while a change lands
@@ -100,18 +102,17 @@ def _wait_for(
 def summary_ms(changes: Sequence[ClockChange]) -> dict[str, float | int]:
     """Count, how many did not land, and the landed ones' min, median, p90 and max (ms; nan
     when none landed)."""
-    landed = sorted(c.delay_ms for c in changes if c.delay_ms is not None)
-
-    def q(p: float) -> float:
-        if not landed:
-            return math.nan
-        return landed[min(len(landed) - 1, math.ceil(p * len(landed)) - 1)]
-
+    landed = [c.delay_ms for c in changes if c.delay_ms is not None]
+    # nearest rank: each figure is one of the delays measured
+    q = (
+        np.quantile(landed, (0.0, 0.5, 0.9, 1.0), method="inverted_cdf")
+        if landed
+        else [math.nan] * 4
+    )
     return {
         "changes": len(changes),
         "not_landed": len(changes) - len(landed),
-        "min_ms": landed[0] if landed else math.nan,
-        "median_ms": q(0.5),
-        "p90_ms": q(0.9),
-        "max_ms": landed[-1] if landed else math.nan,
+        **{
+            k: float(v) for k, v in zip(("min_ms", "median_ms", "p90_ms", "max_ms"), q, strict=True)
+        },
     }

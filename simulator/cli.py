@@ -172,9 +172,8 @@ def _cmd_simulate(args: argparse.Namespace, console: Console) -> int:
         gpus=args.gpus,
         placement=PlacementParams(args.placement, args.pack_slo_share),
         day=_day(args), clock_change_ms=args.clock_change_ms,
+        slack=_planned(SlackParams(), args.clock_change_ms),
     )  # fmt: skip
-    if args.clock_change_ms is not None:  # the policy plans with the delay the GPU has
-        cfg = replace(cfg, slack=SlackParams(change_delay_ms=args.clock_change_ms))
     if args.slo_ms <= 0 or args.duration_s <= 0:
         raise ValueError("--slo-ms and --duration-s must be > 0")
     # best-fixed: the best single clock in hindsight on these arrivals (several runs).
@@ -413,28 +412,31 @@ def _matrix(args: argparse.Namespace, **extra: object) -> Matrix:
         given["seeds"] = FULL_SEEDS
     if args.shape is not None:
         given["day"] = replace(base.day, shape=args.shape)
-    planned = None
     if args.config is not None:
-        policy = policy_from_file(args.config)
+        policy = policy_from_file(args.config, args.clock_change_ms)
         given["slack"], given["feedback"] = policy.slack, policy.feedback
-        from api.config import load_file
-
-        planned = load_file(args.config).get("policy.slack.change_delay_ms")
-    if args.clock_change_ms is not None and planned is None:  # plan with the GPU's delay
-        slack = given.get("slack") or base.slack
-        assert isinstance(slack, SlackParams)
-        given["slack"] = replace(slack, change_delay_ms=args.clock_change_ms)
+    else:
+        given["slack"] = _planned(base.slack, args.clock_change_ms)
     return replace(base, **{k: v for k, v in given.items() if v is not None})  # type: ignore[arg-type]
 
 
-def policy_from_file(path: Path) -> PolicyConfig:
+def _planned(slack: SlackParams, clock_change_ms: float | None) -> SlackParams:
+    """``slack`` planning with the GPU's clock-change delay, when ``--clock-change-ms`` gives
+    one."""
+    return slack if clock_change_ms is None else replace(slack, change_delay_ms=clock_change_ms)
+
+
+def policy_from_file(path: Path, clock_change_ms: float | None = None) -> PolicyConfig:
     """The clock policy's parameters in a sidecar's TOML file (``python -m api serve
     --config``): its ``[policy.slack]`` and ``[policy.feedback]`` tables tune ``slack`` and
-    ``adaptive`` here as they do live; its other keys are checked and left aside. ValueError
-    names a bad file, an unknown key or a bad value."""
+    ``adaptive`` here as they do live; its other keys are checked and left aside. The policies
+    plan with ``clock_change_ms`` unless the file sets ``policy.slack.change_delay_ms``.
+    ValueError names a bad file, an unknown key or a bad value."""
     from api.config import build, load_file
 
     leaves = {tuple(key.split(".")): value for key, value in load_file(path).items()}
+    if clock_change_ms is not None:
+        leaves.setdefault(("policy", "slack", "change_delay_ms"), clock_change_ms)
     try:
         return build(leaves).policy
     except (TypeError, ValueError) as err:  # a value its parameter refuses

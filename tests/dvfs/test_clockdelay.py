@@ -64,4 +64,4 @@ def test_cli_measures_a_simulated_gpu_and_says_what_to_set(
     out = capsys.readouterr().out
     assert "V100" in out and "median" in out and "--slack-change-delay-ms" in out
     assert main(["delay", "--sim", "nosuch"]) == 2
-    assert "unknown GPU profile" in capsys.readouterr().err
+    assert "'sim:nosuch': unknown profile" in capsys.readouterr().err
