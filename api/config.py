@@ -327,10 +327,13 @@ _SLACK_HELP = {
     "phantoms": "slack: future arrivals (at the measured rate) the plan reserves room for",
     "hold_s": "slack: seconds before stepping the clock down (hysteresis)",
     "safety": "slack: share of each deadline the plan may use",
-    "change_delay_ms": "slack: what a clock change costs, ms (counted against every deadline)",
+    "change_delay_ms": "slack: what a clock change costs, ms (counted against every deadline; "
+    "the least planned with when the delay is learned)",
     "arrival_quantile": "slack: quantile of the inter-arrival time the phantoms assume",
     "phantom_margin": "slack: multiplier on the phantoms' arrival rate",
     "hold_while_busy": "slack: hold requests for a fuller batch while the model runs too",
+    "learn_change_delay": "slack: time the GPU's clock changes and plan with their p90 where "
+    "it is longer than change_delay_ms",
 }
 _FEEDBACK_HELP = {
     "target": "adaptive: the quantile of latency/SLO each SLO class holds at the setpoint",

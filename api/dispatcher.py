@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -24,8 +25,10 @@ from api.shadow import ShadowLedger
 from api.tasks import cancel_and_wait
 from api.upstream import Upstream
 from api.upstream_errors import UpstreamUnavailableError
+from dvfs.clockdelay import time_landing
 from dvfs.device import Device
 from dvfs.errors import DeviceError
+from scheduler.changedelay import ChangeDelays
 from scheduler.core import Scheduler
 from scheduler.policies import ClockPolicy
 from scheduler.request import Request
@@ -111,21 +114,42 @@ class ClockApplier:
     """Sets the GPU's clock in a worker thread, always to the latest target asked for.
 
     With ``shadow`` it only reports each new target to ``on_change``: no device call at all.
+    With ``delays`` it times a raise now and then (:mod:`scheduler.changedelay`): from when it
+    was asked for until the clock read back shows it, polled on another worker thread so that
+    the next change never waits; ``on_delay`` is told of each raise timed.
     """
 
     def __init__(
-        self, device: Device, on_change: Callable[[int | None], None], *, shadow: bool = False
+        self,
+        device: Device,
+        on_change: Callable[[int | None], None],
+        *,
+        shadow: bool = False,
+        delays: ChangeDelays | None = None,
+        on_delay: Callable[[], None] | None = None,
+        time_source: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.device = device
         self.shadow = shadow
+        self.delays = delays
         self._on_change = on_change
+        self._on_delay = on_delay
+        self._now = time_source
+        self._sleep = sleep
         self._target: int | None = None
+        self._asked_s = 0.0  # when the target was first asked for
         self._applied: int | bool | None = False  # False: nothing applied yet
+        self._locked_mhz: int | None = None  # the clock locked last (None: none, or reset)
         self._event = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._timing: asyncio.Task[None] | None = None  # a raise being timed
+        self._newer = threading.Event()  # set when a change after the one timed is applied
 
     def request(self, clock_mhz: int | None) -> None:
         """Ask for ``clock_mhz`` (None: give the clock back to the GPU)."""
+        if clock_mhz != self._target:
+            self._asked_s = self._now()
         self._target = clock_mhz
         self._event.set()
 
@@ -133,26 +157,78 @@ class ClockApplier:
         self._task = asyncio.create_task(self._run(), name="clock-applier")
 
     async def stop(self) -> None:
+        self._newer.set()
         await cancel_and_wait(self._task)
+        await cancel_and_wait(self._timing)
 
     async def _run(self) -> None:
         while True:
             await self._event.wait()
             self._event.clear()
-            target = self._target
+            target, asked_s = self._target, self._asked_s
             if self._applied is not False and target == self._applied:
                 continue
+            timed = False
             if not self.shadow:
+                locked = self._locked_mhz
+                time_it = (
+                    self.delays is not None
+                    and self._timing is None
+                    and locked is not None
+                    and target is not None
+                    and target > locked
+                    and self.delays.due(asked_s)
+                )
+                self._newer.set()  # a raise being timed no longer can be
                 try:
                     if target is None:
                         await asyncio.to_thread(self.device.reset)
                     else:
-                        await asyncio.to_thread(self.device.set_clock_mhz, target)
+                        timed = await asyncio.to_thread(self._set, target, time_it)
                 except DeviceError:
                     log.exception("could not set the clock to %s MHz", target)
                     continue
-            self._applied = target
+            self._applied = self._locked_mhz = target
             self._on_change(target)
+            if timed:
+                assert target is not None and self.delays is not None
+                self.delays.started(asked_s)
+                self._newer = threading.Event()
+                self._timing = asyncio.create_task(self._time(target, asked_s, self._newer))
+
+    def _set(self, target_mhz: int, time_it: bool) -> bool:
+        """Lock ``target_mhz``; whether to time it (asked to, and the reading was elsewhere)."""
+        if time_it:
+            time_it = self.device.clock_mhz() != target_mhz
+        self.device.set_clock_mhz(target_mhz)
+        return time_it
+
+    async def _time(self, target_mhz: int, asked_s: float, newer: threading.Event) -> None:
+        delays = self.delays
+        assert delays is not None
+        try:
+            delay_ms = await asyncio.to_thread(
+                time_landing,
+                self.device,
+                target_mhz,
+                asked_s,
+                newer.is_set,
+                now=self._now,
+                sleep=self._sleep,
+            )
+        except DeviceError:
+            log.warning("could not read the clock back to time a change", exc_info=True)
+            delay_ms = None
+        finally:
+            self._timing = None
+        if delay_ms is not None:
+            delays.landed(delay_ms)
+        elif not newer.is_set():
+            delays.missed(asked_s)
+        else:
+            return  # cut short by the next change: says nothing of the delay
+        if self._on_delay is not None:
+            self._on_delay()
 
 
 class GpuDispatcher:
@@ -168,18 +244,31 @@ class GpuDispatcher:
         metrics: GatewayMetrics,
         shadow: bool = False,
         time_source: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         """With ``shadow`` the clock is decided as always but never written (see
         :mod:`api.shadow`). The fits of the tables' refits (times and energy) run on a worker thread
         (milliseconds of Python each, tens with tables of many clocks: on the event loop they
-        would hold up every request meanwhile)."""
+        would hold up every request meanwhile). Active, it times the GPU's clock changes and
+        has the policy plan with what they take (:mod:`scheduler.changedelay`), reading the
+        clock back every half millisecond (``sleep``) on a worker thread."""
         self.gpu = gpu
         self.scheduler = scheduler
         self.device = device
         self.upstream = upstream
         self.metrics = metrics
         self._now = time_source
-        self._clock = ClockApplier(device, self._clock_applied, shadow=shadow)
+        self.delays: ChangeDelays | None = None if shadow else ChangeDelays()
+        self._planned_delay_ms: float | None = None
+        self._clock = ClockApplier(
+            device,
+            self._clock_applied,
+            shadow=shadow,
+            delays=self.delays,
+            on_delay=self._plan_delay,
+            time_source=time_source,
+            sleep=sleep,
+        )
         self.shadow: ShadowLedger | None = None
         if shadow:
             self.shadow = ShadowLedger(
@@ -254,6 +343,7 @@ class GpuDispatcher:
 
     def _policy_changed(self) -> None:
         """The core's policy is new (or first): apply its clock, publish it, arm its timer."""
+        self._plan_delay()
         self._ask(self.scheduler.clock_target_mhz)
         self.metrics.set_policy(self.gpu, self.scheduler.policy.name)
         self._arm_timer()
@@ -506,6 +596,38 @@ class GpuDispatcher:
         self.metrics.clock_changes.labels(self.gpu).inc()
         self.metrics.clock_set.labels(self.gpu).set(0.0 if clock_mhz is None else clock_mhz * 1e6)
 
+    def _plan_delay(self) -> None:
+        """Have the policy plan raises with the delay the GPU's changes were timed to take
+        (a raise was timed, or the policy is new); timing stops while it plans none."""
+        delays, policy = self.delays, self.scheduler.policy
+        if delays is None:
+            return
+        configured = policy.configured_change_delay_ms()
+        delays.active = configured is not None
+        measured = delays.measured_ms
+        if measured is not None:
+            self.metrics.clock_change_delay.labels(self.gpu, "measured").set(measured / 1000.0)
+        if configured is None:
+            self._planned_delay_ms = None
+            return
+        planned = delays.planning_ms(configured)
+        self.metrics.clock_change_delay.labels(self.gpu, "planned").set(planned / 1000.0)
+        policy.plan_change_delay_ms(planned)
+        if self._planned_delay_ms is not None and abs(planned - self._planned_delay_ms) < 1.0:
+            return
+        if measured is not None and (self._planned_delay_ms is not None or planned != configured):
+            log.info(
+                "GPU %s: clock changes land in %.1f ms (p%.0f of the last %d timed); raises "
+                "are planned with %.1f ms (configured: %.1f ms)",
+                self.gpu,
+                measured,
+                delays.params.quantile * 100,
+                min(delays.landed_count, delays.params.window),
+                planned,
+                configured,
+            )
+        self._planned_delay_ms = planned
+
     def _arm_timer(self) -> None:
         wake = self.scheduler.wake_at_s()
         if wake == self._timer_at:
@@ -547,6 +669,11 @@ class GpuDispatcher:
             "clock_target_mhz": s.clock_target_mhz,
             "recent_clock_sets": _newest_first(self._clock_sets, now),
             "recent_clock_targets": _newest_first(self._clock_targets, now),
+            "clock_change_delay": (
+                None
+                if self.delays is None
+                else self.delays.state(s.policy.configured_change_delay_ms())
+            ),
             "queue_length": s.queue_len,
             "queue_by_level": s.queue.level_sizes(),
             "inflight": len(s.inflight),

@@ -196,6 +196,14 @@ class GatewayMetrics:
             "their difference is the estimated saving.",
             ("gpu", "at"),
         )
+        self.clock_change_delay = Gauge(
+            "sidecar_gpu_clock_change_delay_seconds",
+            "How long the GPU's clock changes take to land, from the policy asking to the "
+            "clock read back (figure=measured: the p90 of the raises timed lately) and what "
+            "the policy plans raises with (figure=planned).",
+            ["gpu", "figure"],
+            registry=r,
+        )
         self.clock_changes = Counter(
             "sidecar_gpu_clock_changes", "Clock changes applied.", ["gpu"], registry=r
         )

@@ -82,6 +82,29 @@ def measure_changes(
     return out
 
 
+def time_landing(
+    device: Device,
+    target_mhz: int,
+    asked_s: float,
+    abandon: Callable[[], bool],
+    *,
+    poll_s: float = POLL_S,
+    timeout_s: float = TIMEOUT_S,
+    now: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> float | None:
+    """How long after ``asked_s`` (on the clock ``now`` reads) the reading first showed
+    ``target_mhz``, in ms: the sidecar times its own raises with it, on a worker thread. None
+    when not within ``timeout_s`` of ``asked_s``, or once ``abandon()`` (a newer change was
+    applied: what the reading shows no longer answers for this one)."""
+    seen = _wait_for(device, target_mhz, asked_s + timeout_s, poll_s, now, sleep, abandon)
+    return None if seen is None else (seen - asked_s) * 1000.0
+
+
+def _never() -> bool:
+    return False
+
+
 def _wait_for(
     device: Device,
     target_mhz: int,
@@ -89,14 +112,17 @@ def _wait_for(
     poll_s: float,
     now: Callable[[], float],
     sleep: Callable[[float], None],
+    abandon: Callable[[], bool] = _never,
 ) -> float | None:
-    """When the reading first showed ``target_mhz`` (None: not by ``deadline``)."""
-    while True:
+    """When the reading first showed ``target_mhz`` (None: not by ``deadline``, or
+    ``abandon()``)."""
+    while not abandon():
         if device.clock_mhz() == target_mhz:
             return now()
         if now() >= deadline:
             return None
         sleep(poll_s)
+    return None
 
 
 def summary_ms(changes: Sequence[ClockChange]) -> dict[str, float | int]:

@@ -73,7 +73,9 @@ class SchedulerConfig:
 @dataclass(frozen=True)
 class SlackParams:
     """Knobs of :class:`SlackPolicy`; the defaults are argued in its docstring and measured by
-    ``python -m scheduler tune``."""
+    ``python -m scheduler tune``. ``learn_change_delay``: the sidecar (and the simulator) time
+    the GPU's clock changes and the policy plans with what they take where that is longer than
+    ``change_delay_ms`` (:mod:`scheduler.changedelay`)."""
 
     batch_hold: float = 0.25
     quantile: str = "p99"
@@ -85,6 +87,7 @@ class SlackParams:
     arrival_quantile: float = 0.05
     phantom_margin: float = 1.0
     hold_while_busy: bool = False
+    learn_change_delay: bool = True
 
     def __post_init__(self) -> None:
         if self.quantile not in ("mean", *TAIL_QUANTILES):

@@ -12,6 +12,7 @@ import bisect
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from operator import attrgetter
 from typing import ClassVar
 
@@ -88,6 +89,14 @@ class ClockPolicy(ABC):
     def state(self) -> list[dict[str, object]] | None:
         """What this policy learned and holds, for the admin state (None: nothing)."""
         return None
+
+    def configured_change_delay_ms(self) -> float | None:
+        """The clock-change delay this policy was given to plan raises with, where it plans
+        with one and may learn the GPU's (:mod:`scheduler.changedelay`); None: it does not."""
+        return None
+
+    def plan_change_delay_ms(self, delay_ms: float) -> None:  # noqa: B027 (most plan none)
+        """Plan every raise from now on as landing ``delay_ms`` after it is asked for."""
 
     def _snap_up(self, clock_mhz: float) -> int:
         """The lowest ladder clock at or above ``clock_mhz`` (the top one if none)."""
@@ -255,7 +264,8 @@ class SlackPolicy(ClockPolicy):
       inference, not less; the floor is the table's measured optimum (the highest of the models
       present).
     * **Up at once, down after ``hold_s``.** A raise is set immediately and allows
-      ``change_delay_ms`` (5 ms) for the change to land; a step down waits until it has been
+      ``change_delay_ms`` (5 ms, or what the GPU is timed to take where longer:
+      :mod:`scheduler.changedelay`) for the change to land; a step down waits until it has been
       enough for ``hold_s`` (50 ms), so a lull costs no clock change. ``safety`` (0.95) keeps 5%
       of every deadline's room for what the model does not know.
     * **Batches worth waiting for.** Below a full batch a model's requests may be held back
@@ -277,6 +287,7 @@ class SlackPolicy(ClockPolicy):
     def __init__(self, clocks_mhz: list[int], params: SlackParams | None = None) -> None:
         super().__init__(clocks_mhz)
         self.params = params or SlackParams()
+        self._configured_delay_ms = self.params.change_delay_ms
         self.current_mhz = self.clocks_mhz[0]
         self._lower_since_s: float | None = None
         self._plans: dict[str, ModelPlan | None] = {}
@@ -294,6 +305,13 @@ class SlackPolicy(ClockPolicy):
             float(gamma.ppf(self.params.arrival_quantile, j))
             for j in range(1, self.params.phantoms + 1)
         ]
+
+    def configured_change_delay_ms(self) -> float | None:
+        return self._configured_delay_ms if self.params.learn_change_delay else None
+
+    def plan_change_delay_ms(self, delay_ms: float) -> None:
+        if delay_ms != self.params.change_delay_ms:
+            self.params = replace(self.params, change_delay_ms=delay_ms)
 
     def _slo_scale(self, model: str, slo_ms: float) -> float:
         """The share of a request's SLO the plan aims at (1: its SLO; a feedback policy moves

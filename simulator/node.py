@@ -22,6 +22,7 @@ import numpy as np
 from dvfs.energy import EnergyCounter
 from dvfs.simulated import SimulatedDevice
 from dvfs.timesource import VirtualTime
+from scheduler.changedelay import ChangeDelays
 from scheduler.core import Scheduler
 from scheduler.placement import Placer
 from scheduler.queue import VruntimeLedger
@@ -101,6 +102,11 @@ class _Gpu:
         self.device = device
         self.sched = sched
         self.triton = triton
+        self.vt = vt
+        # The raises timed, as the live sidecar times them (scheduler.changedelay).
+        self.delays = ChangeDelays()
+        self.delays.active = sched.policy.configured_change_delay_ms() is not None
+        self.applied_mhz: int | None = None
         self.timer_at: float | None = None
         self.batcher_at: float | None = None
         # Learning: the device's energy counter, read every ``poll_s`` as the live reader does.
@@ -110,6 +116,33 @@ class _Gpu:
             else None
         )
         self.stats = GpuStats()
+
+    def set_clock(self, clock_mhz: int) -> None:
+        """Lock ``clock_mhz``. A raise is timed now and then, as the live sidecar times it
+        (:class:`api.dispatcher.ClockApplier`), with the moment the simulated GPU lands it (what
+        a reading polled without pause shows), and the policy plans with what was learned."""
+        now_s = self.vt()
+        previous, self.applied_mhz = self.applied_mhz, clock_mhz
+        delays = self.delays
+        time_it = (
+            delays.due(now_s)
+            and previous is not None
+            and clock_mhz > previous
+            and self.device.clock_mhz() != clock_mhz
+        )
+        self.device.set_clock_mhz(clock_mhz)
+        if not time_it:
+            return
+        delays.started(now_s)
+        pending = self.device.pending_change()
+        if pending is not None and pending[1] == clock_mhz:
+            delays.landed((pending[0] - now_s) * 1000.0)
+        else:
+            delays.missed(now_s)
+        policy = self.sched.policy
+        configured = policy.configured_change_delay_ms()
+        if configured is not None:
+            policy.plan_change_delay_ms(delays.planning_ms(configured))
 
 
 def run(cfg: SimConfig) -> SimResult:
@@ -188,12 +221,12 @@ def simulate_node(
             tables, policy, sched_config, serving=serving, learner=fit, ledger=ledger
         )
         initial = policy.initial_clock_mhz()
+        triton = _Triton(profile, device, cfg.instances, serving)
+        gpus.append(_Gpu(i, device, sched, triton, vt))
         if initial is None:
             device.reset()
         else:
-            device.set_clock_mhz(initial)
-        triton = _Triton(profile, device, cfg.instances, serving)
-        gpus.append(_Gpu(i, device, sched, triton, vt))
+            gpus[-1].set_clock(initial)
     placer = Placer(cfg.placement, idle_w=[profile.idle_w] * cfg.gpus, default_slo_ms=cfg.slo_ms)
     schedulers = [g.sched for g in gpus]
 
@@ -233,7 +266,7 @@ def simulate_node(
 
     def apply(gpu: _Gpu, clock: int | None) -> None:
         if clock is not None:
-            gpu.device.set_clock_mhz(clock)
+            gpu.set_clock(clock)
             after_clock_request(gpu)
 
     def dispatch(gpu: _Gpu, now: float) -> None:

@@ -25,6 +25,7 @@ from api.dispatcher import Answer, GpuDispatcher, Job, post
 from api.hints import Hints
 from api.metrics import GatewayMetrics
 from api.upstream import Upstream, UpstreamResponse
+from dvfs.profiles import GpuProfile
 from dvfs.simulated import SimulatedDevice
 from dvfs.timesource import VirtualTime
 from scheduler.core import Scheduler, SchedulerConfig
@@ -215,7 +216,7 @@ class RecordingDevice(SimulatedDevice):
     """A simulated GPU that records every clock written to it (None: a reset) and can run a
     hook in the middle of a write, as if other work happened while NVML took its time."""
 
-    def __init__(self, clock: VirtualTime, profile: str = "v100") -> None:
+    def __init__(self, clock: VirtualTime, profile: GpuProfile | str = "v100") -> None:
         super().__init__(profile, time_source=clock)
         self.writes: list[int | None] = []
         self.during_write: Callable[[int | None], None] | None = None
@@ -301,11 +302,12 @@ async def gateway(
     shadow: bool = False,
     service_s: float | None = None,
     stop_timeout_s: float = 30.0,
+    device_profile: GpuProfile | str = "v100",
     **cfg: Any,
 ) -> AsyncIterator[Gateway]:
     """``async with gateway(clock, MaxPolicy) as gw:`` a started dispatcher (``policy`` built on
     the device's clock ladder), stopped when the block ends."""
-    device = RecordingDevice(clock)
+    device = RecordingDevice(clock, device_profile)
     scheduler = make_scheduler(policy(device.supported_clocks_mhz()), **cfg)
     upstream = FakeUpstream(service_s=service_s)
     metrics = GatewayMetrics()
@@ -317,6 +319,7 @@ async def gateway(
         metrics=metrics,
         shadow=shadow,
         time_source=clock,
+        sleep=clock.advance_by,  # reading a clock change back polls in virtual time
     )
     dispatcher.start()
     gw = Gateway(dispatcher, scheduler, device, upstream, metrics, clock)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
@@ -21,8 +21,11 @@ import pytest
 from api.dispatcher import MAX_TIMER_US, ClockApplier, RejectedError
 from api.upstream import Upstream
 from api.upstream_errors import UpstreamUnavailableError
+from dvfs.profiles import get_profile
 from dvfs.timesource import VirtualTime
-from scheduler.policies import ClockPolicy, FixedPolicy, MaxPolicy, SeedPolicy
+from scheduler.changedelay import ChangeDelayParams, ChangeDelays
+from scheduler.params import SlackParams
+from scheduler.policies import ClockPolicy, FixedPolicy, MaxPolicy, SeedPolicy, SlackPolicy
 from scheduler.registry import POLICIES, make_policy
 from scheduler.request import Request
 from tests.api.fakes import (
@@ -630,3 +633,82 @@ def test_every_request_is_answered_once_and_nothing_is_sent_that_should_not_be(
             assert {"ok", "UnavailableError", "cancelled", "RejectedError"} <= set(ends), ends
 
     run_virtual(main)
+
+
+# -- the clock-change delay, timed ---------------------------------------------------------
+
+
+def test_the_applier_times_raises_from_the_ask_to_the_reading_and_not_drops() -> None:
+    """A raise is timed from when it was asked for until the clock read back shows it (the
+    simulated GPU lands it 20 ms later; the reading is polled every half millisecond); neither
+    the first write nor a drop is timed."""
+    delays = ChangeDelays(ChangeDelayParams(every_s=0.0, min_samples=1))
+    timed: list[float | None] = []
+
+    async def main(clock: VirtualTime) -> None:
+        device = RecordingDevice(clock, replace(get_profile("v100"), clock_change_delay_s=0.02))
+        low, high = device.supported_clocks_mhz()[10], device.supported_clocks_mhz()[-1]
+        applier = ClockApplier(
+            device,
+            lambda _: None,
+            delays=delays,
+            on_delay=lambda: timed.append(delays.measured_ms),
+            time_source=clock,
+            sleep=clock.advance_by,
+        )
+        applier.start()
+        try:
+            for target in (low, high, low, high):
+                applier.request(target)
+                await idle()
+                await asyncio.sleep(0.1)
+        finally:
+            await applier.stop()
+
+    run_virtual(main)
+    assert delays.timed == 2 == delays.landed_count  # the two raises
+    assert len(timed) == 2 and delays.measured_ms is not None
+    assert 20.0 <= delays.measured_ms <= 20.5 + 1e-9
+
+
+def test_the_dispatcher_has_the_policy_plan_with_the_delay_its_raises_take(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """On a GPU that lands a change in 20 ms, a policy configured with 5 ms plans with 20 ms
+    once enough raises were timed; the admin state, the metric and the log say so. Told not to
+    learn, it keeps 5 ms and nothing is timed."""
+
+    async def serve(clock: VirtualTime, learn: bool) -> tuple[SlackPolicy, dict[str, Any]]:
+        profile = replace(get_profile("v100"), clock_change_delay_s=0.02)
+        params = SlackParams(change_delay_ms=5.0, learn_change_delay=learn)
+        async with gateway(
+            clock, lambda c: SlackPolicy(c, params), service_s=0.008, device_profile=profile
+        ) as gw:
+            for _ in range(12):  # each arrives to an idle GPU at its floor: a raise
+                await gw.submit(slo_ms=17.0)
+                await asyncio.sleep(0.3)
+            assert isinstance(gw.scheduler.policy, SlackPolicy)
+            state = gw.dispatcher.state()["clock_change_delay"]
+            assert isinstance(state, dict)
+            planned = gw.gauge("sidecar_gpu_clock_change_delay_seconds", gpu="0", figure="planned")
+            if learn:
+                assert planned == state["planned_ms"] / 1000.0
+            else:
+                assert planned is None and state["planned_ms"] is None
+            return gw.scheduler.policy, state
+
+    async def main(clock: VirtualTime) -> None:
+        policy, state = await serve(clock, True)
+        assert 20.0 <= policy.params.change_delay_ms <= 20.5 + 1e-9
+        assert (
+            state["configured_ms"] == 5.0 and state["planned_ms"] == policy.params.change_delay_ms
+        )
+        assert state["landed"] == state["timed"] and 8 <= state["timed"] <= 12
+        policy, state = await serve(clock, False)
+        assert policy.params.change_delay_ms == 5.0
+        assert state["configured_ms"] is None and state["timed"] == 0
+
+    with caplog.at_level(logging.INFO, logger="api.dispatcher"):
+        run_virtual(main)
+    assert "GPU 0: clock changes land in 20." in caplog.text
+    assert "raises are planned with 20." in caplog.text and "(configured: 5.0 ms)" in caplog.text

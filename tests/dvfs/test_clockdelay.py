@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from dvfs.__main__ import main
-from dvfs.clockdelay import change_sequence, measure_changes, summary_ms
+from dvfs.clockdelay import change_sequence, measure_changes, summary_ms, time_landing
 from dvfs.profiles import get_profile
 from dvfs.simulated import SimulatedDevice
 from dvfs.timesource import VirtualTime
@@ -65,3 +65,34 @@ def test_cli_measures_a_simulated_gpu_and_says_what_to_set(
     assert "V100" in out and "median" in out and "--slack-change-delay-ms" in out
     assert main(["delay", "--sim", "nosuch"]) == 2
     assert "'sim:nosuch': unknown profile" in capsys.readouterr().err
+
+
+def test_a_raise_timed_by_the_sidecar_counts_from_the_ask_and_stops_when_abandoned() -> None:
+    """``time_landing`` (the sidecar's own raises): the delay counts from when the change was
+    asked for, before the call; a newer change abandons it; a reading that never shows it
+    gives up at the timeout."""
+    vt = VirtualTime()
+    profile = replace(get_profile("v100"), clock_change_delay_s=0.02)
+    device = SimulatedDevice(profile, time_source=vt)
+    device.set_clock_mhz(135)
+    vt.advance_by(0.1)
+    asked_s = vt()
+    vt.advance_by(0.003)  # the applier's turn, the thread's hop: before the call
+    device.set_clock_mhz(1530)
+    delay = time_landing(device, 1530, asked_s, lambda: False, now=vt, sleep=vt.advance_by)
+    assert delay is not None and 23.0 <= delay <= 23.5 + 1e-9
+    polls = []
+
+    def abandon() -> bool:
+        polls.append(vt())
+        return len(polls) > 3
+
+    device.set_clock_mhz(135)
+    asked_s = vt()
+    assert time_landing(device, 135, asked_s, abandon, now=vt, sleep=vt.advance_by) is None
+    assert len(polls) == 4 and vt() - asked_s < 0.002
+    asked_s = vt()
+    late = time_landing(
+        device, 832, asked_s, lambda: False, timeout_s=0.1, now=vt, sleep=vt.advance_by
+    )
+    assert late is None and 0.1 <= vt() - asked_s <= 0.101  # never asked for: never shows

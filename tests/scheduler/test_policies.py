@@ -138,6 +138,21 @@ def test_slack_allows_for_the_clock_change_delay_when_raising() -> None:
     assert policy.target_mhz(s, 0.0) == clock_for_mean_ms((14.0 - 2.0) * 0.95 - 1.0)
 
 
+def test_slack_plans_raises_with_the_delay_learned() -> None:
+    """A delay learned (``plan_change_delay_ms``) is counted as a configured one is."""
+    targets = []
+    for configured, learned in ((2.0, None), (2.0, 4.0), (4.0, None)):
+        policy = SlackPolicy(
+            CLOCKS, SlackParams(change_delay_ms=configured, phantoms=0, batch_hold=0.0)
+        )
+        s = make_scheduler(policy)
+        if learned is not None:
+            policy.plan_change_delay_ms(learned)
+        s.enqueue(make_request(slo_ms=14.0), 0.0)  # a raise from the floor, asked now
+        targets.append(s.clock_target_mhz)
+    assert targets == [1500, 2100, 2100]
+
+
 def test_slack_phantoms_keep_up_with_the_arrival_rate() -> None:
     results = []
     for phantoms in (0, 16):

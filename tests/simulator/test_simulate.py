@@ -331,7 +331,8 @@ def test_cli_compare_sets_the_gpus_clock_change_delay(
 ) -> None:
     """``--clock-change-ms`` reaches the simulated GPU, and the policy plans with it (unless a
     ``--config`` sets its own): a raise that lands 40 ms late, past the 14 ms SLO, costs the
-    tail of the requests that arrive to a GPU below the clock they need; the page says both."""
+    tail of the requests that arrive to a GPU below the clock they need; the page says both.
+    A policy configured with less learns the GPU's delay from its own raises."""
     argv = [
         "compare", "--matrix", "steady", "--gpu", "v100", "--loads", "0.3",
         "--slo-multipliers", "2", "--seeds", "0", "--policies", "adaptive",
@@ -352,6 +353,19 @@ def test_cli_compare_sets_the_gpus_clock_change_delay(
     assert main([*argv, "--clock-change-ms", "40", "--config", str(config), "-o", str(out)]) == 0
     page = (out / "compare.md").read_text()
     assert "land a clock change 40 ms after" in page and "apart from the defaults" not in page
+    # Planning with 5 ms on a GPU that takes 20, the policy times its raises and plans with
+    # what they take; told not to learn, it keeps 5 ms, and its tail pays for it.
+    p99_ms = []
+    for learn in ("true", "false"):
+        config.write_text(f"[policy.slack]\nchange_delay_ms = 5\nlearn_change_delay = {learn}\n")
+        out = tmp_path / f"learn-{learn}"
+        at_4x = [*argv[:8], "4", *argv[9:13], "--duration-s", "10", "--jobs", "1"]
+        assert (
+            main([*at_4x, "--clock-change-ms", "20", "--config", str(config), "-o", str(out)]) == 0
+        )
+        (row,) = json.loads((out / "compare.json").read_text())["results"]["rows"]
+        p99_ms.append(row["p99_ms"])
+    assert p99_ms[0] < 0.95 * p99_ms[1]
     capsys.readouterr()
     with pytest.raises(SystemExit) as refused:
         main([*argv, "--clock-change-ms", "-1", "-o", str(tmp_path / "bad")])
