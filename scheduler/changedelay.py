@@ -5,14 +5,18 @@ takes is not known in advance (5 ms is an assumption, ``dvfs/profiles.py``), and
 less than it takes puts the tail over the SLO (docs/simulator.md, "The clock-change delay"). So
 the sidecar times some of its own raises, from when the policy asked to when the GPU's reading
 shows the clock (:func:`dvfs.clockdelay.time_landing` live; the simulated GPU's own landing in
-the simulator), and plans with the ``quantile`` (p90) of the last ``window`` it timed once it has
-``min_samples`` of them.
+the simulator), and plans with the ``quantile`` (p90, nearest rank) of the last ``window`` it
+timed, from the first (``min_samples``): while it plans with too short a delay, a request that
+arrives to a GPU below the clock it needs may pass its SLO, and at a low load the first seconds
+of those can spend the whole share of misses a p99 allows in a run (docs/simulator.md). With few
+samples the p90 is their largest, so one slow outlier raises the figure until ten more have
+come; the first ``warmup`` raises are timed one after another to get there soon.
 
 The figure configured is the least the policies plan with: a measured delay within
 ``tolerance_ms`` of it (what a reading polled every half millisecond from another thread adds
-to the delay) leaves it as it is, a longer one replaces it. One raise is timed at a time, at
-most one every ``every_s``; a raise the reading never shows (an idle GPU may rest below its
-locked clock) counts as not landed, and the next is timed ``backoff`` times later.
+to the delay) leaves it as it is, a longer one replaces it. One raise is timed at a time, after
+the warm-up at most one every ``every_s``; a raise the reading never shows (an idle GPU may rest
+below its locked clock) counts as not landed, and the next is timed ``backoff`` times later.
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ class ChangeDelayParams:
 
     window: int = 64
     quantile: float = 0.9
-    min_samples: int = 8
+    min_samples: int = 1
+    warmup: int = 8
     tolerance_ms: float = 1.0
     every_s: float = 0.1
     backoff: float = 20.0
@@ -40,8 +45,8 @@ class ChangeDelayParams:
             raise ValueError("need window >= 1 and 1 <= min_samples <= window")
         if not 0.0 < self.quantile <= 1.0:
             raise ValueError(f"quantile must be in (0, 1], got {self.quantile}")
-        if self.tolerance_ms < 0 or self.every_s < 0 or self.backoff < 1:
-            raise ValueError("need tolerance_ms >= 0, every_s >= 0 and backoff >= 1")
+        if self.tolerance_ms < 0 or self.every_s < 0 or self.backoff < 1 or self.warmup < 0:
+            raise ValueError("need tolerance_ms >= 0, every_s >= 0, backoff >= 1, warmup >= 0")
 
 
 class ChangeDelays:
@@ -60,7 +65,7 @@ class ChangeDelays:
 
     def due(self, now_s: float) -> bool:
         """Whether a raise asked for at ``now_s`` should be timed."""
-        return self.active and now_s >= self._next_s
+        return self.active and (self.landed_count < self.params.warmup or now_s >= self._next_s)
 
     def started(self, now_s: float) -> None:
         """A raise asked for at ``now_s`` is being timed."""

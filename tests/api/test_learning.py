@@ -303,3 +303,40 @@ def test_the_energy_reader_reads_less_often_once_the_gpu_has_been_idle_a_while()
     assert always.next_wait_s() == 0.02  # not told of the work: every poll_s
     with pytest.raises(ValueError, match="idle_poll_s"):
         EnergyReader(device, lambda r, i: None, poll_s=0.02, idle_poll_s=0.01)
+
+
+def test_the_sidecar_times_its_raises_on_the_emulated_gpu(tmp_path: Path) -> None:
+    """Live: requests arriving one at a time to an idle GPU at ``slack``'s floor, each raising
+    its clock, are timed from the policy's ask to the clock read back from the emulated GPU
+    (which lands a change 5 ms after it is asked for); the admin state and the metric show it."""
+    config = embedded_config(tmp_path, policy="slack")
+    x = httpclient.InferInput("INPUT0", [1, 16], "FP32")
+    x.set_data_from_numpy(np.ones((1, 16), np.float32))
+    delay_s = get_profile("v100").clock_change_delay_s  # the embedded default's GPU (sim:v100)
+    with LiveSidecar(config) as sc:
+        client = httpclient.InferenceServerClient(sc.url, network_timeout=60.0)
+        deadline = time.monotonic() + 60.0
+
+        def timed() -> dict[str, object]:
+            seen = state(sc)["clock_change_delay"]  # GPU 0's, the only one
+            assert isinstance(seen, dict)
+            return seen
+
+        while (seen := timed())["landed"] < 8:  # type: ignore[operator]
+            assert time.monotonic() < deadline, seen
+            client.infer("simnet", [x], parameters={"slo_ms": 15})
+            time.sleep(0.15)  # idle again: the clock drops, the next request raises it
+        measured = seen["measured_ms"]
+        assert isinstance(measured, float) and measured >= delay_s * 1000.0
+        assert seen["configured_ms"] == 5.0
+        assert seen["planned_ms"] in (5.0, measured)  # within 1 ms of 5: planned as configured
+        families = text_string_to_metric_families(sc.get("/metrics").text)
+        figures = {
+            s.labels["figure"]: s.value
+            for f in families
+            for s in f.samples
+            if s.name == "sidecar_gpu_clock_change_delay_seconds"
+        }
+        planned = seen["planned_ms"]
+        assert isinstance(planned, float)
+        assert figures == {"measured": measured / 1000.0, "planned": planned / 1000.0}

@@ -37,15 +37,27 @@ def test_the_configured_delay_is_the_least_planned_with() -> None:
     assert d.planning_ms(20.0) == 20.0  # a GPU faster than configured: the configured figure
 
 
+def test_the_first_raises_are_timed_one_after_another() -> None:
+    d = ChangeDelays(ChangeDelayParams(every_s=0.25, warmup=2))
+    for t in (0.0, 0.01):
+        assert d.due(t)
+        d.started(t)
+        d.landed(20.0)
+        assert d.measured_ms == 20.0 and d.planning_ms(5.0) == 20.0  # from the first
+    assert not d.due(0.02) and d.due(0.26)
+
+
 def test_raises_are_timed_at_most_every_every_s_and_later_after_one_never_shows() -> None:
-    d = ChangeDelays(ChangeDelayParams(every_s=0.25, backoff=20.0))
+    d = ChangeDelays(ChangeDelayParams(every_s=0.25, backoff=20.0, warmup=1))
     assert d.due(0.0)
+    d.started(0.0)
+    d.landed(5.0)  # the warm-up: every raise until one landed
     d.started(0.0)
     assert not d.due(0.2) and d.due(0.25)
     d.started(0.25)
     d.missed(0.25)
     assert d.not_landed == 1 and not d.due(5.0) and d.due(5.25)
-    assert d.timed == 2 and d.landed_count == 0
+    assert d.timed == 3 and d.landed_count == 1
     d.active = False  # the policy plans no delay: nothing is timed
     assert not d.due(100.0)
 
@@ -59,6 +71,8 @@ def test_bad_values_are_refused() -> None:
         ChangeDelayParams(window=4, min_samples=5)
     with pytest.raises(ValueError, match="quantile"):
         ChangeDelayParams(quantile=0.0)
+    with pytest.raises(ValueError, match="warmup"):
+        ChangeDelayParams(warmup=-1)
 
 
 def test_the_state_says_what_was_timed_and_planned() -> None:
