@@ -16,6 +16,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
+from contextlib import suppress
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
@@ -170,14 +171,10 @@ class ClockApplier:
                 continue
             timed = False
             if not self.shadow:
-                locked = self._locked_mhz
                 time_it = (
                     self.delays is not None
                     and self._timing is None
-                    and locked is not None
-                    and target is not None
-                    and target > locked
-                    and self.delays.due(asked_s)
+                    and self.delays.wants(asked_s, self._locked_mhz, target)
                 )
                 self._newer.set()  # a raise being timed no longer can be
                 try:
@@ -609,6 +606,8 @@ class GpuDispatcher:
             self.metrics.clock_change_delay.labels(self.gpu, "measured").set(measured / 1000.0)
         if configured is None:
             self._planned_delay_ms = None
+            with suppress(KeyError):  # a policy that plans no raise: no figure planned
+                self.metrics.clock_change_delay.remove(self.gpu, "planned")
             return
         planned = delays.planning_ms(configured)
         self.metrics.clock_change_delay.labels(self.gpu, "planned").set(planned / 1000.0)

@@ -67,6 +67,17 @@ class ChangeDelays:
         """Whether a raise asked for at ``now_s`` should be timed."""
         return self.active and (self.landed_count < self.params.warmup or now_s >= self._next_s)
 
+    def wants(self, now_s: float, locked_mhz: int | None, target_mhz: int | None) -> bool:
+        """Whether to time the change from ``locked_mhz``, the clock locked last (None: none,
+        or given back to the GPU), to ``target_mhz`` asked for at ``now_s``: a raise, when due
+        (the caller also checks that the clock read back is not the target already)."""
+        return (
+            locked_mhz is not None
+            and target_mhz is not None
+            and target_mhz > locked_mhz
+            and self.due(now_s)
+        )
+
     def started(self, now_s: float) -> None:
         """A raise asked for at ``now_s`` is being timed."""
         self.timed += 1

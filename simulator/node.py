@@ -120,16 +120,12 @@ class _Gpu:
     def set_clock(self, clock_mhz: int) -> None:
         """Lock ``clock_mhz``. A raise is timed now and then, as the live sidecar times it
         (:class:`api.dispatcher.ClockApplier`), with the moment the simulated GPU lands it (what
-        a reading polled without pause shows), and the policy plans with what was learned."""
+        a reading polled without pause shows; a raise is never cut short by the next change
+        here, which live one in a few may be), and the policy plans with what was learned."""
         now_s = self.vt()
         previous, self.applied_mhz = self.applied_mhz, clock_mhz
         delays = self.delays
-        time_it = (
-            delays.due(now_s)
-            and previous is not None
-            and clock_mhz > previous
-            and self.device.clock_mhz() != clock_mhz
-        )
+        time_it = delays.wants(now_s, previous, clock_mhz) and self.device.clock_mhz() != clock_mhz
         self.device.set_clock_mhz(clock_mhz)
         if not time_it:
             return

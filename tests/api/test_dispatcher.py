@@ -695,7 +695,18 @@ def test_the_dispatcher_has_the_policy_plan_with_the_delay_its_raises_take(
                 assert planned == state["planned_ms"] / 1000.0
             else:
                 assert planned is None and state["planned_ms"] is None
-            return gw.scheduler.policy, state
+            policy = gw.scheduler.policy
+            # A policy that plans no raise: nothing planned, nothing timed; what was measured stays.
+            gw.dispatcher.set_policy(MaxPolicy(gw.device.supported_clocks_mhz()))
+            swapped = gw.dispatcher.state()["clock_change_delay"]
+            assert isinstance(swapped, dict) and swapped["configured_ms"] is None
+            assert swapped["measured_ms"] == state["measured_ms"]
+            assert (
+                gw.gauge("sidecar_gpu_clock_change_delay_seconds", gpu="0", figure="planned")
+                is None
+            )
+            assert gw.dispatcher.delays is not None and not gw.dispatcher.delays.due(clock())
+            return policy, state
 
     async def main(clock: VirtualTime) -> None:
         policy, state = await serve(clock, True)

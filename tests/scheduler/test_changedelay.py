@@ -58,8 +58,11 @@ def test_raises_are_timed_at_most_every_every_s_and_later_after_one_never_shows(
     d.missed(0.25)
     assert d.not_landed == 1 and not d.due(5.0) and d.due(5.25)
     assert d.timed == 3 and d.landed_count == 1
+    assert d.wants(100.0, 900, 1200)
+    assert not d.wants(100.0, 1200, 900) and not d.wants(100.0, None, 900)  # no raise
+    assert not d.wants(100.0, 900, None)
     d.active = False  # the policy plans no delay: nothing is timed
-    assert not d.due(100.0)
+    assert not d.due(100.0) and not d.wants(100.0, 900, 1200)
 
 
 def test_bad_values_are_refused() -> None:
