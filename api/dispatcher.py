@@ -599,21 +599,19 @@ class GpuDispatcher:
         delays, policy = self.delays, self.scheduler.policy
         if delays is None:
             return
-        configured = policy.configured_change_delay_ms()
-        delays.active = configured is not None
+        planned = delays.plan_for(policy)
         measured = delays.measured_ms
         if measured is not None:
             self.metrics.clock_change_delay.labels(self.gpu, "measured").set(measured / 1000.0)
-        if configured is None:
+        if planned is None:
             self._planned_delay_ms = None
             with suppress(KeyError):  # a policy that plans no raise: no figure planned
                 self.metrics.clock_change_delay.remove(self.gpu, "planned")
             return
-        planned = delays.planning_ms(configured)
         self.metrics.clock_change_delay.labels(self.gpu, "planned").set(planned / 1000.0)
-        policy.plan_change_delay_ms(planned)
         if self._planned_delay_ms is not None and abs(planned - self._planned_delay_ms) < 1.0:
             return
+        configured = policy.configured_change_delay_ms()
         if measured is not None and (self._planned_delay_ms is not None or planned != configured):
             log.info(
                 "GPU %s: clock changes land in %.1f ms (p%.0f of the last %d timed); raises "

@@ -73,8 +73,16 @@ def measure_changes(
         for target in targets:
             start = now()
             device.set_clock_mhz(target)
-            seen = _wait_for(device, target, start + timeout_s, poll_s, now, sleep)
-            delay_ms = None if seen is None else (seen - start) * 1000.0
+            delay_ms = time_landing(
+                device,
+                target,
+                start,
+                _never,
+                poll_s=poll_s,
+                timeout_s=timeout_s,
+                now=now,
+                sleep=sleep,
+            )
             out.append(ClockChange(current, target, delay_ms))
             current = target
     finally:

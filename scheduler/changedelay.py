@@ -24,8 +24,12 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from scheduler.policies import ClockPolicy
 
 
 @dataclass(frozen=True)
@@ -111,6 +115,17 @@ class ChangeDelays:
         if measured is None or measured <= configured_ms + self.params.tolerance_ms:
             return configured_ms
         return measured
+
+    def plan_for(self, policy: ClockPolicy) -> float | None:
+        """Have ``policy`` plan its raises with what was learned; what it now plans with (None:
+        it plans no delay, and nothing is timed while it runs)."""
+        configured = policy.configured_change_delay_ms()
+        self.active = configured is not None
+        if configured is None:
+            return None
+        planned = self.planning_ms(configured)
+        policy.plan_change_delay_ms(planned)
+        return planned
 
     def state(self, configured_ms: float | None) -> dict[str, object]:
         """For the admin state: what was timed and what the policy plans with."""

@@ -105,7 +105,7 @@ class _Gpu:
         self.vt = vt
         # The raises timed, as the live sidecar times them (scheduler.changedelay).
         self.delays = ChangeDelays()
-        self.delays.active = sched.policy.configured_change_delay_ms() is not None
+        self.delays.plan_for(sched.policy)  # nothing learned yet: timing on or off
         self.applied_mhz: int | None = None
         self.timer_at: float | None = None
         self.batcher_at: float | None = None
@@ -135,10 +135,7 @@ class _Gpu:
             delays.landed((pending[0] - now_s) * 1000.0)
         else:
             delays.missed(now_s)
-        policy = self.sched.policy
-        configured = policy.configured_change_delay_ms()
-        if configured is not None:
-            policy.plan_change_delay_ms(delays.planning_ms(configured))
+        delays.plan_for(self.sched.policy)
 
 
 def run(cfg: SimConfig) -> SimResult:
