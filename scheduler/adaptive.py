@@ -269,14 +269,15 @@ class AdaptivePolicy(SlackPolicy):
         self, s: SchedulerView, model: str, plan: ModelPlan
     ) -> tuple[float, float | None]:
         """The longest hold of ``model``'s requests and the time a held batch may take in all
-        (its SLO at the setpoint, less the clock change and the tail margin): what the energy
-        floor's batch counts on (:meth:`EnergyModel.batch_at`). Attaching, none."""
+        (its SLO at the setpoint, less the tail margin and the raise to the floor found last,
+        :meth:`_raise_ahead_ms`): what the energy floor's batch counts on
+        (:meth:`EnergyModel.batch_at`). Attaching, none."""
         if self._attaching or not self.params.batch_hold:
             return 0.0, None
         slo_s = s.last_slo_ms(model) / 1e3
-        room_s = (
-            self.feedback.setpoint * slo_s - (self.params.change_delay_ms + plan.margin_ms) / 1e3
-        )
+        known = self._floors.get(model)
+        lead_ms = self.params.change_delay_ms if known is None else self._raise_ahead_ms(known[1])
+        room_s = self.feedback.setpoint * slo_s - (lead_ms + plan.margin_ms) / 1e3
         return self.params.batch_hold * slo_s, room_s
 
     def base_mhz(self, s: SchedulerView, model: str) -> int | None:
@@ -314,6 +315,7 @@ class AdaptivePolicy(SlackPolicy):
         return r.arrival_s + self.feedback.setpoint * r.slo_ms / 1000.0
 
     _view: SchedulerView | None = None
+    _rest_mhz: int | None = None  # the idle clock chosen last
     _attaching = False
     _not_resting = False  # set while _decide plans, having found the GPU not resting
 
@@ -363,7 +365,24 @@ class AdaptivePolicy(SlackPolicy):
             return None
         return lo + (hi - lo) * (clock_mhz / self.clocks_mhz[-1]) ** 3
 
+    def _raise_ahead_ms(self, clock: int) -> float:
+        """A batch held to run at clock index ``clock`` waits for no clock change where the GPU
+        rests while holding (``rest_while_holding``) at a clock at least as fast, as it does
+        where a wake-up from deeper would cost more than idling there saves (a clock change
+        that is slow against the SLO's room): the hold may then run to the last moment the
+        batch needs at that clock. Else the whole clock change, as ``slack`` keeps."""
+        rest = self._rest_mhz
+        if self.feedback.rest_while_holding and rest is not None and rest >= self.clocks_mhz[clock]:
+            return 0.0
+        return self.params.change_delay_ms
+
     def idle_clock_mhz(self, s: SchedulerView) -> int:
+        """The clock to idle at (:meth:`_choose_idle_mhz`), remembered as the clock the GPU
+        rests at (:meth:`_raise_ahead_ms`)."""
+        clock = self._rest_mhz = self._choose_idle_mhz(s)
+        return clock
+
+    def _choose_idle_mhz(self, s: SchedulerView) -> int:
         """The clock to idle at, never above the busy floor.
 
         Candidates: every clock from which the next request, arriving now, loses at most

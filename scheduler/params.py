@@ -122,7 +122,8 @@ class FeedbackParams:
     ``raise_quantile``: the quantile of execution times the plan raises the clock for (the
     controller measures the tail, so the plan raises for the mean). ``batch_hold``: the longest
     a model's requests may be held for a fuller batch, as a share of their SLO (a hold also ends
-    in time for the setpoint at the energy floor, with the table's p99 margin);
+    in time for the setpoint at the energy floor, with the table's p99 margin and a clock change
+    for the raise, none where the GPU rests at or above the floor while holding);
     ``hold_while_busy``: hold them while the model's earlier batch runs too (what arrives
     meanwhile would otherwise run nearly alone beside it); ``rest_while_holding``: drop to the
     idle clock while every model waiting is held back (nothing runs until a hold ends).

@@ -370,7 +370,7 @@ class SlackPolicy(ClockPolicy):
         if p.hold_while_busy:
             need_ms += self._shared_ms(s, model, clock, need_ms)
         deadline_s = min(self._hold_deadline_s(r) for r in waiting)
-        by_deadline = deadline_s - (need_ms / p.safety + p.change_delay_ms) / 1000.0
+        by_deadline = deadline_s - (need_ms / p.safety + self._raise_ahead_ms(clock)) / 1000.0
         until_s = min(by_slo, by_deadline)
         head = waiting[0].seq
         if before is not None and not self.extends_holds and self._held_head.get(model) == head:
@@ -381,6 +381,11 @@ class SlackPolicy(ClockPolicy):
             return depth
         self._holds[model] = float(until_s)
         return s.inflight_count(model)
+
+    def _raise_ahead_ms(self, clock: int) -> float:
+        """The time a batch held to run at clock index ``clock`` keeps for the raise to that
+        clock to land: the whole clock change (the clock may be lower when the hold ends)."""
+        return self.params.change_delay_ms
 
     def _shared_ms(self, s: SchedulerView, model: str, clock: int, own_ms: float) -> float:
         """How much the other models' work known now (at Triton and queued) delays ``own_ms``

@@ -419,3 +419,29 @@ def test_a_model_with_no_table_keeps_the_idle_clock_at_the_top_until_it_is_quiet
     low = s.poll(wake)
     assert low is not None and low < CLOCKS[-1]
     assert s.clock_target_mhz == policy.idle_clock_mhz(s) == low
+
+
+def test_a_hold_resting_at_its_batchs_clock_keeps_no_time_for_a_clock_change() -> None:
+    """Where the GPU rests while holding at a clock at least as fast as the held batch is
+    planned at (here, no deeper idle clock allowed: ``idle_depth`` 0), the batch waits for no
+    raise: its hold ends a clock change later than where the GPU rests below it, and the
+    energy floor counts the same longer room for the batches holds form."""
+    until, room = [], []
+    for depth in (1.0, 0.0):
+        policy = AdaptivePolicy(CLOCKS, feedback=replace(HOLDING, idle_depth=depth))
+        s = _batched_scheduler(policy)
+        now = _warm(s, 2.0)
+        floor = policy.energy_floor_mhz(s, MODEL)
+        assert floor is not None and policy._rest_mhz is not None
+        assert (policy._rest_mhz >= floor) == (depth == 0.0)
+        s.enqueue(make_request(arrival_s=now, slo_ms=100.0), now)
+        assert s.next_dispatch(now) is None  # held
+        until.append(policy._holds[MODEL])
+        plan = policy._plan(s, MODEL)
+        assert plan is not None
+        room_s = policy._hold_room_s(s, MODEL, plan)[1]
+        assert room_s is not None
+        room.append(room_s)
+    lead_s = policy.params.change_delay_ms / 1000.0
+    assert until[1] - until[0] == pytest.approx(lead_s)
+    assert room[1] - room[0] == pytest.approx(lead_s)

@@ -14,7 +14,7 @@ completion, which changes the order of the two nice clients' requests; the tail 
 step settling as a class's completions add up, and its setpoint at 0.97; the tables' tail
 margins taken as the spread around each clock's own mean, not against the fit; the energy floor
 at the clock of least energy, with no tolerance below it; one arrival to come in ``adaptive``'s
-plan):
+plan; no clock change kept by a hold where the GPU rests at or above its batch's clock):
 every clock change, batch and completion time feeds into them, so a single decision that
 differs shows. A change that means to alter decisions updates them
 (``python -m tests.scheduler.test_plan_decisions`` prints the current ones).
@@ -33,10 +33,10 @@ from simulator.simulate import ModelMix, SimConfig, mix_capacity_rps, simulate
 # sum of latencies ms, median latency ms, largest latency ms)
 BEFORE = {
     ("adaptive", "poisson", 3): (
-        1175, 980, 12, 955, 1186.704197, 1515.550992, 468662.010796, 23.581758, 6886.873734
+        1175, 984, 13, 926, 1177.554163, 1515.786826, 438457.501887, 24.359547, 6449.87883
     ),
     ("adaptive", "bursty", 5): (
-        961, 613, 8, 629, 960.504602, 1525.806565, 201073.187781, 46.9761, 1983.740751
+        961, 602, 8, 620, 957.170197, 1525.801853, 203025.763446, 48.13328, 1974.602377
     ),
     ("slack", "poisson", 3): (
         1175, 1004, 5, 858, 1134.587973, 1519.604874, 364840.404731, 28.619334, 5198.20511
