@@ -45,7 +45,7 @@ class Provenance:
 
     command: str
     commit: str | None  # None outside a git checkout
-    dirty: bool | None  # tracked files changed since that commit
+    dirty: bool | None  # tracked files outside results/ changed since that commit
     date: str  # ISO 8601, UTC
     machine: Machine
 
@@ -94,8 +94,10 @@ def describe_machine(proc: Path = Path("/proc")) -> Machine:
 
 
 def git_commit(root: Path = SOURCE_ROOT) -> tuple[str | None, bool | None]:
-    """The commit checked out at ``root`` and whether tracked files differ from it; (None,
-    None) when ``root`` is not a git checkout or git is missing."""
+    """The commit checked out at ``root`` and whether tracked files differ from it, those
+    under ``results/`` aside (what the benchmarks write, not the code that gives it: a page
+    written after another in the same checkout is not marked for it); (None, None) when
+    ``root`` is not a git checkout or git is missing."""
 
     def git(*args: str) -> str | None:
         try:
@@ -109,7 +111,7 @@ def git_commit(root: Path = SOURCE_ROOT) -> tuple[str | None, bool | None]:
     commit = git("rev-parse", "HEAD")
     if commit is None:
         return None, None
-    status = git("status", "--porcelain", "--untracked-files=no")
+    status = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)results")
     return commit, (bool(status) if status is not None else None)
 
 

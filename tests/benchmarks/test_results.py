@@ -68,6 +68,13 @@ def test_commit_and_local_changes(tmp_path: Path) -> None:
     assert git_commit(repo) == (head, False)
     (repo / "untracked.txt").write_text("not counted\n")
     assert git_commit(repo) == (head, False)
+    (repo / "results").mkdir()
+    (repo / "results" / "page.md").write_text("one\n")
+    git(repo, "add", "results/page.md")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "a page")
+    head = git(repo, "rev-parse", "HEAD")
+    (repo / "results" / "page.md").write_text("rewritten by a benchmark\n")
+    assert git_commit(repo) == (head, False)  # results are outputs, not the code
     (repo / "a.txt").write_text("two\n")
     assert git_commit(repo) == (head, True)
 
