@@ -25,10 +25,10 @@ Three clocks, one for each thing the GPU does:
 * **Idle: deep.** When nothing is queued or at Triton the clock drops at once to the lowest
   clock from which the next request, arriving now, loses at most ``idle_depth`` (by default
   all) of the room its classes' base speed leaves under the tightest SLO to the clock change
-  (it runs at the idle clock until the raise lands), weighed against what idling there saves.
-  An idle GPU locked high draws more than one locked low; the base clock is back at the next
-  arrival, and the tail controller, which measures the wake-ups, holds the base where they
-  leave the tail room.
+  (it runs at the idle clock until the raise lands) and still meets the setpoint alone,
+  weighed against what idling there saves. An idle GPU locked high draws more than one locked
+  low; the base clock is back at the next arrival, and the tail controller, which measures the
+  wake-ups, holds the base where they leave the tail room.
 
 The knobs are :class:`scheduler.feedback.FeedbackParams`; ``docs/design.md`` ("The adaptive
 policy") describes them and ``docs/simulator.md`` what the policy is worth on the simulator's
@@ -67,6 +67,14 @@ def slo_class(model: str, slo_ms: float) -> tuple[str, float]:
 def _need_ms(plan: ModelPlan) -> float:
     """What a plan expects one request alone to need, over the clocks: mean time plus margin."""
     return float(plan.times_ms[1].mean()) + plan.margin_ms
+
+
+def woken_ms(times_ms: FloatArray, clock: int, delay_ms: float) -> float:
+    """How long one request alone takes when it arrives to a GPU idle at clock index ``clock``
+    and the raise to the top clock lands ``delay_ms`` later: it runs at the idle clock until
+    then and at the top after (all of it at the idle clock if it is done first)."""
+    top, idle = float(times_ms[-1]), float(times_ms[clock])
+    return top + min(delay_ms, idle) * (1.0 - top / idle)
 
 
 def _finite(x: float) -> float | None:
@@ -388,7 +396,11 @@ class AdaptivePolicy(SlackPolicy):
         Candidates: every clock from which the next request, arriving now, loses at most
         ``idle_depth`` of the tightest SLO to the raise (``change_delay_ms`` at the idle clock
         instead of the busy one), scaled by how far its classes' base speed is below the top
-        clock's (a class at the top clock has no room for a wake-up). Among them, when the
+        clock's (a class at the top clock has no room for a wake-up), and still meets the
+        setpoint with the plan's tail margin alone, raised to the top clock once the change
+        lands (:func:`woken_ms`: with a clock change slower than the request, all of it runs
+        at the idle clock; and a class quiet for ``quiet_s``, whose base says nothing of the
+        next request, may take no more than this). Among them, when the
         GPU's idle power is known: the one with the least expected energy over an idle period
         (its mean, measured) and the wake-up after it (the extra busy time at the static busy
         power, as the first request runs at the idle clock until the raise lands); else the
@@ -407,14 +419,19 @@ class AdaptivePolicy(SlackPolicy):
         )
         delay_ms = self.params.change_delay_ms
         b = self.clocks_mhz.index(busy)
-        times = [p.times_ms[1] for m in models if (p := self._plan(s, m)) is not None]
+        # Each model's times alone, and the most a request alone may take (:func:`woken_ms`).
+        alone = [
+            (p.times_ms[1], self.feedback.setpoint * s.last_slo_ms(m) - p.margin_ms)
+            for m in models
+            if (p := self._plan(s, m)) is not None
+        ]
         static_w = max(
             (e.static_w for m in models if (e := self._energy.get(m)) is not None), default=None
         )
         best, best_j = busy, math.inf
         for i, clock in enumerate(self.clocks_mhz[: b + 1]):
-            lost_ms = max(delay_ms * (1.0 - t[b] / t[i]) for t in times)
-            if lost_ms > budget_ms:
+            lost_ms = max(delay_ms * (1.0 - t[b] / t[i]) for t, _ in alone)
+            if lost_ms > budget_ms or any(woken_ms(t, i, delay_ms) > ms for t, ms in alone):
                 continue
             idle_w = self._idle_power_w(clock)
             if idle_w is None or static_w is None or self._idle_gap_s is None:

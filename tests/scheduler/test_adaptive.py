@@ -8,10 +8,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from scheduler.adaptive import MAX_CLASSES, AdaptivePolicy, EnergyModel
+from scheduler.adaptive import MAX_CLASSES, AdaptivePolicy, EnergyModel, woken_ms
 from scheduler.core import Scheduler
 from scheduler.feedback import FeedbackParams
-from scheduler.policies import ModelPlan, SlackPolicy
+from scheduler.policies import ModelPlan, SlackParams, SlackPolicy
 from scheduler.view import ModelServing
 from tests.scheduler.helpers import (
     CLOCKS,
@@ -391,6 +391,38 @@ def test_a_quiet_class_no_longer_keeps_the_idle_clock_up() -> None:
     low = s.poll(wake)
     assert low is not None and low < CLOCKS[-1]
     assert s.clock_target_mhz == policy.idle_clock_mhz(s) == low
+
+
+def test_a_wake_up_leaves_a_request_alone_its_slo_where_clock_changes_are_slow() -> None:
+    """A clock change (20 ms) slower than a request: a request woken from the idle clock runs
+    there to its end. The GPU idles at the lowest clock from which a request alone still meets
+    the setpoint with the tail margin: while its class has room in its base (which would let a
+    wake-up lose more than that to a change that lands mid-request), and once the class is
+    quiet (its base then says nothing of the next request and leaves it the whole SLO)."""
+    slo_ms, delay_ms = 20.0, 20.0
+    policy = AdaptivePolicy(CLOCKS, SlackParams(change_delay_ms=delay_ms), feedback=FAST)
+    s, _ = serve(policy, 5.0, slo_ms=slo_ms)
+    model_scale = policy.model_scale(MODEL)
+    assert model_scale is not None and model_scale < 0.5  # room: the base is low
+    plan = policy._plan(s, MODEL)
+    assert plan is not None
+    times_ms = plan.times_ms[1]
+    most_ms = policy.feedback.setpoint * slo_ms - plan.margin_ms
+    wake = policy.wake_at_s()
+    assert wake is not None
+    for moment in ("idle", "quiet"):
+        if moment == "quiet":
+            s.poll(wake)
+        idle = s.clock_target_mhz
+        assert idle is not None and idle == policy.idle_clock_mhz(s)
+        i = CLOCKS.index(idle)
+        assert woken_ms(times_ms, i, delay_ms) <= most_ms
+        assert i > 0 and woken_ms(times_ms, i - 1, delay_ms) > most_ms, moment
+    # A change slower than the request: all of it at the idle clock. A 2 ms one: the share
+    # of the work 2 ms at the idle clock do, and the rest at the top.
+    assert woken_ms(times_ms, i, delay_ms) == times_ms[i]
+    rest = 1.0 - 2.0 / times_ms[i]
+    assert woken_ms(times_ms, i, 2.0) == pytest.approx(2.0 + rest * times_ms[-1])
 
 
 def test_a_model_with_no_table_keeps_the_idle_clock_at_the_top_until_it_is_quiet() -> None:
