@@ -413,6 +413,7 @@ def test_a_wake_up_leaves_a_request_alone_its_slo_where_clock_changes_are_slow()
     for moment in ("idle", "quiet"):
         if moment == "quiet":
             s.poll(wake)
+            assert policy._recent_scale(MODEL) == 0.0  # quiet: no base to go by
         idle = s.clock_target_mhz
         assert idle is not None and idle == policy.idle_clock_mhz(s)
         i = CLOCKS.index(idle)
