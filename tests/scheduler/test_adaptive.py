@@ -426,6 +426,28 @@ def test_a_wake_up_leaves_a_request_alone_its_slo_where_clock_changes_are_slow()
     assert woken_ms(times_ms, i, 2.0) == pytest.approx(2.0 + rest * times_ms[-1])
 
 
+def test_a_request_lost_even_at_the_top_clock_does_not_hold_the_idle_clock_up() -> None:
+    """An SLO a request alone cannot meet at the setpoint even at the top clock (8 ms, where
+    the table gives 7.4 ms and a 1 ms margin): no idle clock saves it, so once its class is
+    quiet the GPU idles as deep as the room allows, as it would with no such bound."""
+    policy = AdaptivePolicy(CLOCKS, feedback=FAST)
+    s = make_scheduler(policy, make_model_table(), serving={MODEL: ModelServing(1, 1)})
+    now = 0.0
+    for _ in range(50):  # every completion a near miss: the class asks for the top clock
+        s.enqueue(make_request(arrival_s=now, slo_ms=8.0), now)
+        d = s.next_dispatch(now)
+        assert d is not None
+        s.on_complete(d.request, 0.0079, now + 0.0079)
+        now += 0.02
+    plan = policy._plan(s, MODEL)
+    assert plan is not None
+    assert plan.times_ms[1][-1] + plan.margin_ms > policy.feedback.setpoint * 8.0
+    assert s.clock_target_mhz == CLOCKS[-1]  # idle, and held at the top while it is recent
+    wake = policy.wake_at_s()
+    assert wake is not None
+    assert s.poll(wake) == CLOCKS[0]
+
+
 def test_a_model_with_no_table_keeps_the_idle_clock_at_the_top_until_it_is_quiet() -> None:
     """A model with no table runs at the top clock, and what a wake-up from a lower clock
     would cost it is unknown: between its requests the GPU idles at the top (so each of its
