@@ -42,6 +42,20 @@ def serve(
     return s, now
 
 
+def near_misses(policy: AdaptivePolicy, slo_ms: float) -> tuple[Scheduler[None], float]:
+    """50 requests one at a time, every 20 ms, each done at 99% of its SLO (a near miss: the
+    class asks for the top clock), on a scheduler of their own; it and the last completion."""
+    s = make_scheduler(policy, make_model_table(), serving={MODEL: ModelServing(1, 1)})
+    now, took_s = 0.0, 0.99 * slo_ms / 1000.0
+    for _ in range(50):
+        s.enqueue(make_request(arrival_s=now, slo_ms=slo_ms), now)
+        d = s.next_dispatch(now)
+        assert d is not None
+        s.on_complete(d.request, took_s, now + took_s)
+        now += 0.02
+    return s, now - 0.02 + took_s
+
+
 def test_completions_well_under_the_slo_slow_the_class_down() -> None:
     policy = AdaptivePolicy(CLOCKS, feedback=FAST)
     serve(policy, 20.0)
@@ -129,14 +143,7 @@ def test_a_class_at_the_top_clock_does_not_idle_low() -> None:
     """No room in the tail (every completion a near miss): the class asks for the top clock
     and a wake-up may cost nothing, so the GPU idles where it works."""
     policy = AdaptivePolicy(CLOCKS, feedback=FAST)
-    s = make_scheduler(policy, make_model_table(), serving={MODEL: ModelServing(1, 1)})
-    now = 0.0
-    for _ in range(50):
-        s.enqueue(make_request(arrival_s=now, slo_ms=10.0), now)
-        d = s.next_dispatch(now)
-        assert d is not None
-        s.on_complete(d.request, 0.0099, now + 0.0099)
-        now += 0.02
+    s, _ = near_misses(policy, 10.0)
     assert policy.model_scale(MODEL) == 1.0
     assert policy.idle_clock_mhz(s) == policy.base_mhz(s, MODEL) == CLOCKS[-1]
 
@@ -376,15 +383,7 @@ def test_a_quiet_class_no_longer_keeps_the_idle_clock_up() -> None:
     """A class pushed to the top clock by a burst keeps the idle clock there (a wake-up would
     cost its tail), until it has been quiet for ``quiet_s``: then the GPU idles low."""
     policy = AdaptivePolicy(CLOCKS, feedback=FAST)
-    s = make_scheduler(policy, make_model_table(), serving={MODEL: ModelServing(1, 1)})
-    now = 0.0
-    for _ in range(50):  # every completion a near miss: the class asks for the top clock
-        s.enqueue(make_request(arrival_s=now, slo_ms=10.0), now)
-        d = s.next_dispatch(now)
-        assert d is not None
-        s.on_complete(d.request, 0.0099, now + 0.0099)
-        now += 0.02
-    last = now - 0.02 + 0.0099
+    s, last = near_misses(policy, 10.0)
     assert s.clock_target_mhz == CLOCKS[-1]  # idle, and held at the top
     wake = policy.wake_at_s()
     assert wake is not None and math.isclose(wake, last + policy.feedback.quiet_s)
@@ -431,14 +430,7 @@ def test_a_request_lost_even_at_the_top_clock_does_not_hold_the_idle_clock_up() 
     the table gives 7.4 ms and a 1 ms margin): no idle clock saves it, so once its class is
     quiet the GPU idles as deep as the room allows, as it would with no such bound."""
     policy = AdaptivePolicy(CLOCKS, feedback=FAST)
-    s = make_scheduler(policy, make_model_table(), serving={MODEL: ModelServing(1, 1)})
-    now = 0.0
-    for _ in range(50):  # every completion a near miss: the class asks for the top clock
-        s.enqueue(make_request(arrival_s=now, slo_ms=8.0), now)
-        d = s.next_dispatch(now)
-        assert d is not None
-        s.on_complete(d.request, 0.0079, now + 0.0079)
-        now += 0.02
+    s, _ = near_misses(policy, 8.0)
     plan = policy._plan(s, MODEL)
     assert plan is not None
     assert plan.times_ms[1][-1] + plan.margin_ms > policy.feedback.setpoint * 8.0
