@@ -77,6 +77,21 @@ def woken_ms(times_ms: FloatArray, clock: int, delay_ms: float) -> float:
     return top + min(delay_ms, idle) * (1.0 - top / idle)
 
 
+def _wall(
+    times_ms: FloatArray, most_ms: float, margin_ms: float
+) -> tuple[FloatArray, float] | None:
+    """The most a request alone may take, woken (:func:`woken_ms`): ``most_ms`` less the tail
+    margin; where even the top clock leaves no room for the margin, ``most_ms`` on its mean
+    time (its tail is lost whatever the idle clock, its mean is not); where even the mean
+    takes more at the top clock, no bound (the request is lost, and does not hold the GPU up).
+    """
+    top_ms = float(times_ms[-1])
+    for limit_ms in (most_ms - margin_ms, most_ms):
+        if top_ms <= limit_ms:
+            return times_ms, limit_ms
+    return None
+
+
 def _finite(x: float) -> float | None:
     """``x`` rounded, or None where nothing was measured (nan is not JSON)."""
     return round(x, 4) if math.isfinite(x) else None
@@ -400,8 +415,9 @@ class AdaptivePolicy(SlackPolicy):
         setpoint with the plan's tail margin alone, raised to the top clock once the change
         lands (:func:`woken_ms`: with a clock change slower than the request, all of it runs
         at the idle clock; and a class quiet for ``quiet_s``, whose base says nothing of the
-        next request, may take no more than this; a model whose request alone misses that even
-        at the top clock sets no such bound). Among them, when the
+        next request, may take no more than this; where even the top clock leaves no room
+        for the margin, on the mean time alone, and where it misses on its mean, no bound:
+        :func:`_wall`). Among them, when the
         GPU's idle power is known: the one with the least expected energy over an idle period
         (its mean, measured) and the wake-up after it (the extra busy time at the static busy
         power, as the first request runs at the idle clock until the raise lands); else the
@@ -420,21 +436,19 @@ class AdaptivePolicy(SlackPolicy):
         )
         delay_ms = self.params.change_delay_ms
         b = self.clocks_mhz.index(busy)
-        # Each model's times alone, and the most a request alone may take (:func:`woken_ms`;
-        # none where even the top clock takes more: that request is lost whatever the idle
-        # clock, and it does not hold the GPU up).
+        # Each model's times alone, and the most a request alone may take (:func:`woken_ms`).
         alone = [
-            (p.times_ms[1], self.feedback.setpoint * s.last_slo_ms(m) - p.margin_ms)
+            (p.times_ms[1], self.feedback.setpoint * s.last_slo_ms(m), p.margin_ms)
             for m in models
             if (p := self._plan(s, m)) is not None
         ]
-        walls = [(t, most_ms) for t, most_ms in alone if t[-1] <= most_ms]
+        walls = [wall for t, most_ms, margin_ms in alone if (wall := _wall(t, most_ms, margin_ms))]
         static_w = max(
             (e.static_w for m in models if (e := self._energy.get(m)) is not None), default=None
         )
         best, best_j = busy, math.inf
         for i, clock in enumerate(self.clocks_mhz[: b + 1]):
-            lost_ms = max(delay_ms * (1.0 - t[b] / t[i]) for t, _ in alone)
+            lost_ms = max(delay_ms * (1.0 - t[b] / t[i]) for t, _, _ in alone)
             if lost_ms > budget_ms or any(woken_ms(t, i, delay_ms) > ms for t, ms in walls):
                 continue
             idle_w = self._idle_power_w(clock)
