@@ -391,14 +391,16 @@ def test_the_default_policy_moves_the_clock_with_the_queue(sidecar: LiveSidecar)
                 range(8),
             )
         )
-    # back down once the queue is served (after the 50 ms hold): to the resting clock, or under
-    # it while the energy fit probes a lower floor
+    asked = _clocks_asked_since(sidecar, mark)
+    rise = max((c for c in asked if c is not None), default=0)
+    assert rise > floor, (floor, asked)
+    # back down once the queue is served (after the 50 ms hold): under the rise, to the idle
+    # clock (which a request alone of the last SLO seen, 15 ms, must still meet from: it may
+    # stay above the resting clock of the earlier, looser SLOs)
     deadline = time.monotonic() + 20.0
-    while _clock_target_mhz(sidecar) > floor:
+    while _clock_target_mhz(sidecar) >= rise:
         assert time.monotonic() < deadline, "the clock stayed up after the queue was served"
         time.sleep(0.02)
-    asked = _clocks_asked_since(sidecar, mark)
-    assert any(c is not None and c > floor for c in asked), (floor, asked)
 
 
 def test_triton_down_is_503_and_admin_can_be_disabled(tmp_path: Path) -> None:
