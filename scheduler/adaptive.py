@@ -77,18 +77,15 @@ def woken_ms(times_ms: FloatArray, clock: int, delay_ms: float) -> float:
     return top + min(delay_ms, idle) * (1.0 - top / idle)
 
 
-def _wall(
-    times_ms: FloatArray, most_ms: float, margin_ms: float
-) -> tuple[FloatArray, float] | None:
-    """The most a request alone may take, woken (:func:`woken_ms`): ``most_ms`` less the tail
-    margin; where even the top clock leaves no room for the margin, ``most_ms`` on its mean
-    time (its tail is lost whatever the idle clock, its mean is not); where even the mean
-    takes more at the top clock, no bound (the request is lost, and does not hold the GPU up).
-    """
-    top_ms = float(times_ms[-1])
+def _wall_ms(top_ms: float, most_ms: float, margin_ms: float) -> float | None:
+    """The most a request alone may take, woken (:func:`woken_ms`), where it takes ``top_ms``
+    at the top clock: ``most_ms`` less the tail margin; where even the top clock leaves no
+    room for the margin, ``most_ms`` on its mean time (its tail is lost whatever the idle
+    clock, its mean is not); where even the mean takes more at the top clock, no bound (the
+    request is lost, and does not hold the GPU up)."""
     for limit_ms in (most_ms - margin_ms, most_ms):
         if top_ms <= limit_ms:
-            return times_ms, limit_ms
+            return limit_ms
     return None
 
 
@@ -417,7 +414,7 @@ class AdaptivePolicy(SlackPolicy):
         at the idle clock; and a class quiet for ``quiet_s``, whose base says nothing of the
         next request, may take no more than this; where even the top clock leaves no room
         for the margin, on the mean time alone, and where it misses on its mean, no bound:
-        :func:`_wall`). Among them, when the
+        :func:`_wall_ms`). Among them, when the
         GPU's idle power is known: the one with the least expected energy over an idle period
         (its mean, measured) and the wake-up after it (the extra busy time at the static busy
         power, as the first request runs at the idle clock until the raise lands); else the
@@ -442,7 +439,11 @@ class AdaptivePolicy(SlackPolicy):
             for m in models
             if (p := self._plan(s, m)) is not None
         ]
-        walls = [wall for t, most_ms, margin_ms in alone if (wall := _wall(t, most_ms, margin_ms))]
+        walls = [
+            (t, wall_ms)
+            for t, most_ms, margin_ms in alone
+            if (wall_ms := _wall_ms(float(t[-1]), most_ms, margin_ms)) is not None
+        ]
         static_w = max(
             (e.static_w for m in models if (e := self._energy.get(m)) is not None), default=None
         )
