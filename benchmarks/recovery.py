@@ -46,6 +46,7 @@ from api.embedded import INPUT_WIDTH, SIMNET
 from api.learning import learned_path
 from api.runtime import TABLES_VERSION
 from api.server import SidecarServer
+from benchmarks.energyfit import write_record
 from benchmarks.live import admin_state
 from dvfs.profiles import get_profile
 from loadgen.classes import RequestClass
@@ -198,9 +199,11 @@ def run_once(
     window_s: float,
     record: Path | None = None,
     learn_energy: bool = True,
+    record_fit: Path | None = None,
 ) -> Run:
     """One fresh sidecar (its own empty state dir: nothing learned before) under the load;
-    with ``learn`` but not ``learn_energy``, only the times learn."""
+    with ``learn`` but not ``learn_energy``, only the times learn; with ``record_fit``, the
+    energy fit's windows and fits are written there (:mod:`benchmarks.energyfit`)."""
     token = secrets.token_urlsafe(16)
     with tempfile.TemporaryDirectory(prefix="recovery-") as tmp:
         shutil.copy(table, Path(tmp) / "table.json")
@@ -219,9 +222,15 @@ def run_once(
             journal: list[ExecutionSample] = []
             if sc.runtime.learner is not None and record is not None:
                 sc.runtime.learner.journal = journal
-            if sc.runtime.learner is not None and not learn_energy:
-                sc.runtime.learner.energy = None  # before any request: the counter is ignored
+            learner = sc.runtime.learner
+            if learner is not None and not learn_energy:
+                learner.energy = None  # before any request: the counter is ignored
+            if learner is not None and learner.energy is not None and record_fit is not None:
+                learner.energy.fit_log = []
             windows, state = asyncio.run(_load(sc.url, token, send_times, slo_ms, seed, window_s))
+            if learner is not None and learner.energy is not None and record_fit is not None:
+                write_record(record_fit, learner.energy, learner.latest)
+                log.info("%s: the energy fit's windows and fits are in %s", name, record_fit)
         if record is not None and journal:
             write_samples(journal, record)
         saved = learned_path(Path(tmp), gpu, TABLES_VERSION)
@@ -340,6 +349,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--record", type=Path, help="write the learning run's measurements here")
     parser.add_argument(
+        "--record-fit",
+        type=Path,
+        help="write the energy-learning run's windows, fits and last tables to this directory "
+        "(read them with python -m benchmarks.energyfit)",
+    )
+    parser.add_argument(
         "--busy-processes",
         type=int,
         default=os.cpu_count() or 1,
@@ -428,6 +443,7 @@ def main(argv: list[str] | None = None) -> int:
                     learn=learn,
                     learn_energy=learn_energy,
                     record=args.record if learn and learn_energy else None,
+                    record_fit=args.record_fit if learn and learn_energy else None,
                     gpu=args.gpu,
                     send_times=send_times,
                     slo_ms=args.slo_ms,

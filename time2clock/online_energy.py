@@ -434,12 +434,16 @@ class _ModelEnergy:
 
 
 @dataclass
-class _Fit:
+class EnergyFit:
+    """What one fit of the windows found: the idle power's law, each curve's law (``(model,
+    batch)``), each curve's busy seconds in the windows, in all (``live_s``) and per clock
+    (``clock_live``), and the windows' noise (mean power)."""
+
     idle: PowerLaw
     laws: dict[tuple[str, int], PowerLaw]
     live_s: dict[tuple[str, int], float]
     clock_live: dict[tuple[str, int], dict[int, float]] = field(default_factory=dict)
-    noise_w: float | None = None  # the windows' noise (mean power)
+    noise_w: float | None = None
 
 
 class EnergyRefit:
@@ -468,7 +472,7 @@ class EnergyRefit:
         self._energy = energy
         # What :meth:`run` learns: the fit; the tables that changed; per model refitted, its
         # energy error (None: not judged); curves left out as diluted, per model.
-        self.fit: _Fit | None = None
+        self.fit: EnergyFit | None = None
         self.tables: dict[str, ModelTable] = {}
         self.measured: dict[str, float | None] = {}
         self.diluted: dict[str, int] = {}
@@ -519,6 +523,8 @@ class OnlineEnergy:
         # every refit
         self._rows: deque[tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]] = deque()
         self._layout: tuple[tuple[str, int], ...] = ()
+        # a list: every fit adopted is kept there, with its time (for a benchmark to record)
+        self.fit_log: list[tuple[float, EnergyFit]] | None = None
 
     # -- measurements ---------------------------------------------------------------------
 
@@ -558,6 +564,11 @@ class OnlineEnergy:
             bucket = self._bucket(span.clock_mhz)
             self._evidence[bucket] = max(0.0, self._evidence.get(bucket, 0.0) - span.busy_s)
 
+    @property
+    def windows(self) -> list[EnergyWindow]:
+        """The windows kept for the fit (the last ``window_s``, at most ``max_windows``)."""
+        return list(self._windows)
+
     def pending(self) -> bool:
         """Whether windows came since the last refit."""
         return bool(self._new)
@@ -596,6 +607,8 @@ class OnlineEnergy:
         if fit is not None:
             self.idle = fit.idle
             self.noise_w = fit.noise_w
+            if self.fit_log is not None:
+                self.fit_log.append((job.now_s, fit))
         for model, n in job.diluted.items():
             self._models.setdefault(model, _ModelEnergy()).diluted += n
         for model, error in job.measured.items():
@@ -618,7 +631,7 @@ class OnlineEnergy:
         self._new[:0] = job.new
         del self._new[: -self.params.max_windows]
 
-    def _measured(self, model: str, fit: _Fit) -> bool:
+    def _measured(self, model: str, fit: EnergyFit) -> bool:
         live = sum(s for (m, _), s in fit.live_s.items() if m == model)
         return live >= self.params.min_live_s
 
@@ -633,7 +646,7 @@ class OnlineEnergy:
             comps.update((m, b) for b in batches)
         return sorted(comps)
 
-    def _fit(self, job: EnergyRefit, prior: TableSet, tables: TableSet) -> _Fit | None:
+    def _fit(self, job: EnergyRefit, prior: TableSet, tables: TableSet) -> EnergyFit | None:
         """Bounded least squares over ``job``'s windows and every curve's prior, each weighed
         by its uncertainty, windows more than ``outlier_sigmas`` off left out. Reads only what
         never changes of this object (it may run on another thread): each window's row is
@@ -705,10 +718,10 @@ class OnlineEnergy:
             for c in comps
         }
         idle = PowerLaw(float(solution[0]), float(solution[1]), f_max, k)
-        return _Fit(idle, laws, {c: v for c, v in live.items() if v > 0}, clock_live, noise_w)
+        return EnergyFit(idle, laws, {c: v for c, v in live.items() if v > 0}, clock_live, noise_w)
 
     def _from_fit(
-        self, job: EnergyRefit, table: ModelTable, prior: ModelTable | None, fit: _Fit
+        self, job: EnergyRefit, table: ModelTable, prior: ModelTable | None, fit: EnergyFit
     ) -> ModelTable | None:
         """``table`` with the energy of the fit: each curve measured by its own law; each other
         curve by a measured one times the ratio of their powers in the prior (smoothed over the
@@ -765,7 +778,7 @@ class OnlineEnergy:
         )
 
     def _error(
-        self, model: str, windows: Sequence[EnergyWindow], prior: ModelTable | None, fit: _Fit
+        self, model: str, windows: Sequence[EnergyWindow], prior: ModelTable | None, fit: EnergyFit
     ) -> float | None:
         """Median ``|measured / predicted − 1|`` of the busy energy (the window's, less the idle
         power fitted now over its idle time) of the new windows that only ``model`` kept busy, a

@@ -1,0 +1,240 @@
+"""What the live energy fit saw and found, recorded, and read against the simulated GPU's laws.
+
+``python -m benchmarks.recovery --record-fit DIR`` has the learning run write, to ``DIR``:
+
+* ``windows.jsonl``: the energy windows kept at the end (one per line: start and end, s after
+  the first; joules; per clock, idle seconds and busy seconds per (model, requests at Triton));
+* ``fits.jsonl``: every energy fit the sidecar adopted (its time, the idle power's law, each
+  curve's law, busy seconds and the windows' noise);
+* ``tables.json``: the tables in force at the end.
+
+``python -m benchmarks.energyfit DIR`` reads them back. It prints each curve's law over the run
+with the energy-optimal clocks of the last tables, and, per batch and band of clocks, the power
+measured while that batch was at Triton (one free power per band, so no law's shape is assumed)
+beside the simulated GPU's power running it. The last column, the measured power above idle over
+the simulated one, is the share of the time at Triton that the GPU ran: where it falls as the
+clock rises, time at the host (a fixed part of each request's time at Triton, at idle power) is
+a larger share of a shorter execution, and a law fitted at high clocks comes out flatter than
+the same law fitted at low ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from api.embedded import EMULATED
+from dvfs.profiles import get_profile
+from time2clock.online_energy import (
+    ClockSpan,
+    EnergyFit,
+    EnergyWindow,
+    OnlineEnergy,
+    PowerLaw,
+    split_batch,
+)
+from time2clock.table import TableSet
+
+WINDOWS = "windows.jsonl"
+FITS = "fits.jsonl"
+TABLES = "tables.json"
+
+
+def write_record(directory: Path, energy: OnlineEnergy, tables: TableSet | None) -> None:
+    """``energy``'s windows and logged fits (see the module docstring), times from the first
+    window's start, and ``tables``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    windows = energy.windows
+    fits = energy.fit_log or []
+    t0 = min([w.start_s for w in windows[:1]] + [t for t, _ in fits[:1]], default=0.0)
+    with (directory / WINDOWS).open("w") as out:
+        for w in windows:
+            out.write(json.dumps(window_row(w, t0)) + "\n")
+    with (directory / FITS).open("w") as out:
+        for at_s, fit in fits:
+            out.write(json.dumps(fit_row(fit, at_s - t0)) + "\n")
+    if tables is not None:
+        tables.save(directory / TABLES)
+
+
+def window_row(w: EnergyWindow, t0: float) -> dict[str, object]:
+    return {
+        "start_s": round(w.start_s - t0, 6),
+        "end_s": round(w.end_s - t0, 6),
+        "energy_j": w.energy_j,
+        "spans": [
+            {
+                "clock_mhz": s.clock_mhz,
+                "idle_s": s.idle_s,
+                "busy": [[m, n, sec] for (m, n), sec in s.busy],
+            }
+            for s in w.spans
+        ],
+    }
+
+
+def read_windows(path: Path) -> list[EnergyWindow]:
+    out = []
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        spans = tuple(
+            ClockSpan(
+                int(s["clock_mhz"]),
+                float(s["idle_s"]),
+                tuple(((str(m), int(n)), float(sec)) for m, n, sec in s["busy"]),
+            )
+            for s in row["spans"]
+        )
+        out.append(EnergyWindow(row["start_s"], row["end_s"], row["energy_j"], spans))
+    return out
+
+
+def _law(law: PowerLaw) -> list[float]:
+    return [round(law.a_w, 3), round(law.c_w, 3)]
+
+
+def fit_row(fit: EnergyFit, at_s: float) -> dict[str, object]:
+    return {
+        "at_s": round(at_s, 3),
+        "idle_w": _law(fit.idle),
+        "noise_w": fit.noise_w,
+        "curves": [
+            {
+                "model": m,
+                "batch": b,
+                "law_w": _law(law),
+                "busy_s": round(fit.live_s.get((m, b), 0.0), 3),
+            }
+            for (m, b), law in sorted(fit.laws.items())
+        ],
+    }
+
+
+@dataclass(frozen=True)
+class BandPower:
+    """The power measured while ``batch`` requests of ``model`` were at Triton in one band of
+    clocks, over ``busy_s`` of such time; ``clock_mhz`` is the band's mean clock over it."""
+
+    model: str
+    batch: int
+    clock_mhz: int
+    busy_s: float
+    power_w: float
+
+
+def power_by_band(
+    windows: Sequence[EnergyWindow],
+    batches: Mapping[str, Sequence[int]],
+    band_mhz: int,
+    max_clock_mhz: float,
+    exponent: float = 3.0,
+) -> tuple[PowerLaw, list[BandPower]]:
+    """Least squares over ``windows`` of the idle power's law and one free power per (model,
+    curve of ``batches``, band of clocks): what each batch drew at each clock, with no law's
+    shape assumed for it. Requests at Triton are shared between curves as the fit shares them
+    (:func:`time2clock.online_energy.split_batch`)."""
+    columns: dict[tuple[str, int, int], int] = {}
+    clock_s: dict[int, float] = {}  # per column, busy seconds times the clock
+    rows: list[dict[int, float]] = []
+    for w in windows:
+        row: dict[int, float] = {0: 0.0, 1: 0.0}
+        for span in w.spans:
+            row[0] += span.idle_s
+            row[1] += span.idle_s * (span.clock_mhz / max_clock_mhz) ** exponent
+            band = round(span.clock_mhz / band_mhz) * band_mhz
+            for (m, n), sec in span.busy:
+                for b, share in split_batch(n, batches.get(m, [1])):
+                    j = columns.setdefault((m, b, band), 2 + len(columns))
+                    row[j] = row.get(j, 0.0) + share * sec
+                    clock_s[j] = clock_s.get(j, 0.0) + share * sec * span.clock_mhz
+        rows.append(row)
+    a = np.zeros((len(rows), 2 + len(columns)))
+    for i, row in enumerate(rows):
+        for j, v in row.items():
+            a[i, j] = v
+    y = np.array([w.energy_j for w in windows])
+    theta, *_ = np.linalg.lstsq(a, y, rcond=None)
+    busy = a.sum(axis=0)
+    idle = PowerLaw(float(theta[0]), float(theta[1]), max_clock_mhz, exponent)
+    bands = [
+        BandPower(m, b, round(clock_s[j] / busy[j]), float(busy[j]), float(theta[j]))
+        for (m, b, _), j in sorted(columns.items())
+        if busy[j] > 0
+    ]
+    return idle, bands
+
+
+def explain(directory: Path, gpu: str, band_mhz: int = 100, min_busy_s: float = 0.5) -> str:
+    """The fits over the run and the power per band of clocks against ``gpu``'s laws."""
+    profile = get_profile(gpu)
+    tables = TableSet.load(directory / TABLES) if (directory / TABLES).is_file() else TableSet()
+    batches = {t.model: t.batches for t in tables}
+    lines = ["fits (s: idle a + c·x³ W; per curve a + c·x³ W, busy s):"]
+    for row in _rows(directory / FITS):
+        curves = ", ".join(
+            f"b{c['batch']} {c['law_w'][0]:.0f}+{c['law_w'][1]:.0f} ({c['busy_s']:.1f} s)"
+            for c in row["curves"]
+            if c["busy_s"] > 0
+        )
+        idle = row["idle_w"]
+        lines.append(f"  {row['at_s']:6.1f}: idle {idle[0]:.1f}+{idle[1]:.1f}; {curves}")
+    for t in tables:
+        optimal = {b: t.energy_optimal_clock_mhz(b) for b in t.batches}
+        lines.append(f"energy-optimal clocks of {t.model}'s last table, per batch: {optimal}")
+    windows = read_windows(directory / WINDOWS)
+    idle, bands = power_by_band(windows, batches, band_mhz, float(profile.max_clock_mhz))
+    lines += [
+        "",
+        f"power while at Triton, per band of {band_mhz} MHz (simulated {gpu}: the GPU running it):",
+        "model | batch | clock MHz | busy s | measured W | simulated W | above idle, measured "
+        "/ simulated",
+        "--- | --- | --- | --- | --- | --- | ---",
+    ]
+    for band in bands:
+        if band.busy_s < min_busy_s:
+            continue
+        law = profile.model(EMULATED.get(band.model, band.model))
+        truth = law.busy_power_w(band.clock_mhz, band.batch)
+        rest = profile.idle_power_w(band.clock_mhz)
+        share = (band.power_w - rest) / (truth - rest) if truth > rest else float("nan")
+        lines.append(
+            f"{band.model} | {band.batch} | {band.clock_mhz} | {band.busy_s:.1f} | "
+            f"{band.power_w:.1f} | {truth:.1f} | {share:.2f}"
+        )
+    lines.append(
+        f"idle power fitted: {idle.power_w(profile.min_clock_mhz):.1f} W at the lowest clock, "
+        f"{idle.power_w(profile.max_clock_mhz):.1f} W at the top (simulated "
+        f"{profile.idle_power_w(profile.min_clock_mhz):.1f}, "
+        f"{profile.idle_power_w(profile.max_clock_mhz):.1f})"
+    )
+    return "\n".join(lines)
+
+
+def _rows(path: Path) -> Iterable[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.energyfit", description=__doc__)
+    parser.add_argument("directory", type=Path, help="what --record-fit wrote")
+    parser.add_argument("--gpu", default="v100", help="the simulated GPU the run was on")
+    parser.add_argument("--band-mhz", type=int, default=100)
+    args = parser.parse_args(argv)
+    if not (args.directory / WINDOWS).is_file():
+        parser.error(f"no {WINDOWS} in {args.directory} (write one with --record-fit)")
+    if args.band_mhz <= 0:
+        parser.error("--band-mhz must be > 0")
+    print(explain(args.directory, args.gpu, args.band_mhz))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,105 @@
+"""The energy fit's record (windows, fits, tables) written and read back, and the power per
+band of clocks measured from windows against a known power (seeded data)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from benchmarks.energyfit import (
+    FITS,
+    TABLES,
+    WINDOWS,
+    explain,
+    main,
+    power_by_band,
+    read_windows,
+    write_record,
+)
+from benchmarks.recovery import wrong_energy
+from dvfs.profiles import CNN
+from tests.time2clock.test_online import V100_CLOCKS
+from tests.time2clock.test_online_energy import IDLE, TOP, cnn_table, synthetic_windows
+from time2clock.online_energy import EnergyWindow, OnlineEnergy
+from time2clock.table import TableSet
+
+
+def recorded(tmp_path: Path) -> tuple[OnlineEnergy, list[EnergyWindow]]:
+    """Two refits of synthetic windows (the truth of the simulated V100) from a wrong table,
+    recorded to ``tmp_path``."""
+    wrong = wrong_energy(TableSet([cnn_table()]))
+    windows = synthetic_windows([1200, 1530], 150, start_s=100.0)
+    energy = OnlineEnergy(V100_CLOCKS)
+    energy.fit_log = []
+    tables = wrong
+    for half in (windows[:150], windows[150:]):
+        for w in half:
+            energy.add(w)
+        changed = energy.refit(tables, tables, half[-1].end_s)
+        tables = TableSet([*tables, *changed.values()])
+    write_record(tmp_path, energy, tables)
+    return energy, windows
+
+
+def test_the_record_keeps_every_window_and_every_fit_adopted(tmp_path: Path) -> None:
+    energy, windows = recorded(tmp_path)
+    assert energy.fit_log is not None and len(energy.fit_log) == 2
+    back = read_windows(tmp_path / WINDOWS)
+    assert len(back) == len(windows)
+    for original, read in zip(windows, back, strict=True):
+        assert read.start_s == pytest.approx(original.start_s - 100.0)
+        assert read.span_s == pytest.approx(original.span_s)
+        assert read.energy_j == original.energy_j
+        assert read.spans == original.spans
+    fits = (tmp_path / FITS).read_text().splitlines()
+    assert len(fits) == 2
+    assert TableSet.load(tmp_path / TABLES).get(CNN) is not None
+
+
+def test_the_power_per_band_is_what_each_batch_drew_there_whatever_its_shape() -> None:
+    """Batch 1 draws a power that no ``a + c·x³`` law gives (it falls between two clocks): each
+    band gets its own, and the idle law is found beside them."""
+    rng = np.random.default_rng(3)
+    drawn = {900: 70.0, 1100: 68.0, 1500: 95.0}
+    windows = []
+    t = 0.0
+    for clock, watts in drawn.items():
+        for _ in range(200):
+            busy = float(rng.uniform(0.01, 0.09))
+            rest = 0.1 - busy
+            energy = watts * busy + IDLE.power_w(clock) * rest + float(rng.normal(0, 0.05))
+            windows.append(
+                EnergyWindow.at_clock(t, t + 0.1, clock, energy, rest, (((CNN, 1), busy),))
+            )
+            t += 0.1
+    idle, bands = power_by_band(windows, {CNN: [1, 2]}, 100, TOP)
+    assert [(b.batch, b.clock_mhz) for b in bands] == [(1, 900), (1, 1100), (1, 1500)]
+    for band in bands:
+        assert band.power_w == pytest.approx(drawn[band.clock_mhz], abs=0.5)
+        assert band.busy_s == pytest.approx(
+            sum(w.busy_s() for w in windows if w.clocks_mhz == [band.clock_mhz])
+        )
+    assert idle.power_w(1200) == pytest.approx(IDLE.power_w(1200), abs=0.5)
+
+
+def test_explain_sets_each_bands_power_beside_the_simulated_gpus(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Synthetic windows drawn from the simulated V100's own laws: the measured power above
+    idle is all of the simulated one (a share of 1.00) at both clocks."""
+    recorded(tmp_path)
+    text = explain(tmp_path, "v100")
+    rows = [line.split(" | ") for line in text.splitlines() if line.startswith(f"{CNN} | ")]
+    assert {(r[1], r[2]) for r in rows} == {(b, c) for b in "12" for c in ("1200", "1530")}
+    for row in rows:
+        assert float(row[-1]) == pytest.approx(1.0, abs=0.05)
+    assert text.count("idle ") >= 2  # the two fits, each with its idle law
+    assert main([str(tmp_path)]) == 0
+    assert "energy-optimal clocks" in capsys.readouterr().out
+
+
+def test_explain_needs_a_record(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit):
+        main([str(tmp_path)])
