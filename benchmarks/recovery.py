@@ -17,6 +17,9 @@ and prints, per 10 s window, the energy per inference of each run as a saving ag
 in the same window, each run's p99 against the SLO, and the learning runs' table errors (time,
 energy). The results go to ``<results-dir>/recovery-<policy>-<wrong>.md`` and ``.json`` (with
 the command, the git commit and the machine); ``--simulate`` runs the same in the simulator.
+Live runs of the same arrivals do not heal alike (``docs/learning.md``, "Live"): ``--repeats N``
+runs the last one N times, and the report says, per run, from which window on its saving stays
+within ``HEALED_POINTS`` of the clean table's.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ from time2clock.table import TableSet
 
 log = logging.getLogger(__name__)
 STARTS = 3  # a run whose sidecar fails to start is started again, up to this many times
+HEALED_POINTS = 3.0  # healed: the saving within this many points of the clean table's
 
 
 @dataclass(frozen=True)
@@ -296,6 +300,34 @@ def report(runs: Sequence[Run], slo_ms: float, window_s: float) -> str:
     return "\n".join(lines)
 
 
+def saving(run: Run, base: Run, k: int) -> float:
+    """``run``'s saving against ``base`` (``max``) in window ``k`` (0.25: a quarter less
+    energy per inference)."""
+    return 1.0 - run.windows[k].j_per_inference / base.windows[k].j_per_inference
+
+
+def healed_from(run: Run, clean: Run, base: Run, points: float = HEALED_POINTS) -> float | None:
+    """The start (s) of the first window from which ``run``'s saving against ``base`` stays
+    within ``points`` of ``clean``'s to the end; None if the last window is not."""
+    start = None
+    for k in reversed(range(len(base.windows))):
+        gap = 100.0 * (saving(clean, base, k) - saving(run, base, k))
+        if not gap <= points:  # a NaN (an empty window) is not within
+            break
+        start = base.windows[k].start_s
+    return start
+
+
+def healing(runs: Sequence[Run], clean: Run, base: Run) -> str:
+    """One line per run: from which window on it is within ``HEALED_POINTS`` of ``clean``."""
+    lines = [f"within {HEALED_POINTS:g} points of the clean table's saving:"]
+    for r in runs:
+        start = healed_from(r, clean, base)
+        when = "not by the last window" if start is None else f"from {start:.0f} s on"
+        lines.append(f"- {r.name}: {when}")
+    return "\n".join(lines)
+
+
 def _ratio(x: float | None) -> str:
     return "-" if x is None else f"{x:.1%}"
 
@@ -374,6 +406,12 @@ def main(argv: list[str] | None = None) -> int:
         "--no-times-only", action="store_true", help="skip the run that learns only the times"
     )
     parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="runs of the one that learns the times and the energy (live runs do not heal alike)",
+    )
+    parser.add_argument(
         "--results-dir",
         type=Path,
         default=DEFAULT_DIR,
@@ -387,6 +425,8 @@ def main(argv: list[str] | None = None) -> int:
         "--wrong energy only), totals over the run",
     )
     args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error("--repeats must be >= 1")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     if args.simulate:
@@ -426,7 +466,11 @@ def main(argv: list[str] | None = None) -> int:
         (f"{p}, clean table", p, clean, False, True),
         (f"{p}, {label}, no learning", p, wrong, False, True),
         (f"{p}, {label}, learning times", p, wrong, True, False),
-        (f"{p}, {label}, learning times and energy", p, wrong, True, True),
+    ]
+    learning_name = f"{p}, {label}, learning times and energy"
+    plan += [
+        (learning_name + (f" ({k})" if args.repeats > 1 else ""), p, wrong, True, True)
+        for k in range(1, args.repeats + 1)
     ]
     if args.no_times_only:
         del plan[3]
@@ -443,7 +487,9 @@ def main(argv: list[str] | None = None) -> int:
                     learn=learn,
                     learn_energy=learn_energy,
                     record=args.record if learn and learn_energy else None,
-                    record_fit=args.record_fit if learn and learn_energy else None,
+                    record_fit=_fit_dir(args.record_fit, name, args.repeats)
+                    if learn and learn_energy
+                    else None,
                     gpu=args.gpu,
                     send_times=send_times,
                     slo_ms=args.slo_ms,
@@ -457,24 +503,26 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             runs.append(run)
             break
-    text = report(runs, args.slo_ms, args.window_s)
+    learners = runs[len(runs) - args.repeats :]
+    text = report(runs, args.slo_ms, args.window_s) + "\n\n" + healing(learners, runs[1], runs[0])
     print(text)
     learning = runs[-1].admin_state.get("models", {})
-    print("admin state of the learning run, at the end:", learning)
-    floors = _floors(runs[-1].admin_state)
+    print("admin state of the last learning run, at the end:", learning)
+    floors = [_floors(r.admin_state) for r in learners]
     md, _ = write_results(
         f"recovery-{args.policy}-{args.wrong}",
         title="How fast a wrong table heals, live (python -m benchmarks.recovery)",
         markdown=(
             f"tables: clean {summary(clean)}; {label} {summary(wrong)}\n\n"
             f"load average {load_before:.2f} before the runs, {os.getloadavg()[0]:.2f} after\n\n"
-            f"{text}\n\nenergy-optimal clocks of the last run's table at the end, per batch: "
-            f"{floors}\n"
+            f"{text}\n\nenergy-optimal clocks of each learning run's table at the end, per "
+            f"batch: {'; '.join(str(f) for f in floors)}\n"
         ),
         data={
             "settings": vars(args),
             "runs": [{"name": r.name, "windows": [asdict(w) for w in r.windows]} for r in runs],
             "final_floors": floors,
+            "healed_from_s": [healed_from(r, runs[1], runs[0]) for r in learners],
         },
         directory=args.results_dir,
     )
@@ -539,6 +587,14 @@ def simulated(
             }
         )
     return "\n".join(lines), rows
+
+
+def _fit_dir(directory: Path | None, name: str, repeats: int) -> Path | None:
+    """Where run ``name`` records its energy fit: ``directory``, in a folder per run when the
+    learning run repeats."""
+    if directory is None or repeats == 1:
+        return directory
+    return directory / name.rsplit("(", 1)[-1].rstrip(")")
 
 
 def _floors(state: dict[str, object]) -> dict[str, object]:
