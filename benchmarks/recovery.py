@@ -379,7 +379,11 @@ def main(argv: list[str] | None = None) -> int:
         default=Path("out/recovery"),
         help="where the clean and CPU-loaded tables are profiled and cached",
     )
-    parser.add_argument("--record", type=Path, help="write the learning run's measurements here")
+    parser.add_argument(
+        "--record",
+        type=Path,
+        help="write the learning run's measurements here (the last one's, with --repeats)",
+    )
     parser.add_argument(
         "--record-fit",
         type=Path,
