@@ -11,11 +11,12 @@
 ``python -m benchmarks.energyfit DIR`` reads them back. It prints each curve's law over the run
 with the energy-optimal clocks of the last tables, and, per batch and band of clocks, the power
 measured while that batch was at Triton (one free power per band, so no law's shape is assumed)
-beside the simulated GPU's power running it. The last column, the measured power above idle over
-the simulated one, is the share of the time at Triton that the GPU ran: where it falls as the
-clock rises, time at the host (a fixed part of each request's time at Triton, at idle power) is
-a larger share of a shorter execution, and a law fitted at high clocks comes out flatter than
-the same law fitted at low ones.
+beside the simulated GPU's power running it. The measured power above idle over the simulated
+one is the share of the time at Triton that the GPU ran: where it falls as the clock rises, time
+at the host (a fixed part of each request's time at Triton, at idle power) is a larger share of a
+shorter execution, and a law fitted at high clocks comes out flatter than the same law fitted at
+low ones. The last column, the rest of that share times the table's time there, is the host's
+part per execution: about the same at every clock when that is the cause.
 """
 
 from __future__ import annotations
@@ -193,8 +194,8 @@ def explain(directory: Path, gpu: str, band_mhz: int = 100, min_busy_s: float = 
         "",
         f"power while at Triton, per band of {band_mhz} MHz (simulated {gpu}: the GPU running it):",
         "model | batch | clock MHz | busy s | measured W | simulated W | above idle, measured "
-        "/ simulated",
-        "--- | --- | --- | --- | --- | --- | ---",
+        "/ simulated | host ms per execution",
+        "--- | --- | --- | --- | --- | --- | --- | ---",
     ]
     for band in bands:
         if band.busy_s < min_busy_s:
@@ -203,9 +204,12 @@ def explain(directory: Path, gpu: str, band_mhz: int = 100, min_busy_s: float = 
         truth = law.busy_power_w(band.clock_mhz, band.batch)
         rest = profile.idle_power_w(band.clock_mhz)
         share = (band.power_w - rest) / (truth - rest) if truth > rest else float("nan")
+        table = tables.get(band.model)
+        curve = None if table is None else table.curves.get(band.batch)
+        host_ms = float("nan") if curve is None else (1 - share) * curve.predict_ms(band.clock_mhz)
         lines.append(
             f"{band.model} | {band.batch} | {band.clock_mhz} | {band.busy_s:.1f} | "
-            f"{band.power_w:.1f} | {truth:.1f} | {share:.2f}"
+            f"{band.power_w:.1f} | {truth:.1f} | {share:.2f} | {host_ms:.1f}"
         )
     lines.append(
         f"idle power fitted: {idle.power_w(profile.min_clock_mhz):.1f} W at the lowest clock, "

@@ -21,7 +21,7 @@ from benchmarks.energyfit import (
 from benchmarks.recovery import wrong_energy
 from dvfs.profiles import CNN
 from tests.time2clock.test_online import V100_CLOCKS
-from tests.time2clock.test_online_energy import IDLE, TOP, cnn_table, synthetic_windows
+from tests.time2clock.test_online_energy import IDLE, TOP, busy_law, cnn_table, synthetic_windows
 from time2clock.online_energy import EnergyWindow, OnlineEnergy
 from time2clock.table import TableSet
 
@@ -94,7 +94,8 @@ def test_explain_sets_each_bands_power_beside_the_simulated_gpus(
     rows = [line.split(" | ") for line in text.splitlines() if line.startswith(f"{CNN} | ")]
     assert {(r[1], r[2]) for r in rows} == {(b, c) for b in "12" for c in ("1200", "1530")}
     for row in rows:
-        assert float(row[-1]) == pytest.approx(1.0, abs=0.05)
+        assert float(row[-2]) == pytest.approx(1.0, abs=0.05)  # the GPU ran all the time
+        assert float(row[-1]) == pytest.approx(0.0, abs=0.6)  # no host part, in ms
     assert text.count("idle ") >= 2  # the two fits, each with its idle law
     assert main([str(tmp_path)]) == 0
     assert "energy-optimal clocks" in capsys.readouterr().out
@@ -103,3 +104,30 @@ def test_explain_sets_each_bands_power_beside_the_simulated_gpus(
 def test_explain_needs_a_record(tmp_path: Path) -> None:
     with pytest.raises(SystemExit):
         main([str(tmp_path)])
+
+
+def test_explain_finds_a_host_part_that_is_the_same_at_every_clock(tmp_path: Path) -> None:
+    """Each batch-1 execution is at Triton 3 ms longer than the GPU runs it (at idle power
+    then): the share the GPU ran falls as the clock rises, and the host part read back is 3 ms
+    at every clock."""
+    table = cnn_table()
+    rng = np.random.default_rng(5)
+    energy = OnlineEnergy(V100_CLOCKS)
+    t = 0.0
+    for clock in (900, 1200, 1530):
+        gpu_share = 1.0 - 3.0 / table.curve(1).predict_ms(clock)
+        for _ in range(200):
+            busy = float(rng.uniform(0.01, 0.09))
+            rest = 0.1 - busy
+            drawn = gpu_share * busy_law(1).power_w(clock) + (1 - gpu_share) * IDLE.power_w(clock)
+            joules = drawn * busy + IDLE.power_w(clock) * rest
+            energy.add(EnergyWindow.at_clock(t, t + 0.1, clock, joules, rest, (((CNN, 1), busy),)))
+            t += 0.1
+    write_record(tmp_path, energy, TableSet([table]))
+    rows = [line.split(" | ") for line in explain(tmp_path, "v100").splitlines()]
+    found = {int(r[2]): (float(r[-2]), float(r[-1])) for r in rows if r[0] == CNN and r[1] == "1"}
+    assert sorted(found) == [900, 1200, 1530]
+    shares = [found[c][0] for c in sorted(found)]
+    assert shares == sorted(shares, reverse=True) and shares[0] - shares[-1] > 0.05
+    for _share, host_ms in found.values():
+        assert host_ms == pytest.approx(3.0, abs=0.15)
