@@ -229,11 +229,12 @@ def run_once(
             learner = sc.runtime.learner
             if learner is not None and not learn_energy:
                 learner.energy = None  # before any request: the counter is ignored
-            if learner is not None and learner.energy is not None and record_fit is not None:
-                learner.energy.fit_log = []
+            recorded = learner.energy if learner is not None and record_fit is not None else None
+            if recorded is not None:
+                recorded.fit_log = []
             windows, state = asyncio.run(_load(sc.url, token, send_times, slo_ms, seed, window_s))
-            if learner is not None and learner.energy is not None and record_fit is not None:
-                write_record(record_fit, learner.energy, learner.latest)
+            if recorded is not None and learner is not None and record_fit is not None:
+                write_record(record_fit, recorded, learner.latest)
                 log.info("%s: the energy fit's windows and fits are in %s", name, record_fit)
         if record is not None and journal:
             write_samples(journal, record)
@@ -279,9 +280,8 @@ def report(runs: Sequence[Run], slo_ms: float, window_s: float) -> str:
         cells = [f"{ref.start_s:.0f}-{ref.start_s + window_s:.0f} s"]
         for r in others:
             w = r.windows[k]
-            saving = 1.0 - w.j_per_inference / ref.j_per_inference
             flag = "" if w.p99_ms <= slo_ms else " (over SLO)"
-            cells.append(f"{-saving:+.1%} / {w.p99_ms:.1f}{flag}")
+            cells.append(f"{-saving(r, base, k):+.1%} / {w.p99_ms:.1f}{flag}")
         lines.append(" | ".join(cells))
     per_window = ", ".join(f"{w.j_per_inference:.3f}" for w in base.windows)
     lines.append(f"(max's J/inference per window: {per_window}; SLO {slo_ms:g} ms)")
@@ -318,11 +318,11 @@ def healed_from(run: Run, clean: Run, base: Run, points: float = HEALED_POINTS) 
     return start
 
 
-def healing(runs: Sequence[Run], clean: Run, base: Run) -> str:
-    """One line per run: from which window on it is within ``HEALED_POINTS`` of ``clean``."""
+def healing(runs: Sequence[Run], starts: Sequence[float | None]) -> str:
+    """One line per run: from which window on it is within ``HEALED_POINTS`` of the clean
+    table (``starts``, as :func:`healed_from` gives them)."""
     lines = [f"within {HEALED_POINTS:g} points of the clean table's saving:"]
-    for r in runs:
-        start = healed_from(r, clean, base)
+    for r, start in zip(runs, starts, strict=True):
         when = "not by the last window" if start is None else f"from {start:.0f} s on"
         lines.append(f"- {r.name}: {when}")
     return "\n".join(lines)
@@ -465,22 +465,30 @@ def main(argv: list[str] | None = None) -> int:
         schedule(args.rate, args.duration_s, "poisson", np.random.default_rng(args.seed))
     )
     p = args.policy
-    plan = [
-        ("max", "max", clean, False, True),
-        (f"{p}, clean table", p, clean, False, True),
-        (f"{p}, {label}, no learning", p, wrong, False, True),
-        (f"{p}, {label}, learning times", p, wrong, True, False),
+    # (name, policy, table, learn, learn_energy, where its energy fit is recorded)
+    plan: list[tuple[str, str, Path, bool, bool, Path | None]] = [
+        ("max", "max", clean, False, True, None),
+        (f"{p}, clean table", p, clean, False, True, None),
+        (f"{p}, {label}, no learning", p, wrong, False, True, None),
+        (f"{p}, {label}, learning times", p, wrong, True, False, None),
     ]
     learning_name = f"{p}, {label}, learning times and energy"
     plan += [
-        (learning_name + (f" ({k})" if args.repeats > 1 else ""), p, wrong, True, True)
+        (
+            learning_name + (f" ({k})" if args.repeats > 1 else ""),
+            p,
+            wrong,
+            True,
+            True,
+            _fit_dir(args.record_fit, k, args.repeats),
+        )
         for k in range(1, args.repeats + 1)
     ]
     if args.no_times_only:
         del plan[3]
     load_before = os.getloadavg()[0]
     runs = []
-    for name, policy, table, learn, learn_energy in plan:
+    for name, policy, table, learn, learn_energy, record_fit in plan:
         log.info("run: %s", name)
         for attempt in range(1, STARTS + 1):
             try:
@@ -491,9 +499,7 @@ def main(argv: list[str] | None = None) -> int:
                     learn=learn,
                     learn_energy=learn_energy,
                     record=args.record if learn and learn_energy else None,
-                    record_fit=_fit_dir(args.record_fit, name, args.repeats)
-                    if learn and learn_energy
-                    else None,
+                    record_fit=record_fit,
                     gpu=args.gpu,
                     send_times=send_times,
                     slo_ms=args.slo_ms,
@@ -508,7 +514,8 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(run)
             break
     learners = runs[len(runs) - args.repeats :]
-    text = report(runs, args.slo_ms, args.window_s) + "\n\n" + healing(learners, runs[1], runs[0])
+    healed = [healed_from(r, runs[1], runs[0]) for r in learners]
+    text = report(runs, args.slo_ms, args.window_s) + "\n\n" + healing(learners, healed)
     print(text)
     learning = runs[-1].admin_state.get("models", {})
     print("admin state of the last learning run, at the end:", learning)
@@ -526,7 +533,7 @@ def main(argv: list[str] | None = None) -> int:
             "settings": vars(args),
             "runs": [{"name": r.name, "windows": [asdict(w) for w in r.windows]} for r in runs],
             "final_floors": floors,
-            "healed_from_s": [healed_from(r, runs[1], runs[0]) for r in learners],
+            "healed_from_s": healed,
         },
         directory=args.results_dir,
     )
@@ -593,12 +600,12 @@ def simulated(
     return "\n".join(lines), rows
 
 
-def _fit_dir(directory: Path | None, name: str, repeats: int) -> Path | None:
-    """Where run ``name`` records its energy fit: ``directory``, in a folder per run when the
-    learning run repeats."""
+def _fit_dir(directory: Path | None, k: int, repeats: int) -> Path | None:
+    """Where the ``k``-th learning run records its energy fit: ``directory``, in a folder per
+    run when the learning run repeats."""
     if directory is None or repeats == 1:
         return directory
-    return directory / name.rsplit("(", 1)[-1].rstrip(")")
+    return directory / str(k)
 
 
 def _floors(state: dict[str, object]) -> dict[str, object]:

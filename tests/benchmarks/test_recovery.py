@@ -41,12 +41,13 @@ def test_a_run_short_in_its_last_window_or_empty_there_has_not_healed() -> None:
 
 
 def test_healing_names_each_run() -> None:
-    text = healing([run("a", [2.0, 1.4, 1.4, 1.4]), run("b", [2.0] * 4)], CLEAN, BASE)
+    runs = [run("a", [2.0, 1.4, 1.4, 1.4]), run("b", [2.0] * 4)]
+    text = healing(runs, [healed_from(r, CLEAN, BASE) for r in runs])
     assert "- a: from 10 s on" in text
     assert "- b: not by the last window" in text
 
 
 def test_repeated_runs_record_their_fits_apart() -> None:
-    assert _fit_dir(None, "x (2)", 3) is None
-    assert _fit_dir(Path("fits"), "adaptive, learning times and energy", 1) == Path("fits")
-    assert _fit_dir(Path("fits"), "adaptive, learning times and energy (2)", 3) == Path("fits/2")
+    assert _fit_dir(None, 2, 3) is None
+    assert _fit_dir(Path("fits"), 1, 1) == Path("fits")
+    assert _fit_dir(Path("fits"), 2, 3) == Path("fits/2")
