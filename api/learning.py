@@ -166,7 +166,7 @@ class EnergyReader:
                 "poll_s must be > 0, deliver_s >= 0, idle_poll_s >= poll_s and "
                 f"idle_after_s >= 0, got {poll_s}, {deliver_s}, {idle_poll_s}, {idle_after_s}"
             )
-        self.counter = EnergyCounter(device.energy_j, time_source)
+        self.counter = EnergyCounter(device.energy_j, time_source, device.gpu_busy_s)
         self.poll_s = poll_s
         self.deliver_s = deliver_s
         self.idle_poll_s = idle_poll_s
@@ -304,6 +304,13 @@ class LearningCollector(Collector):
             "under a clock the sidecar did not set).",
             labels=["gpu", "outcome"],
         )
+        host = GaugeMetricFamily(
+            "sidecar_energy_host_seconds",
+            "The host's part of each execution's time at Triton (the GPU idle through it), "
+            "measured from the GPU's busy time at the last energy refit; absent where the GPU "
+            "does not report its busy time.",
+            labels=["gpu", "model"],
+        )
         probes = CounterMetricFamily(
             "sidecar_energy_probes",
             "Times the energy floor was lowered for a while to measure a clock under it.",
@@ -325,7 +332,13 @@ class LearningCollector(Collector):
                 error.add_metric([gpu, label], value)
             for label, count in sorted(counts.items()):
                 refits.add_metric([gpu, label], count)
+            hosts: dict[str, float] = {}
+            for model, host_s in energy.host_s.items():
+                label = self.model_label(model)
+                hosts[label] = max(host_s, hosts.get(label, 0.0))
+            for label, host_s in sorted(hosts.items()):
+                host.add_metric([gpu, label], host_s)
             attributed.add_metric([gpu, "kept"], energy.attribution.kept_s)
             attributed.add_metric([gpu, "dropped"], energy.attribution.dropped_s)
             probes.add_metric([gpu], energy.probes)
-        yield from (error, refits, attributed, probes)
+        yield from (error, refits, host, attributed, probes)

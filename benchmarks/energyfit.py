@@ -3,9 +3,10 @@
 ``python -m benchmarks.recovery --record-fit DIR`` has the learning run write, to ``DIR``:
 
 * ``windows.jsonl``: the energy windows kept at the end (one per line: start and end, s after
-  the first; joules; per clock, idle seconds and busy seconds per (model, requests at Triton));
+  the first; joules; the GPU's busy seconds where the device reports them; per clock, idle
+  seconds and busy seconds per (model, requests at Triton));
 * ``fits.jsonl``: every energy fit the sidecar adopted (its time, the idle power's law, each
-  curve's law, busy seconds and the windows' noise);
+  curve's law, busy seconds, the windows' noise and each model's host part per execution);
 * ``tables.json``: the tables in force at the end.
 
 ``python -m benchmarks.energyfit DIR`` reads them back. It prints each curve's law over the run
@@ -69,6 +70,7 @@ def window_row(w: EnergyWindow, t0: float) -> dict[str, object]:
         "start_s": round(w.start_s - t0, 6),
         "end_s": round(w.end_s - t0, 6),
         "energy_j": w.energy_j,
+        "gpu_busy_s": w.gpu_busy_s,
         "spans": [
             {
                 "clock_mhz": s.clock_mhz,
@@ -92,7 +94,16 @@ def read_windows(path: Path) -> list[EnergyWindow]:
             )
             for s in row["spans"]
         )
-        out.append(EnergyWindow(row["start_s"], row["end_s"], row["energy_j"], spans))
+        gpu = row.get("gpu_busy_s")
+        out.append(
+            EnergyWindow(
+                row["start_s"],
+                row["end_s"],
+                row["energy_j"],
+                spans,
+                None if gpu is None else float(gpu),
+            )
+        )
     return out
 
 
@@ -105,6 +116,7 @@ def fit_row(fit: EnergyFit, at_s: float) -> dict[str, object]:
         "at_s": round(at_s, 3),
         "idle_w": _law(fit.idle),
         "noise_w": fit.noise_w,
+        "host_ms": {m: round(h * 1000.0, 3) for m, h in sorted(fit.host_s.items())},
         "curves": [
             {
                 "model": m,
@@ -184,11 +196,22 @@ def explain(directory: Path, gpu: str, band_mhz: int = 100, min_busy_s: float = 
             if c["busy_s"] > 0
         )
         idle = row["idle_w"]
-        lines.append(f"  {row['at_s']:6.1f}: idle {idle[0]:.1f}+{idle[1]:.1f}; {curves}")
+        host = "".join(f"; host {h:.1f} ms ({m})" for m, h in row.get("host_ms", {}).items())
+        lines.append(f"  {row['at_s']:6.1f}: idle {idle[0]:.1f}+{idle[1]:.1f}; {curves}{host}")
     for t in tables:
         optimal = {b: t.energy_optimal_clock_mhz(b) for b in t.batches}
         lines.append(f"energy-optimal clocks of {t.model}'s last table, per batch: {optimal}")
     windows = read_windows(directory / WINDOWS)
+    measured = [w for w in windows if w.gpu_busy_s is not None]
+    if measured:
+        at_triton = sum(w.busy_s() for w in measured)
+        gpu_s = sum(w.gpu_busy_s or 0.0 for w in measured)
+        lines.append(
+            f"GPU busy {gpu_s:.2f} s of {at_triton:.2f} s at Triton in {len(measured)} windows "
+            f"that have it (the device's own count: {gpu_s / at_triton:.2f} of it)"
+            if at_triton > 0
+            else f"GPU busy {gpu_s:.2f} s, nothing at Triton"
+        )
     idle, bands = power_by_band(windows, batches, band_mhz, float(profile.max_clock_mhz))
     lines += [
         "",

@@ -54,6 +54,15 @@ class Device(ABC):
     def energy_j(self) -> float:
         """Energy used since an arbitrary origin, in joules; never decreases."""
 
+    def gpu_busy_s(self) -> float | None:
+        """Seconds in which the GPU ran a kernel, since an arbitrary origin (never decreases),
+        or None where the device does not report it (the default).
+
+        Against the time requests spend at Triton it separates the GPU's part of an execution
+        from the host's (pre- and post-processing, the hand-off to the backend), which energy
+        learning needs (see :mod:`time2clock.online_energy`)."""
+        return None
+
     def close(self) -> None:  # noqa: B027 (optional for implementations)
         """Release what the device holds (the default holds nothing)."""
 

@@ -21,10 +21,13 @@ MIN_INTERVALS = 2  # a window must span this many counter updates to be trusted
 
 @dataclass(frozen=True)
 class EnergyReading:
-    """The counter's value in joules and the time (``as_of_s``) that value became current."""
+    """The counter's value in joules and the time (``as_of_s``) that value became current; with
+    the GPU's busy seconds read at that moment (:meth:`dvfs.device.Device.gpu_busy_s`; None
+    where not read or not known)."""
 
     energy_j: float
     as_of_s: float
+    gpu_busy_s: float | None = None
 
 
 class EnergyCounter:
@@ -36,8 +39,15 @@ class EnergyCounter:
     really became current is unknown).
     """
 
-    def __init__(self, read_j: Callable[[], float], time_source: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        read_j: Callable[[], float],
+        time_source: Callable[[], float],
+        read_busy_s: Callable[[], float | None] | None = None,
+    ) -> None:
+        """``read_busy_s`` (optional): the GPU's busy seconds, read with each new value."""
         self._read_j = read_j
+        self._read_busy_s = read_busy_s
         self._now = time_source
         self._last: EnergyReading | None = None
         self._last_read_s: float | None = None
@@ -69,7 +79,8 @@ class EnergyCounter:
                 if precise or back_to_back:
                     self._interval_s = min(self._interval_s or gap_s, gap_s)
             self._change = (now, uncertainty_s)
-        self._last = EnergyReading(value, now)
+        busy_s = None if self._read_busy_s is None else self._read_busy_s()
+        self._last = EnergyReading(value, now, busy_s)
         return self._last
 
     def next_change(

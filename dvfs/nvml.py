@@ -163,6 +163,9 @@ class NvmlDevice(Device):
         self._has_energy_counter: bool | None = None
         self._integrated_j = 0.0
         self._last_sample: tuple[float, float] | None = None
+        self._has_utilization: bool | None = None
+        self._busy_s = 0.0
+        self._busy_seen_us: int | None = None  # the newest utilization sample counted
         self._energy = EnergyCounter(self._energy_counter_j, time_source)
 
     @property
@@ -264,6 +267,37 @@ class NvmlDevice(Device):
             self._integrated_j += 0.5 * (w0 + watts) * max(now - t0, 0.0)
         self._last_sample = (now, watts)
         return self._integrated_j
+
+    def gpu_busy_s(self) -> float | None:
+        """NVML's GPU-utilization samples integrated: each sample is the share of its period
+        (from the sample before it; 1/6 s to 1 s, by product) in which a kernel ran. The value
+        lags the present by up to one period. None where the GPU has no such samples."""
+        if self._has_utilization is False:
+            return None
+        try:
+            kind, samples = pynvml.nvmlDeviceGetSamples(
+                self._handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, self._busy_seen_us or 0
+            )
+        except pynvml.NVMLError as err:
+            code = getattr(err, "value", None)
+            if code == pynvml.NVML_ERROR_NOT_FOUND:  # no sample since the last read (or yet)
+                return self._busy_s if self._has_utilization else None
+            if code not in (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND):
+                _raise_translated(err, "nvmlDeviceGetSamples")
+            log.info("GPU %d has no utilization samples", self._identity.index)
+            self._has_utilization = False
+            return None
+        self._has_utilization = True
+        field = "dVal" if kind == pynvml.NVML_VALUE_TYPE_DOUBLE else "uiVal"
+        for sample in sorted(samples, key=lambda s: int(s.timeStamp)):
+            at_us = int(sample.timeStamp)
+            seen = self._busy_seen_us
+            if seen is not None and at_us > seen:
+                percent = min(max(float(getattr(sample.sampleValue, field)), 0.0), 100.0)
+                self._busy_s += percent / 100.0 * (at_us - seen) / 1e6
+            if seen is None or at_us > seen:
+                self._busy_seen_us = at_us  # the first sample seen is the origin
+        return self._busy_s
 
     def close(self) -> None:
         """Reset the clock if we locked it, and release NVML."""

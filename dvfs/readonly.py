@@ -37,6 +37,9 @@ class ReadOnlyDevice(Device):
     def energy_j(self) -> float:
         return self.inner.energy_j()
 
+    def gpu_busy_s(self) -> float | None:
+        return self.inner.gpu_busy_s()
+
     def set_clock_mhz(self, clock_mhz: int) -> None:
         raise DeviceWriteForbiddenError(
             f"refused to lock {self.identity.name} at {clock_mhz} MHz: the device is read-only "

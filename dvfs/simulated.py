@@ -156,6 +156,13 @@ class SimulatedDevice(Device):
             self._advance(st, self._now())
             return st.energy_j
 
+    def gpu_busy_s(self) -> float:
+        """Seconds with an execution running (:meth:`begin_work` to :meth:`end_work`, or an
+        engine's iteration): NVML's utilization counter integrated, as this model has it."""
+        with self._store.transaction() as st:
+            self._advance(st, self._now())
+            return st.busy_s
+
     # -- work, as the emulated model or the simulator reports it -----------------------------
 
     def begin_work(self, model: str | None = None, batch: int = 1) -> int:

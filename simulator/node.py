@@ -110,6 +110,8 @@ class _Gpu:
         self.timer_at: float | None = None
         self.batcher_at: float | None = None
         # Learning: the device's energy counter, read every ``poll_s`` as the live reader does.
+        # Not the GPU's busy time: in virtual time the GPU runs exactly while a request is at
+        # Triton, so there is no host part to measure.
         self.counter = (
             EnergyCounter(device.energy_j, vt)
             if sched.learner is not None and sched.learner.energy is not None

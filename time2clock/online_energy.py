@@ -30,22 +30,35 @@ fit of the windows alone measures their noise (``min_noise_w`` at least); window
 ``outlier_sigmas`` of it off (a counter value late, a burst of host work) are left out of the
 second, which weighs the windows by that noise against the prior.
 
+**The host's part.** A request is at Triton from when the scheduler sends it until its answer
+is back, and part of that time the GPU idles (the hop, Triton's queue, the backend's hand-off):
+about as long at every clock, so a larger share of a shorter execution, and a law fitted to the
+power over the whole time at Triton bends with the clocks it was measured at. Where the device
+reports the GPU's busy time (:meth:`dvfs.device.Device.gpu_busy_s`, carried by each window),
+each model's host part per execution is measured: over the windows, the time at Triton with the
+GPU idle against the executions there (each busy second over its curve's time), by bounded
+least squares. That part of each execution is then at the idle power, in the windows and in the
+prior alike, and each curve's law is the GPU's own. Without the busy time the host part is 0:
+the windows alone do not tell it (their error barely moves with it while the laws swing).
+
 **The prior.** Each curve's power at its clocks, from the table in force: its energy per
 inference times its batch over its predicted time (the power the profile saw while that batch
 ran, host time included, as the time it measured includes it), put on the law and trusted to
 ``prior_uncertainty``. Where the traffic measures a curve the measurement wins; elsewhere the
 law and the prior hold the shape. The idle power has no prior.
 
-**The refit.** A model whose curves saw at least ``min_live_s`` of busy time in the window gets,
-for every curve, energy per inference ``P(f)·t(f)/batch`` at each of its clocks, with ``t`` the
-(refitted) mean time of its table: a curve busy for ``min_curve_s`` by its own law; a batch the
-traffic never forms by a measured curve times the two curves' power ratio in the prior, smoothed
-over the clock (a bias the profile had at a clock for every batch alike cancels in it). Every
-other model's energy moves only with its times (its table's power at each clock, times its new
-time). A law that is not positive and finite over the whole ladder is not used; a curve with no
-energy in its prior and busy time at one clock only is not written (the law's shape is unknown),
-and neither is a curve whose power above idle at the top clock is under ``min_busy_share`` of
-its prior's (requests waiting at the host with the GPU idle: see :meth:`OnlineEnergy._diluted`).
+**The refit.** A model whose curves saw at least ``min_live_s`` of busy time in the window
+gets, for every curve, energy per inference ``P(f)·t(f)/batch`` at each of its clocks, with
+``t`` the (refitted) mean time of its table and ``P`` the power over it (the curve's law over
+the GPU's part of ``t``, the idle power over the host's): a curve busy for ``min_curve_s`` by
+its own law; a batch the traffic never forms by a measured curve times the two curves' power
+ratio in the prior, smoothed over the clock (a bias the profile had at a clock for every batch
+alike cancels in it). Every other model's energy moves only with its times (its table's power
+at each clock, times its new time). A law that is not positive and finite over the whole ladder
+is not used; a curve with no energy in its prior and busy time at one clock only is not written
+(the law's shape is unknown), and neither is a curve whose power above idle at the top clock is
+under ``min_busy_share`` of its prior's (requests waiting at the host with the GPU idle: see
+:meth:`OnlineEnergy._diluted`).
 
 **Probes.** A floor set too high by a wrong table is never measured below: the policy never runs
 there. So while there is traffic, every ``probe_every_s`` the floor may be lowered for
@@ -92,6 +105,10 @@ class EnergyParams:
     min_noise_w: float = 0.5
     outlier_sigmas: float = 4.0
     power_exponent: float = 3.0
+    # The host's part of each execution's time at Triton (the GPU idle), measured from the
+    # GPU's busy time where the device reports it: at most max_host_share of a model's
+    # shortest execution, and only from min_live_s of busy time in windows that have it.
+    max_host_share: float = 0.9
     probe: bool = True
     probe_every_s: float = 10.0
     probe_s: float = 2.0
@@ -122,6 +139,8 @@ class EnergyParams:
             raise ValueError("idle_poll_s must be >= poll_s and idle_after_s >= 0")
         if self.max_windows < 1 or self.probe_clocks < 2:
             raise ValueError("max_windows must be >= 1 and probe_clocks >= 2")
+        if not 0 <= self.max_host_share < 1:
+            raise ValueError("max_host_share must be in [0, 1)")
 
 
 Busy = tuple[tuple[tuple[str, int], float], ...]  # ((model, requests at Triton), seconds)
@@ -145,12 +164,14 @@ class ClockSpan:
 @dataclass(frozen=True, slots=True)
 class EnergyWindow:
     """``energy_j`` used from ``start_s`` to ``end_s``, its time split by clock (``spans``,
-    one per clock in force; time with several models at Triton shared among them)."""
+    one per clock in force; time with several models at Triton shared among them), and the
+    GPU's busy seconds in it where the device reports them (``gpu_busy_s``)."""
 
     start_s: float
     end_s: float
     energy_j: float
     spans: tuple[ClockSpan, ...]
+    gpu_busy_s: float | None = None
 
     @classmethod
     def at_clock(
@@ -320,7 +341,16 @@ class ClockWindows:
                 lo, hi, idle.get(clock, 0.0), busy.setdefault(clock, {})
             )
         spans = tuple(ClockSpan(c, idle[c], tuple(sorted(busy[c].items()))) for c in sorted(idle))
-        return EnergyWindow(start.as_of_s, end.as_of_s, end.energy_j - start.energy_j, spans)
+        gpu_busy_s = (
+            end.gpu_busy_s - start.gpu_busy_s
+            if end.gpu_busy_s is not None
+            and start.gpu_busy_s is not None
+            and end.gpu_busy_s >= start.gpu_busy_s
+            else None
+        )
+        return EnergyWindow(
+            start.as_of_s, end.as_of_s, end.energy_j - start.energy_j, spans, gpu_busy_s
+        )
 
 
 def _pieces(
@@ -436,14 +466,28 @@ class _ModelEnergy:
 @dataclass
 class EnergyFit:
     """What one fit of the windows found: the idle power's law, each curve's law (``(model,
-    batch)``), each curve's busy seconds in the windows, in all (``live_s``) and per clock
-    (``clock_live``), and the windows' noise (mean power)."""
+    batch)``: the GPU's power running it), each curve's busy seconds in the windows, in all
+    (``live_s``) and per clock (``clock_live``), the windows' noise (mean power), and the host's
+    part of each execution's time at Triton, per model (``host_s``; the GPU idles through
+    it)."""
 
     idle: PowerLaw
     laws: dict[tuple[str, int], PowerLaw]
     live_s: dict[tuple[str, int], float]
     clock_live: dict[tuple[str, int], dict[int, float]] = field(default_factory=dict)
     noise_w: float | None = None
+    host_s: dict[str, float] = field(default_factory=dict)
+
+    def observed_w(
+        self, comp: tuple[str, int], curve: Time2ClockTable, clocks_mhz: npt.NDArray[np.float64]
+    ) -> npt.NDArray[np.float64]:
+        """The power over the time ``comp``'s executions are at Triton, at ``clocks_mhz``: its
+        law over the GPU's part of ``curve``'s time there, the idle power over the host's."""
+        gpu = 1.0 - host_share(self.host_s.get(comp[0], 0.0), curve, clocks_mhz)
+        out: npt.NDArray[np.float64] = gpu * self.laws[comp].power_array_w(clocks_mhz) + (
+            1.0 - gpu
+        ) * self.idle.power_array_w(clocks_mhz)
+        return out
 
 
 class EnergyRefit:
@@ -512,6 +556,7 @@ class OnlineEnergy:
         self.windows_total = 0
         self.idle: PowerLaw | None = None  # the idle power, as last fitted
         self.noise_w: float | None = None  # the windows' noise (mean power), as last fitted
+        self.host_s: dict[str, float] = {}  # each model's host part per execution, as last fitted
         self.update_interval_s: float | None = None
         self._probe: tuple[int, float] | None = None  # (clock, until_s)
         self._last_probe_s = -math.inf
@@ -607,6 +652,7 @@ class OnlineEnergy:
         if fit is not None:
             self.idle = fit.idle
             self.noise_w = fit.noise_w
+            self.host_s = dict(fit.host_s)
             if self.fit_log is not None:
                 self.fit_log.append((job.now_s, fit))
         for model, n in job.diluted.items():
@@ -687,17 +733,31 @@ class OnlineEnergy:
         for (column, clock), sec in _sum_by(at[:, :2], at[:, 2]).items():
             comp = comps[(int(column) - 2) // 2]
             clock_live.setdefault(comp, {})[int(clock)] = sec
+        curves = {c: curve for c in comps if (curve := _curve_of(tables, c)) is not None}
+        host = _HostPart(at, [len(live_rows) for _, live_rows in rows], spans, comps, curves)
+        host_s = self._host_s(host, windows, comps)
+        windows_a = host.moved(windows_a, host_s, comps, f_max, k)
         prior_rows = []  # (row, target watts)
         ladder = self._probe_ladder
+        ladder_a = np.asarray(ladder, dtype=float)
         for c in comps:
             law = _law_through(_prior_power(prior.get(c[0]), tables.get(c[0]), c[1]), f_max, k)
             if law is None:
                 continue
+            curve = curves.get(c)
+            at_host = (
+                np.zeros(len(ladder))
+                if curve is None
+                else host_share(host_s.get(c[0], 0.0), curve, ladder_a)
+            )
             # the prior law at the probe ladder's clocks, each known to prior_uncertainty·√n
-            # (so that together they know the curve to about prior_uncertainty)
-            for clock in ladder:
+            # (so that together they know the curve to about prior_uncertainty); it is the power
+            # over the time at Triton, the host's share of it at the idle power
+            for clock, away in zip(ladder, at_host, strict=True):
+                x = (clock / f_max) ** k
                 row = np.zeros(width)
-                row[index[c]], row[index[c] + 1] = 1.0, (clock / f_max) ** k
+                row[index[c]], row[index[c] + 1] = 1.0 - away, (1.0 - away) * x
+                row[0], row[1] = away, away * x
                 watts = law.power_w(clock)
                 std = max(p.prior_uncertainty * watts, p.min_noise_w) * math.sqrt(len(ladder))
                 prior_rows.append((row / std, watts / std))
@@ -718,41 +778,85 @@ class OnlineEnergy:
             for c in comps
         }
         idle = PowerLaw(float(solution[0]), float(solution[1]), f_max, k)
-        return EnergyFit(idle, laws, {c: v for c, v in live.items() if v > 0}, clock_live, noise_w)
+        live = {c: v for c, v in live.items() if v > 0}
+        return EnergyFit(idle, laws, live, clock_live, noise_w, host_s)
+
+    def _host_s(
+        self, host: _HostPart, windows: Sequence[EnergyWindow], comps: Sequence[tuple[str, int]]
+    ) -> dict[str, float]:
+        """Each model's host part per execution, measured: in every window whose GPU busy time
+        is known, the time with requests at Triton and the GPU idle, over the executions there
+        (each entry's busy seconds over its curve's time), fitted over the windows by bounded
+        least squares (0 or more). Empty where no window has the GPU's busy time, or too little
+        of it."""
+        p = self.params
+        known = np.array([w.gpu_busy_s is not None for w in windows])
+        if p.max_host_share <= 0 or not known.any():
+            return {}
+        models = sorted({m for m, _ in comps})
+        per_model = np.zeros((len(windows), len(models)))  # executions, per window and model
+        model_of = np.array([models.index(m) for m, _ in comps], dtype=int)
+        entry_model = model_of[(host.column - 2) // 2]
+        finite = np.isfinite(host.time_s)
+        np.add.at(
+            per_model,
+            (host.window[finite], entry_model[finite]),
+            host.busy_s[finite] / host.time_s[finite],
+        )
+        at_triton = np.array([w.busy_s() for w in windows])
+        gpu = np.array([w.gpu_busy_s if w.gpu_busy_s is not None else 0.0 for w in windows])
+        if float(at_triton[known].sum()) < p.min_live_s:
+            return {}
+        a, y = per_model[known], (at_triton - gpu)[known]
+        upper = np.array(
+            [
+                p.max_host_share * float(host.time_s[finite & (entry_model == i)].min())
+                if (finite & (entry_model == i)).any()
+                else 0.0
+                for i in range(len(models))
+            ]
+        )
+        seen = a.sum(axis=0) > 0
+        if not seen.any():
+            return {}
+        solution = lsq_linear(a[:, seen], y, bounds=(np.zeros(seen.sum()), upper[seen] + 1e-12))
+        return {str(m): float(h) for m, h in zip(np.array(models)[seen], solution.x, strict=True)}
 
     def _from_fit(
         self, job: EnergyRefit, table: ModelTable, prior: ModelTable | None, fit: EnergyFit
     ) -> ModelTable | None:
-        """``table`` with the energy of the fit: each curve measured by its own law; each other
-        curve by a measured one times the ratio of their powers in the prior (smoothed over the
-        clock), the median over the measured curves at each clock."""
+        """``table`` with the energy of the fit: each curve measured by its own law (over the
+        GPU's part of its time at Triton, the idle power over the host's); each other curve by a
+        measured one times the ratio of their powers in the prior (smoothed over the clock), the
+        median over the measured curves at each clock."""
         p = self.params
         priors: dict[int, dict[int, float]] = {}
-        measured: dict[int, PowerLaw] = {}
+        measured: list[int] = []
         for b in table.batches:
             priors[b] = _prior_power(prior, table, b)
-            law = fit.laws.get((table.model, b))
-            if law is None or fit.live_s.get((table.model, b), 0.0) < p.min_curve_s:
+            comp = (table.model, b)
+            law = fit.laws.get(comp)
+            if law is None or fit.live_s.get(comp, 0.0) < p.min_curve_s:
                 continue
             if not law.is_sound(self.clocks_mhz):
                 continue
-            if not priors[b] and len(fit.clock_live.get((table.model, b), {})) < 2:
+            if not priors[b] and len(fit.clock_live.get(comp, {})) < 2:
                 continue  # no prior and one clock: the law's shape is not known
-            if self._diluted(law, priors[b], fit.idle):
+            if self._diluted(fit, comp, table.curves[b], priors[b]):
                 job.diluted[table.model] = job.diluted.get(table.model, 0) + 1
                 continue
-            measured[b] = law
+            measured.append(b)
         if not measured:
             return None
         curves = {}
         for b, curve in table.curves.items():
-            if b in measured:
-                curves[b] = with_power(curve, measured[b])
-                continue
             clocks = np.asarray(curve.clocks_mhz, dtype=float)
+            if b in measured:
+                curves[b] = with_power(curve, list(fit.observed_w((table.model, b), curve, clocks)))
+                continue
             moved = [
-                law.power_array_w(clocks) * ratio
-                for m, law in measured.items()
+                fit.observed_w((table.model, m), table.curves[m], clocks) * ratio
+                for m in measured
                 if (ratio := _power_ratio(priors[b], priors[m], clocks)) is not None
             ]
             watts = np.median(moved, axis=0) if moved else None
@@ -762,7 +866,13 @@ class OnlineEnergy:
                 curves[b] = curve
         return replace(table, curves=curves)
 
-    def _diluted(self, law: PowerLaw, prior: Mapping[int, float], idle: PowerLaw) -> bool:
+    def _diluted(
+        self,
+        fit: EnergyFit,
+        comp: tuple[str, int],
+        curve: Time2ClockTable,
+        prior: Mapping[int, float],
+    ) -> bool:
         """Whether the power measured while the curve's requests were at Triton is barely above
         idle: under ``min_busy_share`` of the prior's excess over idle at the top clock. Then the
         requests mostly waited with the GPU idle (host contention: the sidecar sees requests at
@@ -772,10 +882,10 @@ class OnlineEnergy:
             return False
         top = self.clocks_mhz[-1]
         xs = sorted(prior)
-        expected = float(np.interp(top, xs, [prior[c] for c in xs])) - idle.power_w(top)
-        return expected > 0 and law.power_w(top) - idle.power_w(top) < (
-            self.params.min_busy_share * expected
-        )
+        idle = fit.idle.power_w(top)
+        expected = float(np.interp(top, xs, [prior[c] for c in xs])) - idle
+        seen = float(fit.observed_w(comp, curve, np.array([float(top)]))[0]) - idle
+        return expected > 0 and seen < self.params.min_busy_share * expected
 
     def _error(
         self, model: str, windows: Sequence[EnergyWindow], prior: ModelTable | None, fit: EnergyFit
@@ -854,7 +964,8 @@ class OnlineEnergy:
 
     def state(self, model: str, now_s: float, table: ModelTable | None) -> dict[str, object]:
         """Per model: windows and busy seconds in the window, refits, age of the last refit, the
-        table's energy error, and the energy-optimal clocks its table now gives."""
+        table's energy error, the host's part per execution as last measured (None: not
+        measured), and the energy-optimal clocks its table now gives."""
         state = self._models.get(model, _ModelEnergy())
         horizon = now_s - self.params.window_s
         recent = [w for w in self._windows if w.end_s >= horizon and w.busy_s(model) > 0]
@@ -867,12 +978,87 @@ class OnlineEnergy:
                 None if state.last_refit_s is None else round(now_s - state.last_refit_s, 3)
             ),
             "error": None if state.last_error is None else round(state.last_error, 4),
+            "host_ms": round(self.host_s[model] * 1000.0, 3) if model in self.host_s else None,
             "optimal_clock_mhz": (
                 None
                 if table is None
                 else {b: table.energy_optimal_clock_mhz(b) for b in table.batches}
             ),
         }
+
+
+def curve_time_s(
+    curve: Time2ClockTable, clocks_mhz: npt.NDArray[np.float64]
+) -> npt.NDArray[np.float64]:
+    """``curve``'s mean time at ``clocks_mhz``, in seconds (infinite where its law has none)."""
+    fit = curve.mean_fit
+    denom = fit.m * clocks_mhz + fit.b
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out: npt.NDArray[np.float64] = np.where(denom > 0, 1.0 / denom, np.inf) / 1000.0
+    return out
+
+
+def host_share(
+    host_s: float, curve: Time2ClockTable, clocks_mhz: npt.NDArray[np.float64]
+) -> npt.NDArray[np.float64]:
+    """The share of ``curve``'s time at Triton that is the host's (``host_s`` per execution)."""
+    out: npt.NDArray[np.float64] = np.clip(host_s / curve_time_s(curve, clocks_mhz), 0.0, 1.0)
+    return out
+
+
+def _curve_of(tables: TableSet, comp: tuple[str, int]) -> Time2ClockTable | None:
+    table = tables.get(comp[0])
+    return None if table is None else table.curves.get(comp[1])
+
+
+class _HostPart:
+    """The busy time of a fit's windows, entry by entry (window, column, clock, seconds), with
+    each entry's execution time, to move a host part of it from the curves' columns to the
+    idle power's."""
+
+    def __init__(
+        self,
+        entries: npt.NDArray[np.float64],
+        per_window: Sequence[int],
+        spans_s: npt.NDArray[np.float64],
+        comps: Sequence[tuple[str, int]],
+        curves: Mapping[tuple[str, int], Time2ClockTable],
+    ) -> None:
+        self.window = np.repeat(np.arange(len(per_window)), per_window)
+        self.column = entries[:, 0].astype(int)
+        self.clock = entries[:, 1]
+        self.busy_s = entries[:, 2]
+        self.per_s = self.busy_s / spans_s[self.window]  # the row's share of the window
+        self.time_s = np.full(len(entries), np.inf)
+        for i, comp in enumerate(comps):
+            curve = curves.get(comp)
+            mine = self.column == 2 + 2 * i
+            if curve is not None and mine.any():
+                self.time_s[mine] = curve_time_s(curve, self.clock[mine])
+
+    def moved(
+        self,
+        a: npt.NDArray[np.float64],
+        host_s: Mapping[str, float],
+        comps: Sequence[tuple[str, int]],
+        max_clock_mhz: float,
+        exponent: float,
+    ) -> npt.NDArray[np.float64]:
+        """The windows' rows ``a`` with ``host_s[model]`` of each of its executions at the idle
+        power."""
+        if not any(h > 0 for h in host_s.values()):
+            return a
+        per_comp = np.array([host_s.get(m, 0.0) for m, _ in comps])
+        entry_host_s = per_comp[(self.column - 2) // 2]
+        share = np.clip(entry_host_s / self.time_s, 0.0, 1.0) * self.per_s
+        x_share = share * (self.clock / max_clock_mhz) ** exponent
+        out = a.copy()
+        zeros = np.zeros_like(self.column)
+        np.add.at(out, (self.window, self.column), -share)
+        np.add.at(out, (self.window, self.column + 1), -x_share)
+        np.add.at(out, (self.window, zeros), share)
+        np.add.at(out, (self.window, zeros + 1), x_share)
+        return out
 
 
 def _sum_by(

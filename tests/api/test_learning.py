@@ -171,8 +171,8 @@ def _renamed(table: ModelTable, model: str) -> dict[int, Time2ClockTable]:
 def test_energy_refits_show_in_the_admin_state_and_the_metrics(tmp_path: Path) -> None:
     """Served from a table whose energy curve is wrong, with learning on: the GPU's energy
     counter is attributed to clock windows, the model's energy is refitted, and the admin
-    state and the metrics say so (refits, windows, the table's energy error); the learned
-    batch-1 floor comes down from the top clock.
+    state and the metrics say so (refits, windows, the table's energy error, the host's part of
+    each execution); the learned batch-1 floor comes down from the top clock.
 
     The SLO is loose so that only the wrong floor keeps the clock at the top: on a loaded
     machine the emulated GPU runs up to twice its law's time, and a 40 ms SLO then needs the top
@@ -211,6 +211,11 @@ def test_energy_refits_show_in_the_admin_state_and_the_metrics(tmp_path: Path) -
         assert 0.0 <= energy["last_refit_age_s"] < 30.0
         assert energy["optimal_clock_mhz"]["1"] < top - 60  # the floor came down
         assert isinstance(energy["error"], float)
+        # the emulated GPU reports its busy time: the host's part of each execution (the hop to
+        # Triton and the hand-off to the Python backend, the GPU idle) is measured, not nil
+        assert isinstance(energy["host_ms"], float) and energy["host_ms"] > 0.1, energy
+        host = metric(sc, "sidecar_energy_host_seconds", "simnet")
+        assert host == pytest.approx(energy["host_ms"] / 1000.0, rel=0.01)
         assert metric(sc, "sidecar_table_energy_refits_total", "simnet") == energy["refits"]
         error = metric(sc, "sidecar_table_energy_error_ratio", "simnet")
         assert error is not None and error == pytest.approx(energy["error"], abs=0.05)

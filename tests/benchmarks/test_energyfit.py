@@ -26,11 +26,20 @@ from time2clock.online_energy import EnergyWindow, OnlineEnergy
 from time2clock.table import TableSet
 
 
-def recorded(tmp_path: Path) -> tuple[OnlineEnergy, list[EnergyWindow]]:
-    """Two refits of synthetic windows (the truth of the simulated V100) from a wrong table,
-    recorded to ``tmp_path``."""
+def recorded(
+    tmp_path: Path, host_ms: float = 0.0, gpu_busy_noise_s: float | None = None
+) -> tuple[OnlineEnergy, list[EnergyWindow]]:
+    """Two refits of synthetic windows (the truth of the simulated V100; the host part and the
+    GPU's busy time as :func:`synthetic_windows` has them) from a wrong table, recorded to
+    ``tmp_path``."""
     wrong = wrong_energy(TableSet([cnn_table()]))
-    windows = synthetic_windows([1200, 1530], 150, start_s=100.0)
+    windows = synthetic_windows(
+        [1200, 1530],
+        150,
+        start_s=100.0,
+        host_ms=host_ms,
+        gpu_busy_noise_s=gpu_busy_noise_s,
+    )
     energy = OnlineEnergy(V100_CLOCKS)
     energy.fit_log = []
     tables = wrong
@@ -53,9 +62,30 @@ def test_the_record_keeps_every_window_and_every_fit_adopted(tmp_path: Path) -> 
         assert read.span_s == pytest.approx(original.span_s)
         assert read.energy_j == original.energy_j
         assert read.spans == original.spans
+        assert read.gpu_busy_s is None
     fits = (tmp_path / FITS).read_text().splitlines()
     assert len(fits) == 2
     assert TableSet.load(tmp_path / TABLES).get(CNN) is not None
+
+
+def test_the_record_keeps_the_gpus_busy_time_and_the_host_part_measured(
+    tmp_path: Path,
+) -> None:
+    """Windows with the GPU's busy time, each execution 4 ms at the host: the record keeps
+    each window's busy seconds, and the fits' host part is read back with the laws."""
+    _, windows = recorded(tmp_path, host_ms=4.0, gpu_busy_noise_s=0.005)
+    back = read_windows(tmp_path / WINDOWS)
+    assert [w.gpu_busy_s for w in back] == [w.gpu_busy_s for w in windows]
+    assert all(w.gpu_busy_s is not None for w in back)
+    text = explain(tmp_path, "v100")
+    lines = [line for line in text.splitlines() if "host " in line and " ms (" in line]
+    assert len(lines) == 2
+    for line in lines:
+        host_ms = float(line.split("host ")[1].split(" ms")[0])
+        assert host_ms == pytest.approx(4.0, abs=0.3)
+    gpu_line = next(line for line in text.splitlines() if line.startswith("GPU busy "))
+    share = float(gpu_line.rsplit("count: ", 1)[1].split(" of it")[0])
+    assert 0.5 < share < 0.9  # 4 ms of executions of 7-11 ms at the host
 
 
 def test_the_power_per_band_is_what_each_batch_drew_there_whatever_its_shape() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import pynvml
@@ -13,6 +14,8 @@ class FakeNvml:
 
     NVMLError = pynvml.NVMLError
     NVML_CLOCK_GRAPHICS = pynvml.NVML_CLOCK_GRAPHICS
+    NVML_GPU_UTILIZATION_SAMPLES = pynvml.NVML_GPU_UTILIZATION_SAMPLES
+    NVML_VALUE_TYPE_DOUBLE = pynvml.NVML_VALUE_TYPE_DOUBLE
 
     def __init__(self, *, gpus: int = 1, energy_counter: bool = True) -> None:
         for name in dir(pynvml):
@@ -26,6 +29,8 @@ class FakeNvml:
         self.power_mw = 250_000
         self.energy_mj = 1_000_000
         self.energy_fn: Callable[[], int] | None = None  # set: the counter as a function of time
+        # GPU-utilization samples as NVML keeps them: (timestamp µs, percent); None: unsupported
+        self.utilization: list[tuple[int, int]] | None = []
         self.inits = 0
 
     def _maybe_fail(self, name: str) -> None:
@@ -88,3 +93,21 @@ class FakeNvml:
         if not self.energy_counter:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return self.energy_mj if self.energy_fn is None else self.energy_fn()
+
+    def nvmlDeviceGetSamples(
+        self, handle: str, kind: int, last_seen_us: int
+    ) -> tuple[int, list[SimpleNamespace]]:
+        """Utilization samples newer than ``last_seen_us``, as NVML answers: NOT_FOUND when
+        there are none, NOT_SUPPORTED on a GPU without them."""
+        self._maybe_fail("nvmlDeviceGetSamples")
+        assert kind == pynvml.NVML_GPU_UTILIZATION_SAMPLES
+        if self.utilization is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        newer = [
+            SimpleNamespace(timeStamp=at_us, sampleValue=SimpleNamespace(uiVal=percent))
+            for at_us, percent in self.utilization
+            if at_us > last_seen_us
+        ]
+        if not newer:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, newer

@@ -193,3 +193,52 @@ def test_counter_learns_the_shortest_refresh_gap() -> None:
         energy_per_inference_j(reading, reading, inferences=1, window_s=1, update_interval_s=1)
         is None
     )
+
+
+def test_gpu_busy_seconds_integrate_the_utilization_samples(nvml: FakeNvml) -> None:
+    """Each sample is the share of its period (from the sample before) with a kernel running;
+    the first sample seen is the origin; no new sample, the same value."""
+    dev = NvmlDevice(0)
+    assert dev.gpu_busy_s() is None  # no sample yet: not known, and asked again later
+    nvml.utilization = [(1_000_000, 40)]
+    assert dev.gpu_busy_s() == 0.0
+    nvml.utilization += [(1_166_667, 60), (1_333_333, 30)]
+    assert dev.gpu_busy_s() == pytest.approx(0.6 * 0.166667 + 0.3 * 0.166666)
+    busy = dev.gpu_busy_s()
+    assert busy is not None and dev.gpu_busy_s() == busy
+    nvml.utilization.append((2_333_333, 100))
+    assert dev.gpu_busy_s() == pytest.approx(busy + 1.0)
+    assert ReadOnlyDevice(dev).gpu_busy_s() == dev.gpu_busy_s()
+    dev.close()
+
+
+def test_a_gpu_without_utilization_samples_reports_no_busy_time(nvml: FakeNvml) -> None:
+    nvml.utilization = None
+    dev = NvmlDevice(0)
+    assert dev.gpu_busy_s() is None
+    assert dev.gpu_busy_s() is None
+    assert [c for c in nvml.calls if c == ("nvmlDeviceGetSamples",)] == [
+        ("nvmlDeviceGetSamples",)
+    ]  # asked once, not at every read
+    dev.close()
+
+
+def test_a_lost_gpu_while_reading_utilization_is_an_error(nvml: FakeNvml) -> None:
+    nvml.fail["nvmlDeviceGetSamples"] = pynvml.NVML_ERROR_GPU_IS_LOST
+    dev = NvmlDevice(0)
+    with pytest.raises(DeviceLostError, match="nvmlDeviceGetSamples"):
+        dev.gpu_busy_s()
+    dev.close()
+
+
+def test_the_counter_reads_the_gpus_busy_time_with_each_new_value() -> None:
+    clock = Clock()
+    busy = iter([1.0, 1.5])
+    values = [0.0, 0.0, 2.0]
+    counter = EnergyCounter(lambda: values.pop(0), clock, lambda: next(busy))
+    first = counter.read()
+    assert first == EnergyReading(0.0, clock.now_s, 1.0)
+    clock.sleep(0.1)
+    assert counter.read() == first  # the same value: the busy time not read again
+    clock.sleep(0.1)
+    assert counter.read() == EnergyReading(2.0, clock.now_s, 1.5)

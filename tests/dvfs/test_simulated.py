@@ -87,6 +87,7 @@ def test_energy_counter_integrates_idle_and_busy_power_exactly() -> None:
     assert stats.busy_energy_j == pytest.approx(p.busy_power_w(1530) * 0.5)
     assert stats.busy_s == pytest.approx(0.5)
     assert dev.energy_j() == pytest.approx(expected)  # reading does not change it
+    assert dev.gpu_busy_s() == pytest.approx(0.5)  # what NVML's utilization would integrate
 
 
 def test_unlocked_gpu_boosts_while_busy_and_falls_after_idle_spell() -> None:

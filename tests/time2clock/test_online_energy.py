@@ -173,11 +173,16 @@ def synthetic_windows(
     seed: int = 0,
     start_s: float = 0.0,
     idle_clock: int | None = None,
+    host_ms: float = 0.0,
+    gpu_busy_noise_s: float | None = None,
 ) -> list[EnergyWindow]:
     """Windows of 0.1 s at each clock, busy a random share with a random batch, their energy
     from the true laws plus noise (``noise_w`` of mean power); idle at ``idle_clock`` when one
-    is given (a GPU dropping its clock between requests), else at the window's clock."""
+    is given (a GPU dropping its clock between requests), else at the window's clock. Each
+    execution (the table's time) spends ``host_ms`` of it at the host, the GPU idle; with
+    ``gpu_busy_noise_s`` the windows carry the GPU's busy seconds, off by that much (normal)."""
     rng = np.random.default_rng(seed)
+    curves = cnn_table().curves
     out = []
     t = start_s
     for clock in clocks:
@@ -189,16 +194,27 @@ def synthetic_windows(
                 busy[model, b] = s
                 left -= s
             resting = clock if idle_clock is None else idle_clock
+            host = {
+                b: s * min(host_ms / curves[b].predict_ms(clock), 1.0) for (_, b), s in busy.items()
+            }
             energy = IDLE.power_w(resting) * left + sum(
-                busy_law(b).power_w(clock) * s for (_, b), s in busy.items()
+                busy_law(b).power_w(clock) * (s - host[b]) + IDLE.power_w(clock) * host[b]
+                for (_, b), s in busy.items()
             )
             energy += float(rng.normal(0, noise_w)) * 0.1
+            gpu_busy_s = (
+                None
+                if gpu_busy_noise_s is None
+                else sum(busy.values())
+                - sum(host.values())
+                + float(rng.normal(0, gpu_busy_noise_s))
+            )
             busy_s = tuple(sorted(busy.items()))
             if idle_clock is None:
-                out.append(EnergyWindow.at_clock(t, t + 0.1, clock, energy, left, busy_s))
+                spans: tuple[ClockSpan, ...] = (ClockSpan(clock, left, busy_s),)
             else:
                 spans = (ClockSpan(idle_clock, left, ()), ClockSpan(clock, 0.0, busy_s))
-                out.append(EnergyWindow(t, t + 0.1, energy, spans))
+            out.append(EnergyWindow(t, t + 0.1, energy, spans, gpu_busy_s))
             t += 0.1
     return out
 
@@ -378,6 +394,72 @@ def test_a_model_without_a_prior_needs_two_clocks_before_its_energy_is_learned()
         energy.add(w)
     table = energy.refit(prior, prior, 60.0)[CNN]
     assert energy_at(table, 1000, 1) == pytest.approx(true_energy_j(table, 1, 1000), rel=0.03)
+
+
+def host_part_energy_j(table: ModelTable, batch: int, clock: int, host_ms: float) -> float:
+    """The true energy per inference where each execution spends ``host_ms`` at the host."""
+    t_ms = table.curves[batch].predict_ms(clock)
+    watts = busy_law(batch).power_w(clock) * (t_ms - host_ms) + IDLE.power_w(clock) * host_ms
+    return watts / 1000 / batch
+
+
+def test_the_host_part_of_each_execution_is_measured_from_the_gpus_busy_time() -> None:
+    """Each execution is at Triton 5 ms longer than the GPU runs it, and the windows carry
+    the GPU's busy seconds (each off by up to tens of ms, as a utilization sample lags): the
+    fit measures the host part, and the energy learned at every clock is the truth's, the
+    host's part of each execution at the idle power."""
+    wrong = wrong_energy(TableSet([cnn_table()]))
+    windows = synthetic_windows([1100, 1530], 300, host_ms=5.0, gpu_busy_noise_s=0.01)
+    energy = OnlineEnergy(V100_CLOCKS)
+    energy.fit_log = []
+    for w in windows:
+        energy.add(w)
+    table = energy.refit(wrong, wrong, windows[-1].end_s)[CNN]
+    ((_, fit),) = energy.fit_log
+    assert fit.host_s[CNN] == pytest.approx(0.005, abs=0.0003)
+    for b in (1, 2):
+        for clock in (600, 900, 1100, 1300, 1530):
+            learned = energy_at(table, clock, b)
+            assert learned == pytest.approx(host_part_energy_j(table, b, clock, 5.0), rel=0.015)
+
+
+def test_without_the_gpus_busy_time_no_host_part_is_assumed() -> None:
+    """The same executions, windows without the GPU's busy seconds (a device that does not
+    report them): no host part, the fit as before."""
+    windows = synthetic_windows([1100, 1530], 300, host_ms=5.0)
+    assert all(w.gpu_busy_s is None for w in windows)
+    energy = OnlineEnergy(V100_CLOCKS)
+    energy.fit_log = []
+    for w in windows:
+        energy.add(w)
+    wrong = wrong_energy(TableSet([cnn_table()]))
+    assert CNN in energy.refit(wrong, wrong, windows[-1].end_s)
+    ((_, fit),) = energy.fit_log
+    assert fit.host_s == {}
+
+
+def test_a_gpu_busy_all_the_time_at_triton_has_no_host_part() -> None:
+    """The GPU busy exactly while requests are at Triton (the simulator's virtual time): the
+    host part measured is nil, within the busy counter's noise."""
+    windows = synthetic_windows([1100, 1530], 300, gpu_busy_noise_s=0.01)
+    energy = OnlineEnergy(V100_CLOCKS)
+    energy.fit_log = []
+    for w in windows:
+        energy.add(w)
+    wrong = wrong_energy(TableSet([cnn_table()]))
+    energy.refit(wrong, wrong, windows[-1].end_s)
+    ((_, fit),) = energy.fit_log
+    assert fit.host_s.get(CNN, 0.0) < 0.0003
+
+
+def test_a_window_carries_the_gpus_busy_seconds_between_its_two_readings() -> None:
+    windows = ClockWindows()
+    windows.occupancy(0.0, 1200, {CNN: [1]})
+    assert windows.reading(EnergyReading(10.0, 0.1, 3.0), 0.01) is None
+    window = windows.reading(EnergyReading(20.0, 0.2, 3.07), 0.01)
+    assert window is not None and window.gpu_busy_s == pytest.approx(0.07)
+    unknown = windows.reading(EnergyReading(30.0, 0.3, None), 0.01)
+    assert unknown is not None and unknown.gpu_busy_s is None
 
 
 def test_requests_waiting_with_the_gpu_idle_are_not_taken_for_cheap_executions() -> None:
