@@ -378,7 +378,9 @@ def print_report(report: dict[str, Any]) -> None:
         ("Sidecar (shadow) vs direct, batch 1", report["overhead"]),
     ):
         table = Table(title=title)
-        for col in ("path", "batch", "conc", "inf/s", "p50 ms", "p99 ms", "J/inf", "W", "MHz"):
+        for col in (
+            "path", "batch", "conc", "inf/s", "p50 ms", "p99 ms", "J/inf", "W", "MHz", "busy"
+        ):  # fmt: skip
             table.add_column(col, justify="right")
         for m in rows:
             table.add_row(*_cells(m))
@@ -411,7 +413,7 @@ def report_markdown(report: dict[str, Any]) -> str:
 
     gpu = report["gpu"]
     head = ["path", "batch", "concurrency", "inferences/s", "p50 ms", "p99 ms", "J/inference",
-            "W", "clock MHz"]  # fmt: skip
+            "W", "clock MHz", "GPU busy"]  # fmt: skip
 
     def rows(runs: list[dict[str, Any]]) -> list[list[str]]:
         return [_cells(m) for m in runs]
@@ -463,7 +465,13 @@ def _cells(m: dict[str, Any]) -> list[str]:
         m["label"], str(m["batch"]), str(m["concurrency"]), f"{m['inferences_per_s']:.1f}",
         f"{m['p50_ms']:.2f}", f"{m['p99_ms']:.2f}", _fmt(m["energy_per_inference_j"], 1, ""),
         _fmt(m["power_w"], 1, ""), f"{m['clock_mhz_min']}..{m['clock_mhz_max']}",
+        _share(m.get("gpu_busy_share")),
     ]  # fmt: skip
+
+
+def _share(value: float | None) -> str:
+    """The GPU's busy share of a window (its utilization samples), or n/a."""
+    return "n/a" if value is None else f"{value:.0%}"
 
 
 def _fmt(value: float | None, scale: float, unit: str) -> str:

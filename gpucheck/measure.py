@@ -43,6 +43,7 @@ class Measurement:
     clock_mhz_min: int
     clock_mhz_mean: float
     clock_mhz_max: int
+    gpu_busy_share: float | None = None  # of the window, from the GPU's utilization samples
     latencies_ms: tuple[float, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
@@ -55,8 +56,9 @@ class Measurement:
 def energy_counter(
     device: Device, time_source: Callable[[], float] = time.monotonic
 ) -> EnergyCounter:
-    """A timestamped view of ``device``'s energy counter on the loadgen's clock (monotonic)."""
-    return EnergyCounter(device.energy_j, time_source)
+    """A timestamped view of ``device``'s energy counter on the loadgen's clock (monotonic),
+    with its busy time read at each new value."""
+    return EnergyCounter(device.energy_j, time_source, device.gpu_busy_s)
 
 
 def calibrate(counter: EnergyCounter, *, attempts: int = 4) -> float | None:
@@ -147,5 +149,10 @@ async def _measure(
         clock_mhz_min=min(clocks),
         clock_mhz_mean=float(np.mean(clocks)),
         clock_mhz_max=max(clocks),
+        gpu_busy_share=(
+            (end.gpu_busy_s - start.gpu_busy_s) / span_s
+            if end.gpu_busy_s is not None and start.gpu_busy_s is not None and span_s > 0
+            else None
+        ),
         latencies_ms=tuple(float(v) for v in latencies_ms if not math.isnan(v)),
     )

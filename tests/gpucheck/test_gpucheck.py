@@ -204,6 +204,8 @@ def test_measuring_and_the_shadow_sidecar_on_the_embedded_stack(
         assert m.energy_per_inference_j is not None and m.energy_per_inference_j > 0
         assert m.p99_ms >= m.p50_ms > 0 and len(m.latencies_ms) == m.requests
         assert "latencies_ms" not in m.to_json()
+        # the GPU's busy share, from its own count: busy part of the time, never over all of it
+        assert m.gpu_busy_share is not None and 0.0 < m.gpu_busy_share <= 1.0
     (summary,) = overhead_summary(runs)
     assert summary["concurrency"] == 2
     assert summary["throughput_kept"] == runs[1].inferences_per_s / runs[0].inferences_per_s
@@ -231,6 +233,7 @@ def test_measuring_and_the_shadow_sidecar_on_the_embedded_stack(
     assert f"| sidecar | 2 | 2 | {runs[1].inferences_per_s:.1f} |" in md
     assert f"| sidecar | 2 | {summary['throughput_kept']:.1%} |" in md
     assert "would choose 600 MHz" in md
+    assert f"| {runs[0].gpu_busy_share:.0%} |" in md  # the GPU's busy share, a column
     # a report with the two-level run names it
     report["levels_share"] = 0.5
     report["overhead_summary"] = [{**summary, "path": LEVELS_LABEL}]
