@@ -7,7 +7,8 @@
   seconds and busy seconds per (model, requests at Triton));
 * ``fits.jsonl``: every energy fit the sidecar adopted (its time, the idle power's law, each
   curve's law, busy seconds, the windows' noise and each model's host part per execution);
-* ``tables.json``: the tables in force at the end.
+* ``tables.json``: the tables in force at the end;
+* ``samples.csv``: the isolated executions the times learned from (``at_s`` from the first).
 
 ``python -m benchmarks.energyfit DIR`` reads them back. It prints each curve's law over the run
 with the energy-optimal clocks of the last tables, and, per batch and band of clocks, the power
@@ -17,12 +18,16 @@ one is the share of the time at Triton that the GPU ran: where it falls as the c
 at the host (a fixed part of each request's time at Triton, at idle power) is a larger share of a
 shorter execution, and a law fitted at high clocks comes out flatter than the same law fitted at
 low ones. The last column, the rest of that share times the table's time there, is the host's
-part per execution: about the same at every clock when that is the cause.
+part per execution: about the same at every clock when that is the cause. Last, per batch and
+band, the isolated executions' median time beside the last table's and the simulated GPU's: the
+energy written is the power times the table's time, so a table whose time falls with the clock
+more slowly than the executions' puts the energy-optimal clocks low.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -33,6 +38,7 @@ import numpy as np
 
 from api.embedded import EMULATED
 from dvfs.profiles import get_profile
+from time2clock.online import ExecutionSample
 from time2clock.online_energy import (
     ClockSpan,
     EnergyFit,
@@ -46,6 +52,7 @@ from time2clock.table import TableSet
 WINDOWS = "windows.jsonl"
 FITS = "fits.jsonl"
 TABLES = "tables.json"
+SAMPLES = "samples.csv"
 
 
 def write_record(directory: Path, energy: OnlineEnergy, tables: TableSet | None) -> None:
@@ -63,6 +70,31 @@ def write_record(directory: Path, energy: OnlineEnergy, tables: TableSet | None)
             out.write(json.dumps(fit_row(fit, at_s - t0)) + "\n")
     if tables is not None:
         tables.save(directory / TABLES)
+
+
+def write_samples(samples: Sequence[ExecutionSample], path: Path) -> None:
+    """Isolated executions as CSV (``at_s`` relative to the first)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    t0 = samples[0].at_s
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(("at_s", "model", "batch", "clock_mhz", "ms"))
+        for s in samples:
+            writer.writerow((f"{s.at_s - t0:.4f}", s.model, s.batch, s.clock_mhz, f"{s.ms:.4f}"))
+
+
+def read_samples(path: Path) -> list[ExecutionSample]:
+    with path.open(newline="") as handle:
+        return [
+            ExecutionSample(
+                model=row["model"],
+                clock_mhz=int(row["clock_mhz"]),
+                batch=int(row["batch"]),
+                ms=float(row["ms"]),
+                at_s=float(row["at_s"]),
+            )
+            for row in csv.DictReader(handle)
+        ]
 
 
 def window_row(w: EnergyWindow, t0: float) -> dict[str, object]:
@@ -240,7 +272,37 @@ def explain(directory: Path, gpu: str, band_mhz: int = 100, min_busy_s: float = 
         f"{profile.idle_power_w(profile.min_clock_mhz):.1f}, "
         f"{profile.idle_power_w(profile.max_clock_mhz):.1f})"
     )
+    if (directory / SAMPLES).is_file():
+        lines += ["", *sample_lines(read_samples(directory / SAMPLES), tables, gpu, band_mhz)]
     return "\n".join(lines)
+
+
+def sample_lines(
+    samples: Sequence[ExecutionSample], tables: TableSet, gpu: str, band_mhz: int
+) -> list[str]:
+    """Per model, batch and band of clocks, the isolated executions' median time beside the
+    last table's and the simulated GPU's at the band's median clock."""
+    profile = get_profile(gpu)
+    groups: dict[tuple[str, int, int], list[ExecutionSample]] = {}
+    for s in samples:
+        band = round(s.clock_mhz / band_mhz) * band_mhz
+        groups.setdefault((s.model, s.batch, band), []).append(s)
+    lines = [
+        f"isolated executions (the times learned from), per band of {band_mhz} MHz:",
+        "model | batch | clock MHz | executions | median ms | table ms | simulated GPU ms",
+        "--- | --- | --- | --- | --- | --- | ---",
+    ]
+    for (model, batch, _), group in sorted(groups.items()):
+        clock = int(np.median([s.clock_mhz for s in group]))
+        table = tables.get(model)
+        table_ms = table.predict_ms(clock, batch) if table is not None else float("nan")
+        law = profile.model(EMULATED.get(model, model))
+        lines.append(
+            f"{model} | {batch} | {clock} | {len(group)} | "
+            f"{float(np.median([s.ms for s in group])):.2f} | {table_ms:.2f} | "
+            f"{law.mean_latency_ms(clock, batch):.2f}"
+        )
+    return lines
 
 
 def _rows(path: Path) -> Iterable[dict[str, Any]]:

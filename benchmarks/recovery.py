@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import csv
 import logging
 import math
 import multiprocessing as mp
@@ -49,7 +48,7 @@ from api.embedded import INPUT_WIDTH, SIMNET
 from api.learning import learned_path
 from api.runtime import TABLES_VERSION
 from api.server import SidecarServer
-from benchmarks.energyfit import write_record
+from benchmarks.energyfit import SAMPLES, write_record, write_samples
 from benchmarks.live import admin_state
 from dvfs.profiles import get_profile
 from loadgen.classes import RequestClass
@@ -207,7 +206,8 @@ def run_once(
 ) -> Run:
     """One fresh sidecar (its own empty state dir: nothing learned before) under the load;
     with ``learn`` but not ``learn_energy``, only the times learn; with ``record_fit``, the
-    energy fit's windows and fits are written there (:mod:`benchmarks.energyfit`)."""
+    energy fit's windows and fits, and the isolated executions the times learned from, are
+    written there (:mod:`benchmarks.energyfit`)."""
     token = secrets.token_urlsafe(16)
     with tempfile.TemporaryDirectory(prefix="recovery-") as tmp:
         shutil.copy(table, Path(tmp) / "table.json")
@@ -224,7 +224,7 @@ def run_once(
         )
         with SidecarServer(config) as sc:
             journal: list[ExecutionSample] = []
-            if sc.runtime.learner is not None and record is not None:
+            if sc.runtime.learner is not None and (record or record_fit) is not None:
                 sc.runtime.learner.journal = journal
             learner = sc.runtime.learner
             if learner is not None and not learn_energy:
@@ -238,36 +238,13 @@ def run_once(
                 log.info("%s: the energy fit's windows and fits are in %s", name, record_fit)
         if record is not None and journal:
             write_samples(journal, record)
+        if record_fit is not None and journal:
+            write_samples(journal, record_fit / SAMPLES)
         saved = learned_path(Path(tmp), gpu, TABLES_VERSION)
         if learn and saved.is_file():
             log.info("%s: the learned table was saved (%d bytes)", name, saved.stat().st_size)
     log.info("%s: done, load average %.2f", name, os.getloadavg()[0])
     return Run(name, windows, state)
-
-
-def write_samples(samples: Sequence[ExecutionSample], path: Path) -> None:
-    """Isolated executions as CSV (``at_s`` relative to the first)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    t0 = samples[0].at_s
-    with path.open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(("at_s", "model", "batch", "clock_mhz", "ms"))
-        for s in samples:
-            writer.writerow((f"{s.at_s - t0:.4f}", s.model, s.batch, s.clock_mhz, f"{s.ms:.4f}"))
-
-
-def read_samples(path: Path) -> list[ExecutionSample]:
-    with path.open(newline="") as handle:
-        return [
-            ExecutionSample(
-                model=row["model"],
-                clock_mhz=int(row["clock_mhz"]),
-                batch=int(row["batch"]),
-                ms=float(row["ms"]),
-                at_s=float(row["at_s"]),
-            )
-            for row in csv.DictReader(handle)
-        ]
 
 
 def report(runs: Sequence[Run], slo_ms: float, window_s: float) -> str:

@@ -10,18 +10,22 @@ import pytest
 
 from benchmarks.energyfit import (
     FITS,
+    SAMPLES,
     TABLES,
     WINDOWS,
     explain,
     main,
     power_by_band,
+    read_samples,
     read_windows,
     write_record,
+    write_samples,
 )
 from benchmarks.recovery import wrong_energy
-from dvfs.profiles import CNN
+from dvfs.profiles import CNN, get_profile
 from tests.time2clock.test_online import V100_CLOCKS
 from tests.time2clock.test_online_energy import IDLE, TOP, busy_law, cnn_table, synthetic_windows
+from time2clock.online import ExecutionSample
 from time2clock.online_energy import EnergyWindow, OnlineEnergy
 from time2clock.table import TableSet
 
@@ -161,3 +165,38 @@ def test_explain_finds_a_host_part_that_is_the_same_at_every_clock(tmp_path: Pat
     assert shares == sorted(shares, reverse=True) and shares[0] - shares[-1] > 0.05
     for _share, host_ms in found.values():
         assert host_ms == pytest.approx(3.0, abs=0.15)
+
+
+def test_the_isolated_executions_are_set_beside_the_table_and_the_simulated_gpu(
+    tmp_path: Path,
+) -> None:
+    """Executions 4 ms longer than the simulated GPU's time at two clocks, written with the
+    record: read back as written, and per band their median beside the table's time and the
+    GPU's."""
+    recorded(tmp_path)
+    gpu = get_profile("v100").model(CNN)
+    samples = [
+        ExecutionSample(CNN, clock, 1, gpu.mean_latency_ms(clock, 1) + 4.0 + jitter, 10.0 + i)
+        for i, (clock, jitter) in enumerate(
+            [(900, -0.1), (900, 0.0), (900, 0.3), (1530, 0.0), (1530, 0.2)]
+        )
+    ]
+    write_samples(samples, tmp_path / SAMPLES)
+    back = read_samples(tmp_path / SAMPLES)
+    assert [(s.clock_mhz, s.batch) for s in back] == [(s.clock_mhz, s.batch) for s in samples]
+    assert [s.ms for s in back] == pytest.approx([s.ms for s in samples], abs=1e-4)
+    assert back[0].at_s == 0.0 and back[-1].at_s == pytest.approx(4.0)
+    table = TableSet.load(tmp_path / TABLES).get(CNN)
+    assert table is not None
+    rows = {
+        int(r[2]): r
+        for line in explain(tmp_path, "v100").splitlines()
+        if (r := line.split(" | "))[0] == CNN and len(r) == 7
+    }
+    assert sorted(rows) == [900, 1530]
+    for clock, count in ((900, 3), (1530, 2)):
+        _, batch, _, executions, median_ms, table_ms, gpu_ms = rows[clock]
+        assert (batch, int(executions)) == ("1", count)
+        assert float(gpu_ms) == pytest.approx(gpu.mean_latency_ms(clock, 1), abs=0.01)
+        assert float(median_ms) - float(gpu_ms) == pytest.approx(4.0, abs=0.11)
+        assert float(table_ms) == pytest.approx(table.predict_ms(clock, 1), abs=0.01)

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from api.embedded import SIMNET
-from benchmarks.recovery import read_samples
+from benchmarks.energyfit import read_samples
 from tests.time2clock.test_online import V100_CLOCKS
 from time2clock.fit import trimmed_mean
 from time2clock.online import ExecutionSample, OnlineTables
