@@ -224,7 +224,7 @@ def run_once(
         )
         with SidecarServer(config) as sc:
             journal: list[ExecutionSample] = []
-            if sc.runtime.learner is not None and (record or record_fit) is not None:
+            if sc.runtime.learner is not None and (record is not None or record_fit is not None):
                 sc.runtime.learner.journal = journal
             learner = sc.runtime.learner
             if learner is not None and not learn_energy:
