@@ -30,6 +30,14 @@ class EnergyReading:
     gpu_busy_s: float | None = None
 
 
+def gpu_busy_between_s(start: EnergyReading, end: EnergyReading) -> float | None:
+    """The GPU's busy seconds between two readings; None where either lacks them or they go
+    back (a counter restarted)."""
+    if start.gpu_busy_s is None or end.gpu_busy_s is None or end.gpu_busy_s < start.gpu_busy_s:
+        return None
+    return end.gpu_busy_s - start.gpu_busy_s
+
+
 class EnergyCounter:
     """Wraps a raw counter read; timestamps each new value and learns the update interval.
 

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from dvfs.device import Device
-from dvfs.energy import EnergyCounter, energy_per_inference_j
+from dvfs.energy import EnergyCounter, energy_per_inference_j, gpu_busy_between_s
 from loadgen.classes import RequestClass
 from loadgen.engine import Recorder, Target, build_payloads, closed_loop, new_session
 
@@ -135,6 +135,7 @@ async def _measure(
         window_s=span_s,
         update_interval_s=counter.update_interval_s,
     )
+    busy_s = gpu_busy_between_s(start, end)
     return Measurement(
         label=label,
         batch=batch,
@@ -149,10 +150,6 @@ async def _measure(
         clock_mhz_min=min(clocks),
         clock_mhz_mean=float(np.mean(clocks)),
         clock_mhz_max=max(clocks),
-        gpu_busy_share=(
-            (end.gpu_busy_s - start.gpu_busy_s) / span_s
-            if end.gpu_busy_s is not None and start.gpu_busy_s is not None and span_s > 0
-            else None
-        ),
+        gpu_busy_share=(None if busy_s is None or span_s <= 0 else busy_s / span_s),
         latencies_ms=tuple(float(v) for v in latencies_ms if not math.isnan(v)),
     )

@@ -81,7 +81,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy.optimize import lsq_linear
 
-from dvfs.energy import MIN_INTERVALS, EnergyReading
+from dvfs.energy import MIN_INTERVALS, EnergyReading, gpu_busy_between_s
 from time2clock.profile import select_clocks
 from time2clock.table import ModelTable, TableSet, Time2ClockTable
 
@@ -341,15 +341,12 @@ class ClockWindows:
                 lo, hi, idle.get(clock, 0.0), busy.setdefault(clock, {})
             )
         spans = tuple(ClockSpan(c, idle[c], tuple(sorted(busy[c].items()))) for c in sorted(idle))
-        gpu_busy_s = (
-            end.gpu_busy_s - start.gpu_busy_s
-            if end.gpu_busy_s is not None
-            and start.gpu_busy_s is not None
-            and end.gpu_busy_s >= start.gpu_busy_s
-            else None
-        )
         return EnergyWindow(
-            start.as_of_s, end.as_of_s, end.energy_j - start.energy_j, spans, gpu_busy_s
+            start.as_of_s,
+            end.as_of_s,
+            end.energy_j - start.energy_j,
+            spans,
+            gpu_busy_between_s(start, end),
         )
 
 
@@ -734,9 +731,11 @@ class OnlineEnergy:
             comp = comps[(int(column) - 2) // 2]
             clock_live.setdefault(comp, {})[int(clock)] = sec
         curves = {c: curve for c in comps if (curve := _curve_of(tables, c)) is not None}
-        host = _HostPart(at, [len(live_rows) for _, live_rows in rows], spans, comps, curves)
-        host_s = self._host_s(host, windows, comps)
-        windows_a = host.moved(windows_a, host_s, comps, f_max, k)
+        host_s: dict[str, float] = {}
+        if any(w.gpu_busy_s is not None for w in windows):  # else no host part to measure
+            host = _HostPart(at, [len(live_rows) for _, live_rows in rows], spans, comps, curves)
+            host_s = self._host_s(host, windows, comps)
+            windows_a = host.moved(windows_a, host_s, comps, f_max, k)
         prior_rows = []  # (row, target watts)
         ladder = self._probe_ladder
         ladder_a = np.asarray(ladder, dtype=float)
