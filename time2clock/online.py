@@ -24,7 +24,15 @@ trim 0.2). Each refit starts from a **prior**: the model's *reference* table (th
   batches slower for good (five busy minutes, then ten quiet ones: batch 32 at 2.2× its time).
   From the reference, a point nobody measures is where the evidence of the window puts it,
   whatever came before;
-* the law ``1/(m·x + b)`` is fitted by weighted least squares of ``1/y`` on ``x``;
+* the law ``1/(m·x + b)`` is fitted by weighted least squares of ``1/y`` on ``x``, where ``y``
+  is each point's time less the **host's part** of it: the time of each execution spent at the
+  host with the GPU idle (the hop, Triton's queue, the hand-off to the model's process), which
+  the clock does not change. The energy fit measures it from the GPU's busy time
+  (:mod:`time2clock.online_energy`, ``host_s``; nil without that time, as in the simulator),
+  and the law ``host + 1/(m·x + b)`` then bends as such times do. A law without it cannot:
+  fitted through the clocks measured most, it errs between them and more so away from them,
+  and the energy written (the power times the time) and the energy-optimal clocks move with
+  those errors. Its tail fits are the same law with the margin added to the host part;
 * the tail margins (pooled residual quantiles) come from the live residuals once there are
   ``min_residual_samples`` of them, else stay the prior's.
 
@@ -63,6 +71,9 @@ from time2clock.table import (
 )
 
 MAX_RATIOS = 1000  # measured / predicted times kept per model between refits, for its error
+# The host part a law takes, at most, as a share of the shortest time it is fitted to (the
+# energy fit bounds it so already, against the times of the tables it fitted with).
+HOST_SHARE_CAP = 0.9
 
 
 class ExecutionSample(NamedTuple):
@@ -182,6 +193,7 @@ class FitInput:
     cells: dict[tuple[int, int], list[tuple[float, float]]]
     recent: list[tuple[int, int, float]]
     base: ModelTable | None = None
+    host_ms: float = 0.0
 
 
 class TableRefit:
@@ -211,7 +223,8 @@ class TableRefit:
         here, as before the split)."""
         fit = self._online.fit_model
         self.fitted = {
-            i.model: fit(i.model, i.prior, i.cells, i.recent, i.base) for i in self.inputs
+            i.model: fit(i.model, i.prior, i.cells, i.recent, i.base, i.host_ms)
+            for i in self.inputs
         }
         result = TableSet(list(self.prior))
         for fitted in self.fitted.values():
@@ -342,6 +355,7 @@ class OnlineTables:
         back on the caller's thread."""
         self._last_refit_s = now_s
         inputs: list[FitInput] = []
+        host_s = self.energy.host_s if self.energy is not None else {}
         for model, state in self._models.items():
             if not state.new_samples:
                 continue
@@ -351,7 +365,16 @@ class OnlineTables:
             state.ratios.clear()
             cells = {key: list(cell) for key, cell in state.cells.items()}
             recent = [r[1:] for r in state.recent]
-            inputs.append(FitInput(model, tables.get(model), cells, recent, self.base.get(model)))
+            inputs.append(
+                FitInput(
+                    model,
+                    tables.get(model),
+                    cells,
+                    recent,
+                    self.base.get(model),
+                    host_s.get(model, 0.0) * 1000.0,
+                )
+            )
         energy = self.energy.prepare(now_s) if self.energy is not None else None
         return TableRefit(self, tables, now_s, inputs, energy)
 
@@ -393,12 +416,14 @@ class OnlineTables:
         cells: Mapping[tuple[int, int], Iterable[tuple[float, float]]],
         recent: Sequence[tuple[int, int, float]] | None = None,
         base: ModelTable | None = None,
+        host_ms: float = 0.0,
     ) -> ModelTable | None:
         """``model``'s table from the live ``cells[(batch, clock)]`` (times as ``(at_s, ms)``),
         the points they do not measure moved from ``base`` (the reference) or, without one, from
         ``prior`` (the table in force); its tail margins from the ``recent`` samples ``(batch,
-        clock, ms)`` (default: those of the cells). None when there is nothing to fit (no table
-        and no live cell yet)."""
+        clock, ms)`` (default: those of the cells). ``host_ms``: the host's part of each
+        execution, measured (the law is fitted to the rest; see the module docstring). None when
+        there is nothing to fit (no table and no live cell yet)."""
         p = self.params
         samples = {key: [ms for _, ms in cell] for key, cell in cells.items()}
         live = {
@@ -438,7 +463,10 @@ class OnlineTables:
                 weights.append(float(n) if n else p.prior_weight)
             if not all(v > 0 and math.isfinite(v) for v in values):
                 continue
-            fit = weighted_fit(clocks, values, weights)
+            host = min(host_ms, HOST_SHARE_CAP * min(values))
+            fit = replace(weighted_fit(clocks, [v - host for v in values], weights), host_ms=host)
+            if host > 0 and not curve_is_sound(fit, self.clocks_mhz):
+                fit = weighted_fit(clocks, values, weights)  # the law alone, as without one
             if curve_is_sound(fit, self.clocks_mhz):
                 means[batch] = fit
         if not means:
@@ -567,10 +595,15 @@ class OnlineTables:
 def _with_residuals(
     curve: Time2ClockTable, quantiles: Mapping[str, float], clocks_mhz: Sequence[int]
 ) -> Time2ClockTable:
-    """``curve`` with these pooled residual quantiles and the tail fits they give."""
+    """``curve`` with these pooled residual quantiles and the tail fits they give (with a host
+    part, the mean's law with the margin added to that part: the same times, exactly)."""
     clocks = curve.clocks_mhz
     tails = {}
     for q, shift in quantiles.items():
+        host = curve.mean_fit.host_ms
+        if host > 0 and host + shift >= 0:
+            tails[q] = replace(curve.mean_fit, host_ms=host + shift)
+            continue
         values = [curve.mean_fit.predict_ms(c) + shift for c in clocks]
         if len(clocks) >= 2 and all(v > 0 and math.isfinite(v) for v in values):
             fit = weighted_fit(clocks, values, [1.0] * len(clocks))

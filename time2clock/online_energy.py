@@ -436,10 +436,8 @@ def with_power(
         watts = np.interp(clocks, xs, [power[c] for c in xs])
     else:
         watts = np.asarray(power, dtype=float)
-    fit = curve.mean_fit
-    with np.errstate(divide="ignore", invalid="ignore"):
-        denom = fit.m * clocks + fit.b
-        t_ms = np.where(denom > 0, 1.0 / denom, np.inf)
+    t_ms = curve.mean_fit.predict_array_ms(clocks)
+    with np.errstate(invalid="ignore"):
         energy = watts * t_ms / 1000.0 / curve.batch
     points = tuple(
         replace(p, energy_per_inference_j=float(e) if math.isfinite(e) else None)
@@ -990,10 +988,7 @@ def curve_time_s(
     curve: Time2ClockTable, clocks_mhz: npt.NDArray[np.float64]
 ) -> npt.NDArray[np.float64]:
     """``curve``'s mean time at ``clocks_mhz``, in seconds (infinite where its law has none)."""
-    fit = curve.mean_fit
-    denom = fit.m * clocks_mhz + fit.b
-    with np.errstate(divide="ignore", invalid="ignore"):
-        out: npt.NDArray[np.float64] = np.where(denom > 0, 1.0 / denom, np.inf) / 1000.0
+    out: npt.NDArray[np.float64] = curve.mean_fit.predict_array_ms(clocks_mhz) / 1000.0
     return out
 
 

@@ -1,8 +1,11 @@
-"""The time2clock tables: per-clock latency statistics and the fits ``y = 1/(m·x + b)``.
+"""The time2clock tables: per-clock latency statistics and the fits ``y = h + 1/(m·x + b)``.
 
-x is the graphics clock in MHz, y the inference time in ms. The mean fit is seed 003's; the tail
-fits (p90, p99) are the same law fitted to per-clock quantiles, for policies that must keep the
-tail, not the mean, under the SLO.
+x is the graphics clock in MHz, y the inference time in ms. The mean fit is seed 003's law
+``1/(m·x + b)``; the tail fits (p90, p99) are the same law fitted to per-clock quantiles, for
+policies that must keep the tail, not the mean, under the SLO. ``h`` (``host_ms``) is the part of
+each execution spent at the host with the GPU idle, the same at every clock: 0 in a profiled
+table (the profile cannot tell it from the law), measured by the online fit where the GPU
+reports its busy time (:mod:`time2clock.online`), so that the law describes the GPU's own part.
 
 Three levels: a :class:`Time2ClockTable` is one such curve (one batch size at one concurrency);
 a :class:`ModelTable` holds every curve profiled for one (GPU, model), one per batch size; a
@@ -27,7 +30,7 @@ import numpy.typing as npt
 FORMAT_VERSION = 1  # one curve per file (Time2ClockTable.save); read by TableSet.load too
 TABLE_FORMAT_VERSION = 2  # a TableSet: every model of one GPU, one curve per batch size
 SUPPORTED_VERSIONS = (FORMAT_VERSION, TABLE_FORMAT_VERSION)
-LAW = "latency_ms = 1 / (m * clock_mhz + b)"
+LAW = "latency_ms = host_ms + 1 / (m * clock_mhz + b)"
 TAIL_QUANTILES = ("p90", "p99")
 
 log = logging.getLogger(__name__)
@@ -39,32 +42,58 @@ class TableError(ValueError):
 
 @dataclass(frozen=True)
 class InverseLinearFit:
-    """``y = 1/(m·x + b)``, by least squares of ``1/y`` on ``x``; ``r2`` is that regression's."""
+    """``y = host_ms + 1/(m·x + b)``, by least squares of ``1/(y − host_ms)`` on ``x``; ``r2``
+    is that regression's. ``host_ms``: a part of every execution's time that the clock does not
+    change (0: the law alone)."""
 
     m: float
     b: float
     r2: float
+    host_ms: float = 0.0
 
     def predict_ms(self, clock_mhz: float) -> float:
         denom = self.m * clock_mhz + self.b
-        return 1.0 / denom if denom > 0 else math.inf
+        return self.host_ms + 1.0 / denom if denom > 0 else math.inf
+
+    def predict_array_ms(self, clocks_mhz: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        """:meth:`predict_ms` at every clock of ``clocks_mhz``: the same operations, so the
+        same values (infinite where the law has none)."""
+        denom = self.m * clocks_mhz + self.b
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out: npt.NDArray[np.float64] = np.where(denom > 0, 1.0 / denom, np.inf) + self.host_ms
+        return out
 
     def clock_for_budget_mhz(self, budget_ms: float, clocks_mhz: list[int]) -> tuple[int, bool]:
         """The lowest clock of ``clocks_mhz`` at which the predicted time fits ``budget_ms``.
 
-        Closed form ``f = (1/budget − b)/m``, rounded up to the ladder. Returns ``(clock, met)``;
-        when no clock meets the budget, the highest clock and ``False``.
+        Closed form ``f = (1/(budget − host) − b)/m``, rounded up to the ladder. Returns
+        ``(clock, met)``; when no clock meets the budget, the highest clock and ``False``.
         """
-        if budget_ms <= 0 or not clocks_mhz:
+        if budget_ms <= self.host_ms or budget_ms <= 0 or not clocks_mhz:
             return clocks_mhz[-1], False
         if self.m <= 0:
             # Latency does not fall with clock: the lowest clock is as fast as any.
             return clocks_mhz[0], self.predict_ms(clocks_mhz[0]) <= budget_ms
-        f = (1.0 / budget_ms - self.b) / self.m
+        f = (1.0 / (budget_ms - self.host_ms) - self.b) / self.m
         for clock in clocks_mhz:
             if clock >= f - 1e-9:
                 return clock, True
         return clocks_mhz[-1], False
+
+
+def _fit_json(fit: InverseLinearFit) -> dict[str, float]:
+    """A fit as a table file stores it (``host_ms`` only where it is not 0)."""
+    data = asdict(fit)
+    if not fit.host_ms:
+        del data["host_ms"]
+    return data
+
+
+def _fit_from_json(data: Mapping[str, Any]) -> InverseLinearFit:
+    host_ms = float(data.get("host_ms", 0.0))
+    if not (host_ms >= 0.0 and math.isfinite(host_ms)):
+        raise ValueError(f"host_ms must be a finite time >= 0, got {host_ms}")
+    return InverseLinearFit(float(data["m"]), float(data["b"]), float(data["r2"]), host_ms)
 
 
 @dataclass(frozen=True)
@@ -189,8 +218,9 @@ class Time2ClockTable:
             "m": self.m,
             "b": self.b,
             "r2": self.r2,
+            **({"host_ms": self.mean_fit.host_ms} if self.mean_fit.host_ms else {}),
             "clocks_mhz": self.clocks_mhz,
-            "tail_fits": {q: asdict(f) for q, f in self.tail_fits.items()},
+            "tail_fits": {q: _fit_json(f) for q, f in self.tail_fits.items()},
             "residual_quantiles_ms": dict(self.residual_quantiles_ms),
             "points": [asdict(p) for p in self.points],
         }
@@ -204,12 +234,9 @@ class Time2ClockTable:
                 model=str(data["model"]),
                 trim=float(data["trim"]),
                 concurrency=int(data["concurrency"]),
-                mean_fit=InverseLinearFit(float(data["m"]), float(data["b"]), float(data["r2"])),
+                mean_fit=_fit_from_json(data),
                 points=points,
-                tail_fits={
-                    q: InverseLinearFit(float(f["m"]), float(f["b"]), float(f["r2"]))
-                    for q, f in data.get("tail_fits", {}).items()
-                },
+                tail_fits={q: _fit_from_json(f) for q, f in data.get("tail_fits", {}).items()},
                 residual_quantiles_ms={
                     q: float(v) for q, v in data.get("residual_quantiles_ms", {}).items()
                 },
@@ -345,10 +372,7 @@ class ModelTable:
         x = np.asarray(clocks_mhz, dtype=np.float64)
         own: dict[int, npt.NDArray[np.float64]] = {}
         for b, curve in self.curves.items():
-            fit = curve.fit_for(quantile)
-            denom = fit.m * x + fit.b
-            with np.errstate(divide="ignore"):
-                own[b] = np.where(denom > 0, 1.0 / denom, np.inf)
+            own[b] = curve.fit_for(quantile).predict_array_ms(x)
         batches = self.batches
         rows = []
         for batch in range(1, max_batch + 1):

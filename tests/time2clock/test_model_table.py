@@ -147,11 +147,59 @@ def test_the_grid_is_predict_ms_value_for_value(batches: tuple[int, ...]) -> Non
     low = slow[batches[-1]]  # the largest batch: no speed below 500 MHz (1/(m·f + b), b < 0)
     slow[batches[-1]] = replace(low, mean_fit=InverseLinearFit(1.3e-5, -0.0065, 1.0))
     clocks = [135.0, 300.0, 499.0, 500.0, 501.0, *CLOCKS, 1530.0]
-    for t in (table, ModelTable(gpu=table.gpu, model=table.model, curves=slow)):
+    hosted = {b: replace(c, mean_fit=replace(c.mean_fit, host_ms=2.5)) for b, c in slow.items()}
+    for t in (
+        table,
+        ModelTable(gpu=table.gpu, model=table.model, curves=slow),
+        ModelTable(gpu=table.gpu, model=table.model, curves=hosted),
+    ):
         grid = t.predict_grid_ms(clocks, 40)
         one_by_one = np.array([[t.predict_ms(c, b) for c in clocks] for b in range(1, 41)])
         assert np.array_equal(grid, one_by_one)
         assert np.isinf(grid).any() == (t is not table)
+
+
+def test_a_host_part_adds_the_same_time_at_every_clock(tmp_path: Path) -> None:
+    """``host_ms + 1/(m·x + b)``: the host part is in every prediction and in the clock a
+    budget needs (none below it), and a table file keeps it, for the mean and the tails."""
+    law = InverseLinearFit(6e-5, 0.0085, 1.0)
+    hosted = replace(law, host_ms=4.0)
+    for c in CLOCKS:
+        assert hosted.predict_ms(c) == law.predict_ms(c) + 4.0
+    assert hosted.clock_for_budget_mhz(4.0, CLOCKS) == (CLOCKS[-1], False)
+    assert hosted.clock_for_budget_mhz(1000.0, CLOCKS) == (CLOCKS[0], True)
+    for c in CLOCKS:
+        # the budget this clock just meets; law alone, it is met 4 ms earlier on the ladder
+        need = hosted.predict_ms(c) + 1e-9
+        assert hosted.clock_for_budget_mhz(need, CLOCKS) == (c, True)
+        assert law.clock_for_budget_mhz(need, CLOCKS)[0] <= c
+    curve = replace(
+        exact_curve(1),
+        mean_fit=hosted,
+        tail_fits={"p99": replace(hosted, host_ms=5.5)},
+    )
+    table = TableSet([ModelTable("v100", "net", {1: curve, 2: exact_curve(2)})])
+    path = tmp_path / "t.json"
+    table.save(path)
+    data = json.loads(path.read_text())["models"]["net"]["curves"]
+    assert data["1"]["host_ms"] == 4.0 and data["1"]["tail_fits"]["p99"]["host_ms"] == 5.5
+    assert "host_ms" not in data["2"] and "host_ms" not in data["2"]["tail_fits"]["p99"]
+    loaded = TableSet.load(path)
+    assert loaded == table
+    net = loaded.get("net")
+    assert net is not None and net.predict_ms(900, 1, "p99") == law.predict_ms(900) + 5.5
+    data["1"]["host_ms"] = -1.0
+    path.write_text(
+        json.dumps(
+            {
+                "version": 2,
+                "gpu": "v100",
+                "models": {"net": {"gpu": "v100", "model": "net", "curves": data}},
+            }
+        )
+    )
+    with pytest.raises(TableError, match="host_ms"):
+        TableSet.load(path)
 
 
 def test_curve_lookup_margins_and_clocks() -> None:

@@ -21,7 +21,7 @@ from time2clock.online import (
     compute_bound_prior,
     curve_is_sound,
 )
-from time2clock.table import InverseLinearFit, ModelTable, TableSet
+from time2clock.table import ClockPoint, InverseLinearFit, ModelTable, TableSet, Time2ClockTable
 
 V100_CLOCKS = SimulatedDevice(get_profile("v100"), time_source=VirtualTime()).supported_clocks_mhz()
 
@@ -310,3 +310,84 @@ def test_a_busy_spell_leaves_nothing_behind_where_nobody_measures() -> None:
         assert learned.predict_ms(clock) == pytest.approx(reference.predict_ms(clock), rel=0.03)
     ratcheted = _busy_then_quiet(reference, from_reference=False)
     assert ratcheted.predict_ms(300, 32) > 1.3 * reference.predict_ms(300, 32)
+
+
+def _hosted_cells(
+    law: InverseLinearFit, counts: dict[int, int]
+) -> dict[tuple[int, int], list[tuple[float, float]]]:
+    """Batch-1 cells of exact times: ``counts[clock]`` executions of ``law`` at each clock."""
+    return {(1, c): [(0.1 * i, law.predict_ms(c)) for i in range(n)] for c, n in counts.items()}
+
+
+def test_the_law_bends_as_times_with_a_measured_host_part_do() -> None:
+    """Executions 4 ms at the host plus a GPU's inverse-linear time, measured at two low clocks
+    and the top one, the profiled reference the same times fitted without a host part: with the
+    host part measured, the table follows the times at every clock; without it, it errs in the
+    middle of the ladder and far below the clocks measured."""
+    gpu = InverseLinearFit(8.647e-5, 0.010554, 1.0)  # the simulated V100's batch-1 time
+    truth = replace(gpu, host_ms=4.0)
+    clocks = V100_CLOCKS[::8]
+    profiled = fit_inverse_linear(clocks, [truth.predict_ms(c) for c in clocks])
+    points = tuple(ClockPoint(c, 20, profiled.predict_ms(c), 0, 0, 0, 0, 0, 0) for c in clocks)
+    prior = ModelTable.single(Time2ClockTable("v100", MODEL, 0.2, 1, profiled, points))
+    cells = _hosted_cells(truth, {840: 32, 915: 42, 1530: 50})
+    learner = OnlineTables(V100_CLOCKS, learn_energy=False)
+    without = learner.fit_model(MODEL, prior, cells)
+    hosted = learner.fit_model(MODEL, prior, cells, host_ms=4.0)
+    assert without is not None and hosted is not None
+    assert hosted.curves[1].mean_fit.host_ms == 4.0
+    assert without.curves[1].mean_fit.host_ms == 0.0
+    error = {
+        name: {c: t.predict_ms(c) - truth.predict_ms(c) for c in V100_CLOCKS}
+        for name, t in (("hosted", hosted), ("without", without))
+    }
+    # the reference's points nobody measured pull a little, most at the lowest clocks
+    assert max(abs(e) for c, e in error["hosted"].items() if c >= 600) < 0.15
+    assert all(abs(e) < 0.025 * truth.predict_ms(c) for c, e in error["hosted"].items())
+    assert max(e for c, e in error["without"].items() if 900 <= c <= 1100) > 0.2
+    assert error["without"][V100_CLOCKS[0]] < -0.3 * truth.predict_ms(V100_CLOCKS[0])
+    # the tail fits are the mean's law with the margin on the host part: the same times
+    curve = hosted.curves[1]
+    for q, margin in curve.residual_quantiles_ms.items():
+        for c in V100_CLOCKS:
+            assert curve.predict_ms(c, q) == pytest.approx(curve.predict_ms(c) + margin)
+
+
+def test_a_host_part_never_takes_a_law_below_zero() -> None:
+    """A host part longer than the executions (measured against other times) is cut to 0.9 of
+    the shortest time the law is fitted to; where the rest cannot take the law's shape, the law
+    is fitted alone, as without a host part: the curve stays sound either way."""
+    truth = InverseLinearFit(8.647e-5, 0.010554, 1.0)
+    learner = OnlineTables(V100_CLOCKS, learn_energy=False)
+    cells = _hosted_cells(truth, {840: 20, 1530: 20})
+    prior = learner.fit_model(MODEL, None, cells)
+    assert prior is not None
+    for host_ms in (5.0, 50.0):
+        table = learner.fit_model(MODEL, prior, cells, host_ms=host_ms)
+        assert table is not None
+        fit = table.curves[1].mean_fit
+        assert 0 <= fit.host_ms <= min(host_ms, 0.9 * truth.predict_ms(1530))
+        assert curve_is_sound(fit, V100_CLOCKS)
+        for c in (840, 1530):
+            assert table.predict_ms(c) == pytest.approx(truth.predict_ms(c), rel=0.02)
+
+
+def test_the_refit_takes_the_host_part_the_energy_fit_measured() -> None:
+    """The time refit subtracts the host part of the last energy fit (none without one)."""
+    prior = make_model_table()
+    law = replace(prior.curves[1].mean_fit, host_ms=3.0)
+    for learn_energy, expected_ms in ((True, 3.0), (False, 0.0)):
+        learner = OnlineTables(CLOCKS, learn_energy=learn_energy)
+        for clock in (600, 1500, 2100):
+            for s in samples_at(MODEL, law, clock, 1, 20, 0.0):
+                learner.observe(s, prior)
+        if learner.energy is not None:
+            learner.energy.host_s = {MODEL: 0.003}
+        job = learner.prepare_refit(TableSet([prior]), 5.0)
+        assert [i.host_ms for i in job.inputs] == [pytest.approx(expected_ms)]
+        job.run()
+        assert job.result is not None
+        learned = job.result.get(MODEL)
+        assert learned is not None
+        assert learned.curves[1].mean_fit.host_ms == pytest.approx(expected_ms)
+        assert learned.predict_ms(1500) == pytest.approx(law.predict_ms(1500), rel=0.03)
