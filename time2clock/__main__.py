@@ -24,11 +24,14 @@ DEFAULT_BATCHES = (1, 2, 4, 8)
 
 
 def _print_table(console: Console, table: ModelTable) -> None:
-    view = Table(title=f"time2clock {table.model} on {table.gpu}: y = 1/(m·x + b) per batch size")
+    view = Table(
+        title=f"time2clock {table.model} on {table.gpu}: y = host + 1/(m·x + b) per batch size"
+    )
     for col in (
         "batch",
         "m",
         "b",
+        "host ms",
         "R²",
         "clocks",
         "ms at lowest",
@@ -46,6 +49,7 @@ def _print_table(console: Console, table: ModelTable) -> None:
             str(batch),
             f"{curve.m:.4g}",
             f"{curve.b:.4g}",
+            f"{curve.mean_fit.host_ms:.2f}",
             f"{curve.r2:.4f}",
             f"{len(curve.points)} ({lo}-{hi})",
             f"{curve.predict_ms(lo):.2f}",

@@ -78,7 +78,11 @@ def _draw_model(ax: Any, table: ModelTable, samples: BatchSamples | None) -> Non
             grid,
             [curve.predict_ms(f) for f in grid],
             color=color,
-            label=f"batch {batch}: 1/({curve.m:.3g}·x+{curve.b:.3g}), R²={curve.r2:.4f}",
+            label=(
+                f"batch {batch}: "
+                + (f"{curve.mean_fit.host_ms:.2f}+" if curve.mean_fit.host_ms else "")
+                + f"1/({curve.m:.3g}·x+{curve.b:.3g}), R²={curve.r2:.4f}"
+            ),
         )
         if "p99" in curve.tail_fits:
             ax.plot(grid, [curve.predict_ms(f, "p99") for f in grid], "--", lw=0.8, color=color)
