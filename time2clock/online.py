@@ -598,9 +598,9 @@ def _with_residuals(
     """``curve`` with these pooled residual quantiles and the tail fits they give (with a host
     part, the mean's law with the margin added to that part: the same times, exactly)."""
     clocks = curve.clocks_mhz
+    host = curve.mean_fit.host_ms
     tails = {}
     for q, shift in quantiles.items():
-        host = curve.mean_fit.host_ms
         if host > 0 and host + shift >= 0:
             tails[q] = replace(curve.mean_fit, host_ms=host + shift)
             continue
