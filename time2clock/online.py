@@ -8,8 +8,8 @@ trim 0.2). Each refit starts from a **prior**: the model's *reference* table (th
 
 * a cell with at least ``min_cell_samples`` live samples is a point of its curve at its
   trimmed mean, weighted by its number of samples, so live cells dominate;
-* every other (clock, batch) of the prior moves with the observed ones in one of the two ways
-  a prior is usually off: by a factor (the median over
+* every other (clock, batch) of the prior moves with the observed ones (weight
+  ``prior_weight``) in one of the two ways a prior is usually off: by a factor (the median over
   the live cells of live / prior: a slower or faster GPU) or by a constant (the median of
   live − prior: host time, which a busy CPU adds to every execution whatever the clock). With
   live cells at one clock only, which way is right cannot be told, so the one that predicts
@@ -24,16 +24,6 @@ trim 0.2). Each refit starts from a **prior**: the model's *reference* table (th
   batches slower for good (five busy minutes, then ten quiet ones: batch 32 at 2.2× its time).
   From the reference, a point nobody measures is where the evidence of the window puts it,
   whatever came before;
-* the reference's moved points weigh, all together, ``reference_share`` of the batch's live
-  samples, each in proportion to its distance from the nearest clock measured (and never less
-  than ``prior_weight``): the law follows the live cells where the traffic runs and the
-  profile's shape away from them. Weighted as one sample each, they left the shape to the live
-  cells alone, which the traffic measures at two or three clocks, often minutes apart with
-  different host times; the law's slope between them took that difference for the clock's
-  effect, and away from them a small error of slope grew several-fold (live, the lowest clock's
-  learned time came out far under the truth in some runs and far over it in others). Without a
-  reference (a model learned from nothing, its prior the compute-bound guess or the table in
-  force), the shape is no evidence and every point weighs ``prior_weight``;
 * the law ``1/(m·x + b)`` is fitted by weighted least squares of ``1/y`` on ``x``, where ``y``
   is each point's time less the **host's part** of it: the time of each execution spent at the
   host with the GPU idle (the hop, Triton's queue, the hand-off to the model's process), which
@@ -111,14 +101,11 @@ class OnlineParams:
     residual_cap: int = 1000
     factor_band: float = 0.05
     prior_weight: float = 1.0
-    reference_share: float = 1.0
     new_model_clocks: int = 8
 
     def __post_init__(self) -> None:
         if not (self.window_s > 0 and self.refit_every_s > 0 and self.prior_weight > 0):
             raise ValueError("window_s, refit_every_s and prior_weight must be > 0")
-        if not (self.reference_share >= 0 and math.isfinite(self.reference_share)):
-            raise ValueError(f"reference_share must be >= 0, got {self.reference_share}")
         if min(self.cell_cap, self.min_cell_samples, self.min_residual_samples) < 1:
             raise ValueError("cell_cap, min_cell_samples and min_residual_samples must be >= 1")
         if self.residual_cap < self.min_residual_samples:
@@ -469,12 +456,11 @@ class OnlineTables:
             moved = [g * scale if by_factor else g + shift for g in guesses]
             if not all(v > 0 for v in moved):  # a constant would take a time below zero
                 moved = [g * scale for g in guesses]
-            shape = self._reference_weights(batch, clocks, live) if base is not None else {}
             values, weights = [], []
             for c, guess in zip(clocks, moved, strict=True):
                 ms, n = live.get((batch, c), (guess, 0))
                 values.append(ms)
-                weights.append(float(n) if n else shape.get(c, p.prior_weight))
+                weights.append(float(n) if n else p.prior_weight)
             if not all(v > 0 and math.isfinite(v) for v in values):
                 continue
             host = min(host_ms, HOST_SHARE_CAP * min(values))
@@ -506,24 +492,6 @@ class OnlineTables:
             fresh = {b: _with_residuals(c, quantiles, self.clocks_mhz) for b, c in fresh.items()}
             table = ModelTable(gpu=prior.gpu, model=model, curves=fresh)
         return table
-
-    def _reference_weights(
-        self, batch: int, clocks: Sequence[int], live: Mapping[tuple[int, int], tuple[float, int]]
-    ) -> dict[int, float]:
-        """The weight of each of ``batch``'s reference points at ``clocks`` that no live cell
-        measures: ``reference_share`` of the batch's live samples (of every batch's, for a
-        batch the traffic does not form) shared out in proportion to each point's distance
-        from the nearest clock measured, and never under ``prior_weight``."""
-        p = self.params
-        own = {key: n for key, (_, n) in live.items() if key[0] == batch}
-        measured = own or {key: n for key, (_, n) in live.items()}
-        near = [c for _, c in measured]
-        far = {c: float(min(abs(c - x) for x in near)) for c in clocks if (batch, c) not in live}
-        total = sum(far.values())
-        if total <= 0:
-            return {}
-        mass = p.reference_share * sum(measured.values())
-        return {c: max(p.prior_weight, mass * d / total) for c, d in far.items()}
 
     def _curve(
         self,

@@ -319,26 +319,17 @@ def _hosted_cells(
     return {(1, c): [(0.1 * i, law.predict_ms(c)) for i in range(n)] for c, n in counts.items()}
 
 
-# the simulated V100's batch-1 GPU time
-V100_GPU = InverseLinearFit(8.647e-5, 0.010554, 1.0)
-
-
-def _profiled(truth: InverseLinearFit) -> ModelTable:
-    """A reference profiled over the V100's ladder (every 8th clock) from ``truth``'s times,
-    fitted without a host part, as the offline profile does."""
-    clocks = V100_CLOCKS[::8]
-    profiled = fit_inverse_linear(clocks, [truth.predict_ms(c) for c in clocks])
-    points = tuple(ClockPoint(c, 20, profiled.predict_ms(c), 0, 0, 0, 0, 0, 0) for c in clocks)
-    return ModelTable.single(Time2ClockTable("v100", MODEL, 0.2, 1, profiled, points))
-
-
 def test_the_law_bends_as_times_with_a_measured_host_part_do() -> None:
     """Executions 4 ms at the host plus a GPU's inverse-linear time, measured at two low clocks
     and the top one, the profiled reference the same times fitted without a host part: with the
     host part measured, the table follows the times at every clock; without it, it errs in the
     middle of the ladder and far below the clocks measured."""
-    truth = replace(V100_GPU, host_ms=4.0)
-    prior = _profiled(truth)
+    gpu = InverseLinearFit(8.647e-5, 0.010554, 1.0)  # the simulated V100's batch-1 time
+    truth = replace(gpu, host_ms=4.0)
+    clocks = V100_CLOCKS[::8]
+    profiled = fit_inverse_linear(clocks, [truth.predict_ms(c) for c in clocks])
+    points = tuple(ClockPoint(c, 20, profiled.predict_ms(c), 0, 0, 0, 0, 0, 0) for c in clocks)
+    prior = ModelTable.single(Time2ClockTable("v100", MODEL, 0.2, 1, profiled, points))
     cells = _hosted_cells(truth, {840: 32, 915: 42, 1530: 50})
     learner = OnlineTables(V100_CLOCKS, learn_energy=False)
     without = learner.fit_model(MODEL, prior, cells)
@@ -367,7 +358,7 @@ def test_a_host_part_never_takes_a_law_below_zero() -> None:
     (measured against other times) is cut to 0.9 of the shortest time the law is fitted to, so
     that no time less it is below zero; where the rest cannot take the law's shape, the law is
     fitted alone, as without a host part. The curve stays sound and follows the times."""
-    truth = replace(V100_GPU, host_ms=6.0)
+    truth = replace(InverseLinearFit(8.647e-5, 0.010554, 1.0), host_ms=6.0)
     learner = OnlineTables(V100_CLOCKS, learn_energy=False)
     cells = _hosted_cells(truth, {840: 20, 1530: 20})
     prior = learner.fit_model(MODEL, None, cells)
@@ -381,71 +372,6 @@ def test_a_host_part_never_takes_a_law_below_zero() -> None:
         assert curve_is_sound(table.curves[1].mean_fit, V100_CLOCKS)
         for c in (840, 1530):
             assert table.predict_ms(c) == pytest.approx(truth.predict_ms(c), rel=rel)
-
-
-def test_away_from_the_clocks_measured_the_law_keeps_the_references_shape() -> None:
-    """Executions at two clocks measured at different moments, carrying different host times
-    (3.5 ms at 915 MHz, 5 ms at the top), the energy fit's host part 4 ms between them, and a
-    reference profiled over the whole ladder (the GPU's time plus 4 ms). Weighted as one sample
-    each, the reference's points leave the law's slope to the two cells, which take the host
-    times' difference for the clock's effect: the table is over a third short at the lowest
-    clock, and its ratio between 938 and 1,132 MHz (what sets the energy floor) 2.5% flat.
-    Weighted by their distance from the cells, all together as much as the cells, they keep
-    the profile's shape where no cell is."""
-    gpu = V100_GPU
-    truth = replace(gpu, host_ms=4.0)
-    reference = _profiled(truth)
-    cells = {
-        **_hosted_cells(replace(gpu, host_ms=3.5), {915: 40}),
-        **_hosted_cells(replace(gpu, host_ms=5.0), {1530: 50}),
-    }
-    tables = {
-        share: OnlineTables(
-            V100_CLOCKS, learn_energy=False, params=OnlineParams(reference_share=share)
-        ).fit_model(MODEL, reference, cells, base=reference, host_ms=4.0)
-        for share in (0.0, OnlineParams().reference_share)
-    }
-    assert OnlineParams().reference_share == 1.0
-    shaped, alone = tables[1.0], tables[0.0]
-    assert shaped is not None and alone is not None
-
-    def worst(t: ModelTable) -> float:
-        return max(abs(t.predict_ms(c) / truth.predict_ms(c) - 1) for c in V100_CLOCKS)
-
-    def ratio(t: ModelTable | InverseLinearFit) -> float:
-        return t.predict_ms(938) / t.predict_ms(1132)
-
-    assert alone.predict_ms(V100_CLOCKS[0]) < 0.7 * truth.predict_ms(V100_CLOCKS[0])
-    assert worst(alone) > 0.3 and ratio(alone) < 0.98 * ratio(truth)
-    assert worst(shaped) < 0.2 and ratio(shaped) == pytest.approx(ratio(truth), rel=0.015)
-    # where the traffic runs, the cells still count most: within 1.25 ms of each (their host
-    # times differ by 1.5 ms, which one law with one host part cannot follow)
-    for clock, host in ((915, 3.5), (1530, 5.0)):
-        assert abs(shaped.predict_ms(clock) - host - gpu.predict_ms(clock)) < 1.25
-
-
-def test_the_references_points_weigh_by_their_distance_from_the_cells() -> None:
-    """Each point no cell measures weighs in proportion to its distance from the nearest clock
-    measured, all together ``reference_share`` of the batch's samples, none under
-    ``prior_weight``; a batch the traffic does not form shares out every batch's samples."""
-    learner = OnlineTables(V100_CLOCKS, learn_energy=False)
-    live = {(1, 915): (14.0, 40), (1, 1530): (11.0, 50), (2, 1530): (13.0, 10)}
-    clocks = [135, 540, 915, 1000, 1200, 1530]
-    weights = learner._reference_weights(1, clocks, live)
-    assert sorted(weights) == [135, 540, 1000, 1200]
-    far = {135: 780, 540: 375, 1000: 85, 1200: 285}
-    assert sum(weights.values()) == pytest.approx(90.0)
-    for c, d in far.items():
-        assert weights[c] == pytest.approx(90.0 * d / sum(far.values()))
-    # batch 4: every batch's 100 samples, shared by distance from 915 and 1,530 MHz; there
-    # (measured, but by other batches) a point weighs prior_weight
-    other = learner._reference_weights(4, clocks, live)
-    assert other[915] == other[1530] == 1.0
-    assert sum(other.values()) == pytest.approx(100.0 + 2.0)
-    tiny = OnlineTables(V100_CLOCKS, params=OnlineParams(reference_share=1e-6, prior_weight=1.0))
-    assert set(tiny._reference_weights(1, clocks, live).values()) == {1.0}
-    with pytest.raises(ValueError, match="reference_share"):
-        OnlineParams(reference_share=-1.0)
 
 
 def test_the_refit_takes_the_host_part_the_energy_fit_measured() -> None:
