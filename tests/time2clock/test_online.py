@@ -24,6 +24,7 @@ from time2clock.online import (
 from time2clock.table import ClockPoint, InverseLinearFit, ModelTable, TableSet, Time2ClockTable
 
 V100_CLOCKS = SimulatedDevice(get_profile("v100"), time_source=VirtualTime()).supported_clocks_mhz()
+V100_BATCH1 = InverseLinearFit(8.647e-5, 0.010554, 1.0)  # the simulated V100's batch-1 time
 
 
 def cpu_loaded(tables: TableSet, add_ms: float = 3.0, p99_ms: float = 12.5) -> TableSet:
@@ -324,8 +325,7 @@ def test_the_law_bends_as_times_with_a_measured_host_part_do() -> None:
     and the top one, the profiled reference the same times fitted without a host part: with the
     host part measured, the table follows the times at every clock; without it, it errs in the
     middle of the ladder and far below the clocks measured."""
-    gpu = InverseLinearFit(8.647e-5, 0.010554, 1.0)  # the simulated V100's batch-1 time
-    truth = replace(gpu, host_ms=4.0)
+    truth = replace(V100_BATCH1, host_ms=4.0)
     clocks = V100_CLOCKS[::8]
     profiled = fit_inverse_linear(clocks, [truth.predict_ms(c) for c in clocks])
     points = tuple(ClockPoint(c, 20, profiled.predict_ms(c), 0, 0, 0, 0, 0, 0) for c in clocks)
@@ -358,7 +358,7 @@ def test_a_host_part_never_takes_a_law_below_zero() -> None:
     (measured against other times) is cut to 0.9 of the shortest time the law is fitted to, so
     that no time less it is below zero; where the rest cannot take the law's shape, the law is
     fitted alone, as without a host part. The curve stays sound and follows the times."""
-    truth = replace(InverseLinearFit(8.647e-5, 0.010554, 1.0), host_ms=6.0)
+    truth = replace(V100_BATCH1, host_ms=6.0)
     learner = OnlineTables(V100_CLOCKS, learn_energy=False)
     cells = _hosted_cells(truth, {840: 20, 1530: 20})
     prior = learner.fit_model(MODEL, None, cells)
