@@ -12,6 +12,7 @@ from api.config import (
     OPTIONS,
     GatewayConfig,
     add_arguments,
+    default_state_dir,
     from_args,
     from_options,
     to_flags,
@@ -159,3 +160,10 @@ def test_flags_written_for_a_config_rebuild_it(tmp_path: Path) -> None:
     left = to_flags(config, leave_out=("state-dir", "device"))
     assert not [f for f in left if f.startswith(("--state-dir", "--device"))]
     assert parse(left) == replace(config, state_dir=GatewayConfig().state_dir, device=None)
+
+
+def test_the_tests_never_write_to_the_users_cache(session_cache: Path) -> None:
+    # A sidecar a test starts with the default state directory profiles and learns into the
+    # session's own cache (tests/conftest.py), not into the table a later `make demo` reads.
+    assert default_state_dir() == session_cache / "energy-sidecar"
+    assert from_options().state_dir == session_cache / "energy-sidecar"
