@@ -28,6 +28,7 @@ import shutil
 import signal
 import socket
 import sysconfig
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -122,10 +123,17 @@ Binder = Callable[[Any, str, int], None]
 
 
 def _serve(
-    state_path: str, ports: EmbeddedPorts, instances: int, binder: Binder, parent: int
+    state_path: str,
+    ports: EmbeddedPorts,
+    instances: int,
+    binder: Binder,
+    parent: int,
+    workspace_path: str,
 ) -> None:
     """Child process: run PyTriton with the models ``binder`` binds, until SIGTERM or until the
-    sidecar (``parent``) is gone.
+    sidecar (``parent``) is gone. PyTriton's workspace (a copy of Triton) is made at
+    ``workspace_path``, which the sidecar chose, so that the sidecar removes it once this process
+    is gone, however it ended.
 
     It starts its own session, so a Ctrl-C or a signal to the sidecar's process group does not
     kill Triton under PyTriton's feet: only the sidecar stops it, in order. No lock is shared
@@ -133,7 +141,8 @@ def _serve(
     """
     os.setsid()  # first: the group that the orphan watch kills must be this one, not the sidecar's
     orphaned, stopped = threading.Event(), threading.Event()
-    workspace: list[Path] = []  # PyTriton's, once made: removed if Triton cannot remove it
+    # The directory the sidecar made for PyTriton's workspace, removed here if the sidecar is gone.
+    workspace = [Path(workspace_path).parent]
     threading.Thread(
         target=_watch_parent,
         args=(parent, orphaned, stopped, workspace),
@@ -171,8 +180,7 @@ def _serve(
     # Pitfall 2: open the statistics endpoints that perf_analyzer-style tools read.
     security = TritonSecurityConfig(restricted_endpoints=[])
     if not orphaned.is_set():
-        space = Workspace()
-        workspace.append(space.path)
+        space = Workspace(workspace_path)
         with Triton(config=config, security_config=security, workspace=space) as triton:
             binder(triton, state_path, instances)
             triton.run()
@@ -332,6 +340,7 @@ class EmbeddedTriton:
         self.start_timeout_s = start_timeout_s
         self.ports = EmbeddedPorts(free_port(), free_port(), free_port())
         self._proc: BaseProcess | None = None
+        self._space: Path | None = None  # the child's PyTriton workspace lives in here
         self._closed = False
         self.restarts = 0
 
@@ -394,11 +403,19 @@ class EmbeddedTriton:
 
     def _start_once(self) -> None:
         ctx = mp.get_context("spawn")
+        self._space = Path(tempfile.mkdtemp(prefix="embedded-triton-"))
         proc = ctx.Process(
             target=_serve,
             name="embedded-triton",
             daemon=False,
-            args=(str(self.state_path), self.ports, self.instances, self.binder, os.getpid()),
+            args=(
+                str(self.state_path),
+                self.ports,
+                self.instances,
+                self.binder,
+                os.getpid(),
+                str(self._space / "workspace"),
+            ),
         )
         proc.start()  # one that failed to start is never stopped (joining it would raise)
         self._proc = proc
@@ -433,9 +450,13 @@ class EmbeddedTriton:
         )
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        """Stop Triton and wait for it; escalates to SIGKILL if it will not go."""
+        """Stop Triton and wait for it; escalates to SIGKILL if it will not go. PyTriton's
+        workspace goes too: a Triton killed before PyTriton removed it would leave it behind."""
         proc, self._proc = self._proc, None
+        space, self._space = self._space, None
         if proc is None:
+            if space is not None:
+                shutil.rmtree(space, ignore_errors=True)
             return
         if proc.is_alive():
             proc.terminate()
@@ -447,6 +468,8 @@ class EmbeddedTriton:
         if proc.pid is not None:  # the child leads its own process group: Triton and its stubs
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
+        if space is not None:
+            shutil.rmtree(space, ignore_errors=True)
 
     def __enter__(self) -> EmbeddedTriton:
         self.start()

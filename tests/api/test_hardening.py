@@ -346,6 +346,19 @@ def test_an_external_triton_that_returns_is_served_again(tmp_path: Path) -> None
             assert sc.get("/v2/health/ready").status_code == 200
 
 
+def test_a_killed_triton_leaves_no_copy_of_triton_behind(tmp_path: Path) -> None:
+    # PyTriton removes its workspace (a copy of Triton) only on an orderly stop; the sidecar
+    # gives Triton 3 s and then kills it, so the workspace is the sidecar's to remove.
+    SimulatedDevice("v100", state_path=tmp_path / "gpu.state").close()
+    triton = EmbeddedTriton(tmp_path / "gpu.state")
+    triton.start()
+    space = triton._space
+    assert space is not None and (space / "workspace" / "tritonserver").is_dir()
+    triton.stop(timeout_s=0.0)  # no time to stop in order: killed at once
+    assert not space.exists()
+    triton.close()
+
+
 def test_a_start_that_never_becomes_ready_is_retried_then_reported(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
