@@ -403,7 +403,9 @@ class EmbeddedTriton:
 
     def _start_once(self) -> None:
         ctx = mp.get_context("spawn")
-        self._space = Path(tempfile.mkdtemp(prefix="embedded-triton-"))
+        # Beside the GPU's state, in the sidecar's temporary directory: what a crashed sidecar's
+        # next start removes.
+        self._space = Path(tempfile.mkdtemp(prefix="triton-", dir=self.state_path.parent))
         proc = ctx.Process(
             target=_serve,
             name="embedded-triton",
