@@ -403,9 +403,9 @@ class EmbeddedTriton:
 
     def _start_once(self) -> None:
         ctx = mp.get_context("spawn")
-        # Beside the GPU's state, in the sidecar's temporary directory: what a crashed sidecar's
-        # next start removes.
-        self._space = Path(tempfile.mkdtemp(prefix="triton-", dir=self.state_path.parent))
+        # A short path: Triton's models talk over Unix sockets in the workspace, whose paths
+        # may not pass 107 bytes.
+        self._space = Path(tempfile.mkdtemp(prefix="triton-"))
         proc = ctx.Process(
             target=_serve,
             name="embedded-triton",
@@ -416,7 +416,7 @@ class EmbeddedTriton:
                 self.instances,
                 self.binder,
                 os.getpid(),
-                str(self._space / "workspace"),
+                str(self._space / "ws"),
             ),
         )
         proc.start()  # one that failed to start is never stopped (joining it would raise)

@@ -353,7 +353,7 @@ def test_a_killed_triton_leaves_no_copy_of_triton_behind(tmp_path: Path) -> None
     triton = EmbeddedTriton(tmp_path / "gpu.state")
     triton.start()
     space = triton._space
-    assert space is not None and (space / "workspace" / "tritonserver").is_dir()
+    assert space is not None and (space / "ws" / "tritonserver").is_dir()
     triton.stop(timeout_s=0.0)  # no time to stop in order: killed at once
     assert not space.exists()
     triton.close()
