@@ -128,12 +128,12 @@ def _serve(
     instances: int,
     binder: Binder,
     parent: int,
-    workspace_path: str,
+    space_dir: str,
 ) -> None:
     """Child process: run PyTriton with the models ``binder`` binds, until SIGTERM or until the
-    sidecar (``parent``) is gone. PyTriton's workspace (a copy of Triton) is made at
-    ``workspace_path``, which the sidecar chose, so that the sidecar removes it once this process
-    is gone, however it ended.
+    sidecar (``parent``) is gone. PyTriton's workspace (a copy of Triton) is made in
+    ``space_dir``, which the sidecar made, so that the sidecar removes it once this process is
+    gone, however it ended.
 
     It starts its own session, so a Ctrl-C or a signal to the sidecar's process group does not
     kill Triton under PyTriton's feet: only the sidecar stops it, in order. No lock is shared
@@ -141,11 +141,10 @@ def _serve(
     """
     os.setsid()  # first: the group that the orphan watch kills must be this one, not the sidecar's
     orphaned, stopped = threading.Event(), threading.Event()
-    # The directory the sidecar made for PyTriton's workspace, removed here if the sidecar is gone.
-    workspace = [Path(workspace_path).parent]
+    space = Path(space_dir)  # removed here if the sidecar is gone
     threading.Thread(
         target=_watch_parent,
-        args=(parent, orphaned, stopped, workspace),
+        args=(parent, orphaned, stopped, space),
         name="watch-sidecar",
         daemon=True,
     ).start()
@@ -180,8 +179,8 @@ def _serve(
     # Pitfall 2: open the statistics endpoints that perf_analyzer-style tools read.
     security = TritonSecurityConfig(restricted_endpoints=[])
     if not orphaned.is_set():
-        space = Workspace(workspace_path)
-        with Triton(config=config, security_config=security, workspace=space) as triton:
+        workspace = Workspace(space / "ws")
+        with Triton(config=config, security_config=security, workspace=workspace) as triton:
             binder(triton, state_path, instances)
             triton.run()
             # The sidecar gone: do not outlive it. Triton gone (killed, crashed): exit, so that
@@ -196,14 +195,14 @@ def _serve(
                 )
     stopped.set()
     if orphaned.is_set():
-        _end_orphaned(workspace)
+        _end_orphaned(space)
     # Whatever Triton left behind (a backend stub that missed the shutdown) is in our group.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     os.killpg(0, signal.SIGTERM)
 
 
 def _watch_parent(
-    parent: int, orphaned: threading.Event, stopped: threading.Event, workspace: list[Path]
+    parent: int, orphaned: threading.Event, stopped: threading.Event, space: Path
 ) -> None:
     """Thread of the Triton child: once the sidecar is gone (this process re-parented), ask the
     main thread to stop Triton; if it has not within ``ORPHAN_GRACE_S`` (a slow shutdown, or
@@ -218,13 +217,13 @@ def _watch_parent(
         time.sleep(PARENT_POLL_S)
     orphaned.set()
     if not stopped.wait(ORPHAN_GRACE_S):
-        _end_orphaned(workspace)
+        _end_orphaned(space)
 
 
-def _end_orphaned(workspace: list[Path]) -> None:
+def _end_orphaned(space: Path) -> None:
     """Kill every other process of this group (Triton, its stubs, their helpers), remove what
-    PyTriton would have removed on an orderly stop (its workspace, a copy of Triton; this
-    process's shared-memory segments), and exit."""
+    PyTriton would have removed on an orderly stop (its workspace, a copy of Triton, in ``space``;
+    this process's shared-memory segments), and exit."""
     me = os.getpid()
     for _ in range(20):  # a process may fork while we look: look again until none is left
         others = [p for p in _group_members(os.getpgrp()) if p != me]
@@ -234,8 +233,7 @@ def _end_orphaned(workspace: list[Path]) -> None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.05)
-    for path in workspace:
-        shutil.rmtree(path, ignore_errors=True)
+    shutil.rmtree(space, ignore_errors=True)
     for segment in SHM_DIR.glob(f"pytrtion{me}-*"):  # PyTriton names them after this process
         with contextlib.suppress(OSError):
             segment.unlink()
@@ -416,7 +414,7 @@ class EmbeddedTriton:
                 self.instances,
                 self.binder,
                 os.getpid(),
-                str(self._space / "ws"),
+                str(self._space),
             ),
         )
         proc.start()  # one that failed to start is never stopped (joining it would raise)
@@ -456,10 +454,15 @@ class EmbeddedTriton:
         workspace goes too: a Triton killed before PyTriton removed it would leave it behind."""
         proc, self._proc = self._proc, None
         space, self._space = self._space, None
-        if proc is None:
-            if space is not None:
-                shutil.rmtree(space, ignore_errors=True)
-            return
+        if proc is not None:
+            self._end(proc, timeout_s)
+        if space is not None:
+            shutil.rmtree(space, ignore_errors=True)
+
+    @staticmethod
+    def _end(proc: BaseProcess, timeout_s: float) -> None:
+        """The child asked to stop, killed if it will not go within ``timeout_s``; then its
+        whole group killed."""
         if proc.is_alive():
             proc.terminate()
         proc.join(timeout_s)
@@ -470,8 +473,6 @@ class EmbeddedTriton:
         if proc.pid is not None:  # the child leads its own process group: Triton and its stubs
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
-        if space is not None:
-            shutil.rmtree(space, ignore_errors=True)
 
     def __enter__(self) -> EmbeddedTriton:
         self.start()
