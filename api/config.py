@@ -343,6 +343,10 @@ _FEEDBACK_HELP = {
     "settle_completions": "adaptive: the class's completion at which the step is gain",
     "far_below": "adaptive: a tail under this share of the setpoint walks down faster",
     "fast_descent": "adaptive: times faster the base walks down far below it (1: no faster)",
+    "young_descent": "adaptive: times faster a young class's base walks down far below it",
+    "young_completions": "adaptive: completions while a class is young",
+    "start_queue": "adaptive: a class starts at the top clock where no clock runs this many "
+    "requests back to back within its setpoint",
     "min_samples": "adaptive: completions of a class before its base moves",
     "window_s": "adaptive: seconds of completions the reported tail is measured over",
     "max_samples": "adaptive: most completions kept per window",

@@ -6,9 +6,11 @@ Three clocks, one for each thing the GPU does:
 * **Busy: a base clock learned from the tail.** Each SLO class (model, SLO) has a
   :class:`scheduler.feedback.TailController` that aims the class's p99 of ``latency / SLO`` at
   its setpoint (0.97) by moving the class's base speed: a near miss speeds it up at once,
-  completions with room slow it down a little each (faster while far below only if
-  ``fast_descent`` asks: its extra steps down cost extra near misses, ``docs/design.md``). The
-  base clock of a model is the fastest its classes ask for. It is what an operator who locks the
+  completions with room slow it down a little each (faster while far below: over a class's
+  first thousand, ``young_descent``; after, only if ``fast_descent`` asks: its extra steps down
+  cost extra near misses, ``docs/design.md``). A class starts where one request alone meets the
+  setpoint, or at the top clock where its SLO leaves no room for a queue. The base clock of a
+  model is the fastest its classes ask for. It is what an operator who locks the
   best single clock in hindsight does, found online and followed as the load moves.
 * **Queues: the plan.** Above the base, ``slack``'s plan raises the clock at once when the
   requests queued and at Triton need it (every request's deadline, in dispatch order, batches
@@ -562,14 +564,19 @@ class AdaptivePolicy(SlackPolicy):
 
     def _start_level(self, s: SchedulerView, model: str, slo_ms: float) -> float:
         """Where a new class starts: the clock at which one request alone meets the setpoint
-        with the table's p99 margin (what the plan alone would have run it at)."""
+        with the table's p99 margin (what the plan alone would have run it at); the top clock
+        where no clock runs ``start_queue`` requests back to back within it (an SLO with no room
+        for a queue: its first requests to queue would pass it before the controller moves)."""
         plan = self._plan(s, model)
         levels = self._levels(s, model)
         table = s.table_for(model)
         if plan is None or levels is None or table is None:
             return 0.0
         margin_ms = table.tail_margin_ms("p99") if "p99" in table.curve(1).tail_fits else 0.0
-        fits = plan.times_ms[1] + margin_ms <= self.feedback.setpoint * slo_ms
+        room_ms = self.feedback.setpoint * slo_ms - margin_ms
+        if not (self.feedback.start_queue * plan.times_ms[1] <= room_ms).any():
+            return 0.0
+        fits = plan.times_ms[1] <= room_ms
         return float(levels[int(np.argmax(fits))]) if fits.any() else 0.0
 
     def on_complete(self, s: SchedulerView, request: QueuedRequest, now_s: float) -> int | None:

@@ -23,7 +23,10 @@ estimate a p99 from a handful of samples.
   while a hundred completions in a row stay under ``far_below`` (0.8) of the setpoint, the
   class walks down that many times faster. Those extra steps down are paid for by extra near
   misses, so with it more than ``1 − target`` of completions pass the setpoint (the tail for
-  some energy).
+  some energy). A young class (its first ``young_completions``, 1,000) walks down that way
+  ``young_descent`` (4) times faster: a class that starts high, or that its first near misses
+  (taken at the largest steps) pushed up, comes down within its first thousand requests, where
+  at one step per completion it would take minutes at a low rate.
 * **A gain that settles.** At a class's ``n``-th completion (rebases included) the step is
   ``gain · √(settle_completions / n)``, the step size of a converging Robbins-Monro tracker,
   and never under ``settled_gain``: ``gain`` (0.05) at the 1,000th, ``settled_gain`` (0.025)
@@ -105,9 +108,17 @@ class TailController:
             # Far below the setpoint for as many completions as the target quantile needs
             # to see one past it: the tail has room to spare, walk down faster.
             far = self._since_high >= 1.0 / (1.0 - p.target)
-            self.level -= gain * (1.0 - p.target) * (p.fast_descent if far else 1.0)
+            self.level -= gain * (1.0 - p.target) * (self._descent() if far else 1.0)
         self.level = min(p.overshoot, max(self.level, min(floor_level, 0.0)))
         return self.level > before
+
+    def _descent(self) -> float:
+        """How many times faster the level walks down while far below the setpoint: a young
+        class (fewer than ``young_completions``) at least ``young_descent`` times."""
+        p = self.params
+        if self.completions < p.young_completions:
+            return max(p.fast_descent, p.young_descent)
+        return p.fast_descent
 
     def rebase(self) -> None:
         """The plan under the level changed (a new table): judge only what completes from now

@@ -127,6 +127,14 @@ class FeedbackParams:
     ``hold_while_busy``: hold them while the model's earlier batch runs too (what arrives
     meanwhile would otherwise run nearly alone beside it); ``rest_while_holding``: drop to the
     idle clock while every model waiting is held back (nothing runs until a hold ends).
+    ``start_queue``: a new class starts at the top clock where no clock runs this many requests
+    back to back (one waiting behind another) within the setpoint with the table's p99 margin:
+    an SLO that leaves no room for a queue at any lower clock (1: only where one request alone
+    does not fit; elsewhere a class starts where one request alone meets the setpoint).
+    ``young_descent``: while a class has seen fewer than ``young_completions`` completions, it
+    walks down this many times faster while far below the setpoint (as ``fast_descent`` does
+    after), so that a class started high, or pushed up by its first near misses, comes down
+    within its first thousand requests rather than over minutes.
     ``overshoot``: how far past the top clock (in log speed) the level may run while even the
     top leaves near misses (see the module docstring). ``quiet_s``: a class with no completion
     for this long no longer keeps the idle clock up (its tail was measured under load that has
@@ -140,6 +148,9 @@ class FeedbackParams:
     settle_completions: int = 1000
     far_below: float = 0.8
     fast_descent: float = 1.0
+    young_descent: float = 4.0
+    young_completions: int = 1000
+    start_queue: int = 2
     min_samples: int = 20
     window_s: float = 10.0
     max_samples: int = 2000
@@ -170,8 +181,15 @@ class FeedbackParams:
             raise ValueError(f"settle_completions must be >= 1, got {self.settle_completions}")
         if not 0.0 <= self.idle_depth <= 1.0:
             raise ValueError(f"idle_depth must be in [0, 1], got {self.idle_depth}")
-        if self.min_samples < 0 or self.phantoms < 0:
-            raise ValueError("min_samples and phantoms must be >= 0")
+        if self.min_samples < 0 or self.phantoms < 0 or self.young_completions < 0:
+            raise ValueError("min_samples, phantoms and young_completions must be >= 0")
+        if not min(self.fast_descent, self.young_descent) >= 1.0:
+            raise ValueError(
+                "fast_descent and young_descent must be >= 1 (1: no faster), got "
+                f"{self.fast_descent} and {self.young_descent}"
+            )
+        if self.start_queue < 1:
+            raise ValueError(f"start_queue must be >= 1, got {self.start_queue}")
 
     def gain_at(self, completions: int) -> float:
         """The controller's step at a class's ``completions``-th completion (see the module

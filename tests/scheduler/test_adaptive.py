@@ -84,6 +84,30 @@ def test_near_misses_speed_the_class_up_at_once() -> None:
     assert after is not None and after >= base
 
 
+@pytest.mark.parametrize(
+    ("slo_ms", "start_queue", "start_mhz"),
+    [
+        (30.0, 2, 600),  # room for a queue: where one request alone meets the setpoint
+        (12.0, 2, 2100),  # one alone fits from 1,500 MHz, two back to back nowhere: the top
+        (12.0, 1, 1500),  # not asked to leave room for a queue
+    ],
+)
+def test_a_class_starts_at_the_top_where_its_slo_leaves_no_room_for_a_queue(
+    slo_ms: float, start_queue: int, start_mhz: int
+) -> None:
+    """A new class starts at the lowest clock where one request alone meets the setpoint with
+    the table's p99 margin (1 ms here: 7.4 ms at 2,100 MHz, 10.2 at 1,500, 22.5 at 600), unless
+    no clock runs ``start_queue`` requests back to back within it: then at the top, so that its
+    first requests to queue do not pass the SLO before the controller has judged anything."""
+    policy = AdaptivePolicy(CLOCKS, feedback=replace(FAST, start_queue=start_queue))
+    s = make_scheduler(policy, make_model_table(), serving={MODEL: ModelServing(1, 1)})
+    s.enqueue(make_request(arrival_s=0.0, slo_ms=slo_ms), 0.0)
+    d = s.next_dispatch(0.0)
+    assert d is not None
+    s.on_complete(d.request, 0.005, 0.005)  # the class's first completion: it starts
+    assert policy.base_mhz(s, MODEL) == start_mhz
+
+
 def test_a_queue_is_planned_on_mean_times_lower_than_slacks_margins() -> None:
     """The controller measures the tail, so the plan under it plans the mean: a queue gets a
     lower clock than under ``slack``'s p99 margins and phantom arrivals."""

@@ -39,27 +39,31 @@ def drive(
 @pytest.mark.parametrize("fast_descent", [FeedbackParams().fast_descent, 10.0])
 def test_settles_where_the_target_quantile_meets_the_setpoint(fast_descent: float) -> None:
     """A plant with room: the class walks down from the top clock and stays where about 1% of
-    completions are past the setpoint, without oscillating; by default one step per
-    completion, or (``fast_descent``) faster while far below the setpoint."""
+    completions are past the setpoint, without oscillating; one step per completion, or
+    faster while far below the setpoint: ``young_descent`` times over the class's first
+    ``young_completions``, ``fast_descent`` times after."""
     p = FeedbackParams(fast_descent=fast_descent)
     c = TailController(p)
     trace = drive(c, 0.0, 200.0, 200.0, 0.4, np.random.default_rng(1))
     levels = np.array([lv for _, lv, _ in trace])
     ratios = np.array([r for _, _, r in trace])
     # Slowing down is gradual: one step of gain_at(n)·(1 − target) at the n-th completion,
-    # fast_descent of them while the tail stays far below the setpoint (from the top clock,
-    # at first); the step shrinks as the class settles.
+    # more of them while the tail stays far below the setpoint (from the top clock, at
+    # first); the step shrinks as the class settles.
     changes = np.diff(levels)  # the i-th is the (i + 2)-th completion's
-    steps = np.array([p.gain_at(i + 2) for i in range(len(changes))]) * (1 - p.target)
+    n = np.arange(len(changes)) + 2
+    steps = np.array([p.gain_at(int(k)) for k in n]) * (1 - p.target)
+    young = n < p.young_completions
+    times = np.where(young, max(p.fast_descent, p.young_descent), p.fast_descent)
     down = changes < 0
-    downs, down_steps = -changes[down], steps[down]
-    assert np.all(downs <= p.fast_descent * down_steps + 1e-12)
+    downs, down_steps, down_times = -changes[down], steps[down], times[down]
+    assert np.all(downs <= down_times * down_steps + 1e-12)
     assert np.allclose(downs[:50], down_steps[:50])  # a hundred completions before it is sure
-    if p.fast_descent > 1:
-        fast = np.isclose(downs, p.fast_descent * down_steps)
-        assert fast.sum() >= 20 and not fast[-5000:].any()  # far from the setpoint only
-    else:
-        assert np.allclose(downs, down_steps)
+    fast = np.isclose(downs, down_times * down_steps) & (down_times > 1)
+    assert fast[young[down]].sum() >= 20  # the walk down from the top, while young
+    assert not fast[-5000:].any()  # far from the setpoint only
+    if p.fast_descent == 1:  # settled, one step per completion
+        assert np.allclose(downs[~young[down]], down_steps[~young[down]])
     assert np.median(downs[-5000:]) == pytest.approx(p.settled_gain * (1 - p.target))
     # Where the plant's p99 (0.4/scale·(1 + 2.33·0.05)) meets the setpoint.
     expected = -math.log(p.setpoint / (0.4 * (1 + 2.33 * 0.05)))
@@ -173,11 +177,33 @@ def test_a_rebase_keeps_the_level_and_judges_afresh() -> None:
         {"gain": 0.0},
         {"idle_depth": 1.5},
         {"min_samples": -1},
+        {"young_completions": -1},
+        {"young_descent": 0.5},
+        {"fast_descent": 0.0},
+        {"start_queue": 0},
     ],
 )
 def test_params_are_checked(bad: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         FeedbackParams(**bad)  # type: ignore[arg-type]
+
+
+def test_a_young_class_pushed_up_comes_back_down_sooner() -> None:
+    """Near misses at a class's first completions (taken at its largest steps) push it to the
+    top; with room after, it walks down ``young_descent`` times faster while young, so it is
+    near where its tail holds within its first thousand completions, not minutes later."""
+    levels = {}
+    for young_descent in (1.0, FeedbackParams().young_descent):
+        c = TailController(FeedbackParams(young_descent=young_descent), level=-0.8)
+        for i in range(40):  # a hiccup: the first completions all past the SLO
+            c.observe(i * 0.01, 1.2 * SLO_MS, SLO_MS)
+        assert c.level >= 0.0  # at the top (or past it: overshoot)
+        drive(c, 0.4, 9.9, 100.0, 0.3, np.random.default_rng(11))  # 950 completions more
+        assert c.completions < c.params.young_completions
+        levels[young_descent] = c.level
+    holds = -math.log(FeedbackParams().setpoint / (0.3 * (1 + 2.33 * 0.05)))
+    assert levels[1.0] > holds + 0.3  # one step per completion: still a third too fast
+    assert abs(levels[FeedbackParams().young_descent] - holds) < 0.1  # young: there
 
 
 def test_saturated_at_the_top_it_stays_there() -> None:
