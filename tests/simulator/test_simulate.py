@@ -331,10 +331,11 @@ def test_cli_compare_sets_the_gpus_clock_change_delay(
 ) -> None:
     """``--clock-change-ms`` reaches the simulated GPU, and the policy plans with it (unless a
     ``--config`` sets its own): a raise that lands 40 ms late, past the 14 ms SLO, costs the
-    tail of the requests that arrive to a GPU below the clock they need; the page says both.
-    A policy configured with less learns the GPU's delay from its own raises."""
+    tail of the requests that arrive to a GPU below the clock they need (at load 0.5, once the
+    class, started at the top clock, walks below what the load needs); the page says both. A
+    policy configured with less learns the GPU's delay from its own raises."""
     argv = [
-        "compare", "--matrix", "steady", "--gpu", "v100", "--loads", "0.3",
+        "compare", "--matrix", "steady", "--gpu", "v100", "--loads", "0.5",
         "--slo-multipliers", "2", "--seeds", "0", "--policies", "adaptive",
         "--duration-s", "5", "--jobs", "1",
     ]  # fmt: skip
