@@ -405,7 +405,10 @@ class AdaptivePolicy(SlackPolicy):
         return clock
 
     def _choose_idle_mhz(self, s: SchedulerView) -> int:
-        """The clock to idle at, never above the busy floor.
+        """The clock to idle at, never above the busy floor (as the energy fit may lower it
+        for a while: a GPU resting at the floor a probe is under would lower to the probe only
+        while busy, after ``hold_s``, and a load that leaves the GPU idle between requests
+        would never run there).
 
         Candidates: every clock from which the next request, arriving now, loses at most
         ``idle_depth`` of the tightest SLO to the raise (``change_delay_ms`` at the idle clock
@@ -425,7 +428,7 @@ class AdaptivePolicy(SlackPolicy):
         if self._untabled_recently(s):
             return self.clocks_mhz[-1]
         models = [m for m in s.tables.models if self._plan(s, m) is not None]
-        busy = self._floor(s, models)
+        busy = self._snap_up(s.energy_floor_mhz(self._floor(s, models), self._now_s))
         if not models:
             return busy
         # The room a wake-up may take: a share of the SLO, none while a class asks for the

@@ -21,6 +21,8 @@ from tests.scheduler.helpers import (
     make_scheduler,
     make_table,
 )
+from time2clock.online import OnlineTables
+from time2clock.online_energy import Busy, EnergyParams, EnergyWindow
 from time2clock.table import ClockPoint, ModelTable, TableSet, Time2ClockTable
 
 FAST = FeedbackParams(min_samples=5)
@@ -414,6 +416,33 @@ def test_a_quiet_class_no_longer_keeps_the_idle_clock_up() -> None:
     low = s.poll(wake)
     assert low is not None and low < CLOCKS[-1]
     assert s.clock_target_mhz == policy.idle_clock_mhz(s) == low
+
+
+def test_an_energy_probe_lowers_the_idle_clock_with_the_busy_floor() -> None:
+    """A class at the top clock keeps the GPU idling at its busy floor. While the energy fit
+    probes a clock under that floor, the GPU idles at the probe, and what comes to it runs
+    there: lowering while busy waits ``hold_s``, and a load that leaves the GPU idle between
+    requests would otherwise run none of its executions at the probe (nothing measured there,
+    a wrong energy curve never healed)."""
+    for probe in (True, False):
+        policy = AdaptivePolicy(CLOCKS, feedback=FAST)
+        s, last = near_misses(policy, 10.0)
+        assert s.clock_target_mhz == CLOCKS[-1]  # idle, and held at the top
+        learner = OnlineTables(CLOCKS, energy_params=EnergyParams(probe=probe))
+        assert learner.energy is not None
+        busy: Busy = (((MODEL, 1), 0.5),)
+        learner.energy.add(EnergyWindow.at_clock(0.0, 1.0, CLOCKS[-1], 150.0, 0.5, busy))
+        s.learner = learner
+        now = last + 0.01  # the class is not quiet yet: only the probe lowers the idle clock
+        lowered = s.poll(now)
+        if not probe:
+            assert lowered is None and s.clock_target_mhz == CLOCKS[-1]
+            continue
+        assert learner.energy.probes == 1
+        assert lowered == s.clock_target_mhz == CLOCKS[-2]  # the probe ladder's next clock
+        s.enqueue(make_request(arrival_s=now, slo_ms=100.0), now)
+        assert s.clock_target_mhz == CLOCKS[-2]  # runs at the probe: nothing needs more
+        assert s.next_dispatch(now) is not None
 
 
 def test_a_wake_up_leaves_a_request_alone_its_slo_where_clock_changes_are_slow() -> None:
