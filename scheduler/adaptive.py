@@ -511,7 +511,13 @@ class AdaptivePolicy(SlackPolicy):
         if any(p is None for p in plans.values()):
             return self.clocks_mhz[-1]
         rates = {m: r for m, r in s.arrival_rates_rps(now_s).items() if m in plans}
-        raising = {m: self._raise_plan(m, p) for m, p in plans.items() if p is not None}
+        # While the energy fit probes under the floor, the base (the tail's clock) is under it
+        # too: the plan then counts the table's p99 margin, as a hold does, not the mean.
+        floor = self._floor(s, models)
+        if s.energy_floor_mhz(floor, now_s) < floor:
+            raising = {m: p for m, p in plans.items() if p is not None}
+        else:
+            raising = {m: self._raise_plan(m, p) for m, p in plans.items() if p is not None}
         constraints = self._constraints(s, now_s, models, dict(raising), inflight, queued, rates)
         if constraints is None:
             return self.clocks_mhz[-1]  # a model with no table

@@ -44,10 +44,13 @@ def serve(
     return s, now
 
 
-def near_misses(policy: AdaptivePolicy, slo_ms: float) -> tuple[Scheduler[None], float]:
+def near_misses(
+    policy: AdaptivePolicy, slo_ms: float, table: ModelTable | None = None
+) -> tuple[Scheduler[None], float]:
     """50 requests one at a time, every 20 ms, each done at 99% of its SLO (a near miss: the
-    class asks for the top clock), on a scheduler of their own; it and the last completion."""
-    s = make_scheduler(policy, make_model_table(), serving={MODEL: ModelServing(1, 1)})
+    class asks for the top clock), on a scheduler of their own (``table``, else
+    ``make_model_table()``); it and the last completion."""
+    s = make_scheduler(policy, table or make_model_table(), serving={MODEL: ModelServing(1, 1)})
     now, took_s = 0.0, 0.99 * slo_ms / 1000.0
     for _ in range(50):
         s.enqueue(make_request(arrival_s=now, slo_ms=slo_ms), now)
@@ -423,10 +426,12 @@ def test_an_energy_probe_lowers_the_idle_clock_with_the_busy_floor() -> None:
     probes a clock under that floor, the GPU idles at the probe, and what comes to it runs
     there: lowering while busy waits ``hold_s``, and a load that leaves the GPU idle between
     requests would otherwise run none of its executions at the probe (nothing measured there,
-    a wrong energy curve never healed)."""
+    a wrong energy curve never healed). The probe holds the class's base down too, so the plan
+    keeps the tail with the table's p99 margin meanwhile."""
+    tailed = ModelTable("gpu", MODEL, {1: make_table(margin_ms=5.0, concurrency=1)})
     for probe in (True, False):
         policy = AdaptivePolicy(CLOCKS, feedback=FAST)
-        s, last = near_misses(policy, 10.0)
+        s, last = near_misses(policy, 10.0, tailed)
         assert s.clock_target_mhz == CLOCKS[-1]  # idle, and held at the top
         learner = OnlineTables(CLOCKS, energy_params=EnergyParams(probe=probe))
         assert learner.energy is not None
@@ -442,7 +447,19 @@ def test_an_energy_probe_lowers_the_idle_clock_with_the_busy_floor() -> None:
         assert lowered == s.clock_target_mhz == CLOCKS[-2]  # the probe ladder's next clock
         s.enqueue(make_request(arrival_s=now, slo_ms=100.0), now)
         assert s.clock_target_mhz == CLOCKS[-2]  # runs at the probe: nothing needs more
-        assert s.next_dispatch(now) is not None
+        first = s.next_dispatch(now)
+        assert first is not None
+        now += 0.009
+        s.on_complete(first.request, 0.009, now)
+        assert s.clock_target_mhz == CLOCKS[-2]  # idle again, at the probe
+        # The probe holds the class's base down with it, so the plan counts the table's p99
+        # margin (5 ms): a request of 20 ms whose mean time fits at the probe, with the load
+        # about to arrive counted (it would run there on the mean alone), is raised.
+        plan = policy._plan(s, MODEL)
+        assert plan is not None and plan.margin_ms == 5.0
+        s.enqueue(make_request(arrival_s=now, slo_ms=20.0), now)
+        assert s.clock_target_mhz == CLOCKS[-1]
+        assert learner.energy.probes == 1  # all of it within the one probe
 
 
 def test_a_wake_up_leaves_a_request_alone_its_slo_where_clock_changes_are_slow() -> None:
