@@ -514,14 +514,15 @@ class AdaptivePolicy(SlackPolicy):
         # While the energy fit probes under the floor, the base (the tail's clock) is under it
         # too: the plan then counts the table's p99 margin, as a hold does, not the mean.
         floor = self._floor(s, models)
-        if s.energy_floor_mhz(floor, now_s) < floor:
+        probed = s.energy_floor_mhz(floor, now_s)
+        if probed < floor:
             raising = {m: p for m, p in plans.items() if p is not None}
         else:
             raising = {m: self._raise_plan(m, p) for m, p in plans.items() if p is not None}
         constraints = self._constraints(s, now_s, models, dict(raising), inflight, queued, rates)
         if constraints is None:
             return self.clocks_mhz[-1]  # a model with no table
-        return self._planned_mhz(s, now_s, constraints, models)
+        return self._planned_mhz(s, now_s, constraints, models, probed)
 
     def _raise_plan(self, model: str, plan: ModelPlan) -> ModelPlan:
         """``plan`` with the margin the raises plan for (``raise_quantile``: the mean by

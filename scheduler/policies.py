@@ -453,16 +453,26 @@ class SlackPolicy(ClockPolicy):
         return self._planned_mhz(s, now_s, constraints, models)
 
     def _planned_mhz(
-        self, s: SchedulerView, now_s: float, constraints: Constraints, models: list[str]
+        self,
+        s: SchedulerView,
+        now_s: float,
+        constraints: Constraints,
+        models: list[str],
+        floor_mhz: int | None = None,
     ) -> int:
         """The lowest clock meeting ``constraints``, never below the floor of ``models`` (the
-        energy fit may lower the floor for a while, to measure a clock under it).
+        energy fit may lower the floor for a while, to measure a clock under it);
+        ``floor_mhz``, that floor as the caller already has it (computed here otherwise).
 
         Where every constraint holds at the floor even after a raise's delay, the lowest clock
         that meets them lies at or below it, and the answer is the floor: no search. So a bound
         may stand in for the plan (:meth:`_lookahead`): where the bound holds at the floor, so
         does the plan; where it does not, the plan is made and searched."""
-        floor = s.energy_floor_mhz(self._floor(s, models), now_s)
+        floor = (
+            floor_mhz
+            if floor_mhz is not None
+            else s.energy_floor_mhz(self._floor(s, models), now_s)
+        )
         if self._at_floor or constraints.exact is not None:
             at = bisect.bisect_right(self.clocks_mhz, floor) - 1
             if at >= 0 and constraints.holds_at(at, True):

@@ -28,10 +28,17 @@ class FullSlack(SlackPolicy):
         return s.iter_queue(self.params.lookahead)
 
     def _planned_mhz(
-        self, s: SchedulerView, now_s: float, constraints: Constraints, models: list[str]
+        self,
+        s: SchedulerView,
+        now_s: float,
+        constraints: Constraints,
+        models: list[str],
+        floor_mhz: int | None = None,
     ) -> int:
         assert constraints.exact is None
-        return max(self._first(constraints), s.energy_floor_mhz(self._floor(s, models), now_s))
+        floor = s.energy_floor_mhz(self._floor(s, models), now_s)
+        assert floor_mhz is None or floor_mhz == floor  # the caller's is the same floor
+        return max(self._first(constraints), floor)
 
 
 class FullAdaptive(AdaptivePolicy):
