@@ -77,6 +77,7 @@ class GatewayConfig:
     log_level: str = "info"
     shadow: bool = False
     learn: bool = True
+    learn_energy_probe: bool = True
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     placement: PlacementParams = field(default_factory=PlacementParams)
@@ -274,6 +275,8 @@ _GATEWAY_HELP = {
     "shadow": "decide and export the clock it would set, never write one (no root needed)",
     "learn": "refit each model's table from live traffic, save it in the state dir and prefer "
     "it at the next start (off in shadow mode)",
+    "learn_energy_probe": "while learning, lower the energy floor now and then (2 s in 10) to "
+    "a clock the energy fit has not measured, so a wrong energy curve heals",
 }
 # The scheduler's fields keep the flags users know.
 _SCHEDULER_FLAGS = {

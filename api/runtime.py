@@ -54,6 +54,7 @@ from scheduler.view import ModelServing
 from time2clock.engine import check_clocks, load_engine_profile
 from time2clock.fit import fit_model_table
 from time2clock.online import OnlineTables
+from time2clock.online_energy import EnergyParams
 from time2clock.profile import TritonMeasurer, select_clocks, sweep
 from time2clock.table import TableError, TableSet
 
@@ -261,7 +262,12 @@ class Runtime:
             self._engine_prior(gpu)  # a file it cannot use stops the start, whatever the policy
         policy = self.build_policy(gpu=gpu)
         if self.learning:
-            gpu.learner = OnlineTables(clocks, gpu=tables.gpu or gpu.name, base=gpu.reference)
+            gpu.learner = OnlineTables(
+                clocks,
+                gpu=tables.gpu or gpu.name,
+                base=gpu.reference,
+                energy_params=EnergyParams(probe=self.config.learn_energy_probe),
+            )
         scheduler: Scheduler[Job] = Scheduler(
             tables, policy, self.config.scheduler, learner=gpu.learner, ledger=self.ledger
         )

@@ -127,6 +127,10 @@ def test_learn_flag_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SIDECAR_LEARN", "0")
     assert parse([]).learn is False
     assert parse(["--learn"]).learn is True
+    assert parse([]).learn_energy_probe is True
+    assert parse(["--no-learn-energy-probe"]).learn_energy_probe is False
+    monkeypatch.setenv("SIDECAR_LEARN_ENERGY_PROBE", "false")
+    assert parse([]).learn_energy_probe is False
 
 
 def test_shadow_mode_does_not_learn(tmp_path: Path) -> None:
@@ -227,8 +231,48 @@ def test_energy_refits_show_in_the_admin_state_and_the_metrics(tmp_path: Path) -
             and 'outcome="kept"' in line
         ]
         assert kept and kept[0] >= energy["busy_s_in_window"]
+        assert energy_probes(sc) >= 1  # the floor was lowered to measure under it
     saved = TableSet.load(learned_path(tmp_path, "v100", TABLES_VERSION)).get("simnet")
     assert floor_of(saved) < top - 60  # kept on disk
+
+
+def energy_probes(sc: LiveSidecar) -> float:
+    for family in text_string_to_metric_families(sc.get("/metrics").text):
+        for s in family.samples:
+            if s.name == "sidecar_energy_probes_total":
+                return float(s.value)
+    raise AssertionError("no sidecar_energy_probes_total")
+
+
+def test_with_probes_off_the_energy_fit_measures_only_the_clocks_the_policy_runs(
+    tmp_path: Path,
+) -> None:
+    """``--no-learn-energy-probe``: the energy counter is still attributed to clock windows,
+    but the floor is never lowered to measure a clock under it (with probes on, the first
+    window closed starts one: the test above)."""
+    table = tmp_path / "table.json"
+    wrong_energy(simnet_tables()).save(table)
+    config = embedded_config(
+        tmp_path,
+        table=(table,),
+        slo_ms=200.0,
+        max_queue=100,
+        policy="slack",
+        learn_energy_probe=False,
+    )
+    x = httpclient.InferInput("INPUT0", [1, 16], "FP32")
+    x.set_data_from_numpy(np.ones((1, 16), np.float32))
+    with LiveSidecar(config) as sc:
+        client = httpclient.InferenceServerClient(sc.url, network_timeout=60.0)
+        deadline = time.monotonic() + 120.0
+        while True:
+            for _ in range(20):
+                client.infer("simnet", [x])
+            energy = model_state(sc, "simnet")["learning"]["energy"]  # type: ignore[index]
+            if energy["windows_in_window"] > 20:
+                break
+            assert time.monotonic() < deadline, energy
+        assert energy_probes(sc) == 0
 
 
 def test_the_energy_reader_hands_every_new_value_in_order_to_the_loop() -> None:
