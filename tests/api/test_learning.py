@@ -45,10 +45,11 @@ def model_state(sc: LiveSidecar, model: str) -> dict[str, object]:
     return dict(models.get(model, {"table": None}))  # listed once it is seen
 
 
-def metric(sc: LiveSidecar, name: str, model: str) -> float | None:
+def metric(sc: LiveSidecar, name: str, model: str | None = None) -> float | None:
+    """The first sample of ``name`` (for ``model``, where given) in the sidecar's /metrics."""
     for family in text_string_to_metric_families(sc.get("/metrics").text):
         for s in family.samples:
-            if s.name == name and s.labels.get("model") == model:
+            if s.name == name and (model is None or s.labels.get("model") == model):
                 return float(s.value)
     return None
 
@@ -231,17 +232,10 @@ def test_energy_refits_show_in_the_admin_state_and_the_metrics(tmp_path: Path) -
             and 'outcome="kept"' in line
         ]
         assert kept and kept[0] >= energy["busy_s_in_window"]
-        assert energy_probes(sc) >= 1  # the floor was lowered to measure under it
+        probes = metric(sc, "sidecar_energy_probes_total") or 0
+        assert probes >= 1  # the floor was lowered to measure under it
     saved = TableSet.load(learned_path(tmp_path, "v100", TABLES_VERSION)).get("simnet")
     assert floor_of(saved) < top - 60  # kept on disk
-
-
-def energy_probes(sc: LiveSidecar) -> float:
-    for family in text_string_to_metric_families(sc.get("/metrics").text):
-        for s in family.samples:
-            if s.name == "sidecar_energy_probes_total":
-                return float(s.value)
-    raise AssertionError("no sidecar_energy_probes_total")
 
 
 def test_with_probes_off_the_energy_fit_measures_only_the_clocks_the_policy_runs(
@@ -272,7 +266,7 @@ def test_with_probes_off_the_energy_fit_measures_only_the_clocks_the_policy_runs
             if energy["windows_in_window"] > 20:
                 break
             assert time.monotonic() < deadline, energy
-        assert energy_probes(sc) == 0
+        assert metric(sc, "sidecar_energy_probes_total") == 0
 
 
 def test_the_energy_reader_hands_every_new_value_in_order_to_the_loop() -> None:
