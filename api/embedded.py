@@ -60,6 +60,9 @@ PARENT_POLL_S = 0.1  # how often the Triton child checks that the sidecar is sti
 ORPHAN_GRACE_S = 3.0  # the sidecar gone: Triton's orderly stop gets this long, then all is killed
 RETRY_WAIT_MAX_S = 5.0  # the longest wait before another start after a failed one
 SHM_DIR = Path("/dev/shm")
+# Triton copies a model loaded with its files (as PyTriton loads every model) into a
+# ``folderXXXXXX`` directory here; the directory is hard-coded in Triton's core, not $TMPDIR.
+TRITON_COPIES_DIR = Path("/tmp")
 
 
 @dataclass(frozen=True)
@@ -223,7 +226,7 @@ def _watch_parent(
 def _end_orphaned(space: Path) -> None:
     """Kill every other process of this group (Triton, its stubs, their helpers), remove what
     PyTriton would have removed on an orderly stop (its workspace, a copy of Triton, in ``space``;
-    this process's shared-memory segments), and exit."""
+    this process's shared-memory segments) and Triton's copies of the models, and exit."""
     me = os.getpid()
     for _ in range(20):  # a process may fork while we look: look again until none is left
         others = [p for p in _group_members(os.getpgrp()) if p != me]
@@ -234,10 +237,33 @@ def _end_orphaned(space: Path) -> None:
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.05)
     shutil.rmtree(space, ignore_errors=True)
+    remove_model_copies(space)
     for segment in SHM_DIR.glob(f"pytrtion{me}-*"):  # PyTriton names them after this process
         with contextlib.suppress(OSError):
             segment.unlink()
     os._exit(0)
+
+
+def model_copies(space: Path) -> list[Path]:
+    """Triton's copies of the models of the server whose PyTriton workspace is in ``space``.
+
+    Triton removes a copy when its model unloads, which a stopping server never does (orderly
+    or killed), so every start would leave one per model in ``TRITON_COPIES_DIR``. Each copy's
+    ``config.pbtxt`` names PyTriton's workspace, in ``space``: that tells this server's copies
+    from those of any other server on the machine."""
+    marker = f'"{space}/'
+    found = []
+    for folder in TRITON_COPIES_DIR.glob("folder??????"):
+        with contextlib.suppress(OSError):
+            if marker in (folder / "config.pbtxt").read_text(errors="replace"):
+                found.append(folder)
+    return found
+
+
+def remove_model_copies(space: Path) -> None:
+    """Remove :func:`model_copies` of ``space``'s server, once it is stopped."""
+    for folder in model_copies(space):
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _group_members(pgid: int) -> list[int]:
@@ -451,13 +477,15 @@ class EmbeddedTriton:
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """Stop Triton and wait for it; escalates to SIGKILL if it will not go. PyTriton's
-        workspace goes too: a Triton killed before PyTriton removed it would leave it behind."""
+        workspace goes too (a Triton killed before PyTriton removed it would leave it behind),
+        and Triton's copies of the models (no stop removes them)."""
         proc, self._proc = self._proc, None
         space, self._space = self._space, None
         if proc is not None:
             self._end(proc, timeout_s)
         if space is not None:
             shutil.rmtree(space, ignore_errors=True)
+            remove_model_copies(space)
 
     @staticmethod
     def _end(proc: BaseProcess, timeout_s: float) -> None:

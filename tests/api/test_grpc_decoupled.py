@@ -11,8 +11,10 @@ import contextlib
 import multiprocessing as mp
 import os
 import queue
+import shutil
 import signal
 import sysconfig
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,12 +26,13 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from api.config import from_options
-from api.embedded import free_port
+from api.embedded import free_port, remove_model_copies
 from tests.api.live import LiveSidecar
 
 
-def _serve(http_port: int, grpc_port: int, metrics_port: int, log_path: str) -> None:
-    """Child process: Triton with the decoupled ``countdown`` until SIGTERM."""
+def _serve(http_port: int, grpc_port: int, metrics_port: int, log_path: str, space: str) -> None:
+    """Child process: Triton with the decoupled ``countdown`` until SIGTERM; PyTriton's
+    workspace in ``space`` (a short path: its sockets live there)."""
     os.setsid()
     libdir = sysconfig.get_config_var("LIBDIR") or ""
     os.environ["LD_LIBRARY_PATH"] = f"{libdir}:{os.environ.get('LD_LIBRARY_PATH', '')}"
@@ -37,6 +40,7 @@ def _serve(http_port: int, grpc_port: int, metrics_port: int, log_path: str) -> 
     signal.signal(signal.SIGTERM, lambda *_: stopping.__setitem__(0, True))
     from pytriton.model_config import ModelConfig, Tensor
     from pytriton.triton import Triton, TritonConfig
+    from pytriton.utils.workspace import Workspace
 
     def countdown(requests: list[Any]) -> Iterator[list[dict[str, Any]]]:
         (request,) = requests
@@ -54,7 +58,7 @@ def _serve(http_port: int, grpc_port: int, metrics_port: int, log_path: str) -> 
         log_file=Path(log_path),
         exit_timeout_secs=2,
     )
-    with Triton(config=config) as triton:
+    with Triton(config=config, workspace=Workspace(Path(space) / "ws")) as triton:
         triton.bind(
             "countdown",
             countdown,
@@ -74,8 +78,9 @@ def decoupled_triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple
     """(HTTP url, gRPC url) of a Triton serving ``countdown``."""
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
     log_path = tmp_path_factory.mktemp("decoupled") / "triton.log"
+    space = Path(tempfile.mkdtemp(prefix="triton-"))
     proc = mp.get_context("spawn").Process(
-        target=_serve, args=(http_port, grpc_port, metrics_port, str(log_path))
+        target=_serve, args=(http_port, grpc_port, metrics_port, str(log_path), str(space))
     )
     proc.start()
     try:
@@ -97,6 +102,8 @@ def decoupled_triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple
         if proc.pid is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
+        shutil.rmtree(space, ignore_errors=True)
+        remove_model_copies(space)
 
 
 def _stream(url: str, counts: list[int]) -> list[tuple[str, int]]:

@@ -20,7 +20,7 @@ import tritonclient.http as httpclient
 from prometheus_client.parser import text_string_to_metric_families
 
 from api.config import from_options
-from api.embedded import EmbeddedTriton, free_port
+from api.embedded import EmbeddedTriton, free_port, model_copies
 from dvfs.simulated import SimulatedDevice
 from tests.api.live import LiveSidecar, embedded_config
 
@@ -354,16 +354,24 @@ def test_an_external_triton_that_returns_is_served_again(tmp_path: Path) -> None
             assert sc.get("/v2/health/ready").status_code == 200
 
 
-def test_a_killed_triton_leaves_no_copy_of_triton_behind(tmp_path: Path) -> None:
+@pytest.mark.parametrize("stop_timeout_s", [0.0, 30.0])
+def test_a_stopped_triton_leaves_no_copy_of_triton_or_its_models_behind(
+    tmp_path: Path, stop_timeout_s: float
+) -> None:
     # PyTriton removes its workspace (a copy of Triton) only on an orderly stop; the sidecar
-    # gives Triton 3 s and then kills it, so the workspace is the sidecar's to remove.
+    # gives Triton 3 s and then kills it, so the workspace is the sidecar's to remove. Triton
+    # copies each model it loads into /tmp and removes the copy only when the model unloads,
+    # which no stop does, orderly (30 s) or killed at once (0 s).
     SimulatedDevice("v100", state_path=tmp_path / "gpu.state").close()
     triton = EmbeddedTriton(tmp_path / "gpu.state")
     triton.start()
     space = triton._space
     assert space is not None and (space / "ws" / "tritonserver").is_dir()
-    triton.stop(timeout_s=0.0)  # no time to stop in order: killed at once
+    copies = model_copies(space)
+    assert len(copies) == 3  # simnet, simbert, noop
+    triton.stop(timeout_s=stop_timeout_s)
     assert not space.exists()
+    assert not any(c.exists() for c in copies)
     triton.close()
 
 
