@@ -9,6 +9,12 @@ at start, its tail controller's first climb included, is not what it does in ser
 same seeded Poisson arrivals open-loop, measured, and read the
 GPU's energy counter and clock from the sidecar's /metrics (on several GPUs: their energy summed,
 their clocks averaged, and which GPU served each request).
+
+Then, given the GPU's clocks, the best single clock in hindsight (``best-fixed``): the same
+arrivals under ``fixed:MHZ``, searched as the simulator searches it
+(:func:`simulator.bestfixed.cheapest_meeting`: a bisection for the lowest clock whose p99 meets
+the SLO, then up while energy per inference falls), each run after ``FIXED_WARMUP_S`` of the load
+unmeasured (a locked clock learns nothing); ``max``'s run stands for the top clock.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import math
 import secrets
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -43,12 +49,16 @@ from loadgen.engine import (
     schedule,
 )
 from loadgen.metrics import ClockSampler, energy_j, scrape
+from simulator.bestfixed import STRIDE, cheapest_meeting
 
 # The part of the SLO the live runs allow outside the sidecar (its --slo-outside-ms): their
 # client is a Python process on the same cores, and its own send and receive of a request take
 # up to 1.2-1.8 ms at the p99 on a two-core machine (python -m benchmarks.tailtrace measures
 # it as "outside the sidecar"); a client measures them as part of each request's latency.
 DEMO_OUTSIDE_MS = 1.5
+BEST_FIXED = "best-fixed"
+FIXED_WARMUP_S = 2.0  # unmeasured load before each fixed clock's run (at most warmup_s)
+BEST_FIXED_MAX_RUNS = 16  # a bisection of a ladder of 187 clocks takes 8
 
 
 def add_load_arguments(parser: argparse.ArgumentParser) -> None:
@@ -93,6 +103,9 @@ class PolicyRun:
     by_gpu: str = ""  # share of the completed requests each GPU served, when several did
     p99_low_ms: float = math.nan  # a 95% confidence interval of the p99 (percentile_interval_ms)
     p99_high_ms: float = math.nan
+    fixed_mhz: int | None = None  # best-fixed: the clock chosen
+    fixed_runs: int = 0  # best-fixed: how many fixed clocks the search ran
+    fixed_complete: bool = True  # best-fixed: False where the search stopped at its budget
 
 
 def percentile_ms(latencies_s: Sequence[float], q: float) -> float:
@@ -121,11 +134,16 @@ def percentile_interval_ms(
 
 
 async def set_policy(session: aiohttp.ClientSession, url: str, token: str, policy: str) -> None:
-    """Switch the sidecar at ``url`` to ``policy`` (``PUT /admin/policy`` with the admin token);
-    RuntimeError with the sidecar's answer where it refuses."""
+    """Switch the sidecar at ``url`` to ``policy`` (``PUT /admin/policy`` with the admin token;
+    ``fixed:MHZ``: ``PUT /admin/clock``, which holds that clock); RuntimeError with the
+    sidecar's answer where it refuses."""
+    body: dict[str, str | int] = {"policy": policy}
+    path = "policy"
+    if policy.startswith("fixed:"):
+        path, body = "clock", {"clock_mhz": int(policy.removeprefix("fixed:"))}
     async with session.put(
-        f"http://{url}/admin/policy",
-        json={"policy": policy},
+        f"http://{url}/admin/{path}",
+        json=body,
         headers={"Authorization": f"Bearer {token}"},
     ) as resp:
         if resp.status != 200:
@@ -197,6 +215,64 @@ async def _run_one(
     )
 
 
+def best_fixed_step(
+    clocks_mhz: Sequence[int], runs: Mapping[int, PolicyRun]
+) -> tuple[int | None, int]:
+    """One walk of :func:`simulator.bestfixed.cheapest_meeting` over ``clocks_mhz`` (ascending)
+    with the fixed runs made so far (by clock): the first clock it asks for and has no run of
+    (None once it has every run it needs: then its answer is final), and the index it chooses.
+    Every question before that first gap is answered as the full search answers it, so running
+    that clock and walking again is the search, one live run at a time."""
+    missing: list[int] = []
+
+    def run(i: int) -> PolicyRun | None:
+        found = runs.get(clocks_mhz[i])
+        if found is None and not missing:
+            missing.append(clocks_mhz[i])
+        return found
+
+    def meets(i: int) -> bool:
+        r = run(i)
+        return r is not None and r.p99_ms <= r.slo_ms
+
+    def cost(i: int) -> float:
+        r = run(i)
+        return math.inf if r is None else r.energy_per_inference_j
+
+    _, chosen = cheapest_meeting(len(clocks_mhz), meets=meets, cost=cost, stride=STRIDE)
+    return (missing[0] if missing else None), chosen
+
+
+async def _best_fixed(
+    clocks_mhz: Sequence[int],
+    run_fixed: Callable[[int], Awaitable[PolicyRun]],
+    known: Mapping[int, PolicyRun],
+    max_runs: int = BEST_FIXED_MAX_RUNS,
+) -> PolicyRun:
+    """The best single clock among ``clocks_mhz`` (ascending; ``known``: runs already made, by
+    clock), each clock run at most once (:func:`best_fixed_step`); its run renamed
+    ``best-fixed``, with the clock and the number of fixed clocks the search ran. After
+    ``max_runs`` (the walk up from the lowest clock that meets the SLO can be long where the
+    GPU's energy-optimal clock is far above it) the search stops, and the cheapest run that
+    meets the SLO is chosen (``fixed_complete`` False)."""
+    runs = dict(known)
+    ran = 0
+    while True:
+        needed, chosen = best_fixed_step(clocks_mhz, runs)
+        if needed is None:
+            best = runs[clocks_mhz[chosen]]
+            return replace(best, policy=BEST_FIXED, fixed_mhz=clocks_mhz[chosen], fixed_runs=ran)
+        if ran == max_runs:
+            break
+        runs[needed] = await run_fixed(needed)
+        ran += 1
+    meeting = [c for c, r in runs.items() if r.p99_ms <= r.slo_ms] or [max(runs)]
+    clock = min(meeting, key=lambda c: runs[c].energy_per_inference_j)
+    return replace(
+        runs[clock], policy=BEST_FIXED, fixed_mhz=clock, fixed_runs=ran, fixed_complete=False
+    )
+
+
 def gpu_shares(samples: Sequence[Sample]) -> str:
     """``"0:52% 1:48%"``: which GPUs served the requests (``x-sidecar-gpu``), when several did."""
     served = Counter(s.gpu for s in samples if s.gpu is not None)
@@ -216,9 +292,11 @@ def compare_live(
     config: GatewayConfig | None = None,
     progress: Callable[[str, int, int], None] | None = None,
     warmup_s: float = 0.0,
+    best_fixed_clocks: Sequence[int] = (),
 ) -> list[PolicyRun]:
     """Start the embedded stack and run the same arrivals under each policy, each after
-    ``warmup_s`` of the same load unmeasured."""
+    ``warmup_s`` of the same load unmeasured; then, where ``best_fixed_clocks`` (the GPU's) are
+    given, search them for ``best-fixed`` (its run is appended, named so)."""
     token = secrets.token_urlsafe(16)
     cfg = config or GatewayConfig()
     cfg = replace(cfg, scheduler=replace(cfg.scheduler, default_slo_ms=slo_ms))
@@ -227,6 +305,12 @@ def compare_live(
     warmup_times = (
         list(schedule(rate_rps, warmup_s, "poisson", np.random.default_rng(seed + 1)))
         if warmup_s > 0
+        else []
+    )
+    fixed_warmup_s = min(warmup_s, FIXED_WARMUP_S)
+    fixed_warmup_times = (
+        list(schedule(rate_rps, fixed_warmup_s, "poisson", np.random.default_rng(seed + 1)))
+        if fixed_warmup_s > 0
         else []
     )
     classes = [RequestClass("demo", slo_ms=slo_ms)]
@@ -238,24 +322,33 @@ def compare_live(
             payloads = build_payloads(classes, input_name="INPUT0", datatype="FP32", data=data)
             target = Target(sc.url, SIMNET, payloads, [1.0])
             async with new_session() as session:
-                runs = []
-                for policy in policies:
+
+                async def measure(policy: str, warmup: Sequence[float]) -> PolicyRun:
                     tick = None
                     if progress is not None:
-                        tick = lambda n, p=policy: progress(p, n, len(send_times))  # noqa: E731
+                        tick = lambda n: progress(policy, n, len(send_times))  # noqa: E731
+                    return await _run_one(
+                        session,
+                        sc.url,
+                        token,
+                        policy,
+                        target,
+                        send_times,
+                        rate_rps,
+                        slo_ms,
+                        seed,
+                        tick,
+                        warmup,
+                    )
+
+                runs = [await measure(policy, warmup_times) for policy in policies]
+                if best_fixed_clocks:
+                    # max locks the top clock: its run is the top's
+                    known = {max(best_fixed_clocks): r for r in runs if r.policy == "max"}
+                    ladder = sorted(set(best_fixed_clocks))
                     runs.append(
-                        await _run_one(
-                            session,
-                            sc.url,
-                            token,
-                            policy,
-                            target,
-                            send_times,
-                            rate_rps,
-                            slo_ms,
-                            seed,
-                            tick,
-                            warmup_times,
+                        await _best_fixed(
+                            ladder, lambda mhz: measure(f"fixed:{mhz}", fixed_warmup_times), known
                         )
                     )
                 return runs
@@ -279,7 +372,7 @@ def plot(runs: Sequence[PolicyRun], path: Path) -> Path:
 
     plt = pyplot()
 
-    names = [r.policy for r in runs]
+    names = [r.policy if r.fixed_mhz is None else f"{r.policy}\n{r.fixed_mhz} MHz" for r in runs]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     left.bar(
         names, [r.energy_per_inference_j for r in runs], color=[f"C{i}" for i in range(len(runs))]
