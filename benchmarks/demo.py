@@ -230,8 +230,14 @@ def run_cnn(args: argparse.Namespace, console: Console) -> None:
             console.print(
                 f"{BEST_FIXED}: the best single clock in hindsight on these arrivals, "
                 f"{r.fixed_mhz} MHz (fixed:{r.fixed_mhz}), searched among the GPU's "
-                f"{len(get_profile(args.gpu).clocks_mhz)} clocks in {r.fixed_runs} more runs "
-                + ("(max's run stands for the top)" if "max" in policies else "")
+                f"{len(get_profile(args.gpu).clocks_mhz)} clocks in {r.fixed_runs} more runs"
+                + (" (max's run stands for the top)" if "max" in policies else "")
+                + (
+                    ""
+                    if r.fixed_complete
+                    else "; the search stopped at its budget, so this is the cheapest of its "
+                    "runs that met the SLO, and a better clock may lie above it"
+                )
             )
     write_csv(runs, args.out_dir / "demo.csv")
     console.print(f"wrote {args.out_dir / 'demo.csv'} and {plot(runs, args.out_dir / 'demo.png')}")
