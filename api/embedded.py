@@ -236,8 +236,7 @@ def _end_orphaned(space: Path) -> None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.05)
-    shutil.rmtree(space, ignore_errors=True)
-    remove_model_copies(space)
+    remove_space(space)
     for segment in SHM_DIR.glob(f"pytrtion{me}-*"):  # PyTriton names them after this process
         with contextlib.suppress(OSError):
             segment.unlink()
@@ -260,8 +259,10 @@ def model_copies(space: Path) -> list[Path]:
     return found
 
 
-def remove_model_copies(space: Path) -> None:
-    """Remove :func:`model_copies` of ``space``'s server, once it is stopped."""
+def remove_space(space: Path) -> None:
+    """Remove ``space`` (PyTriton's workspace, a copy of Triton) and :func:`model_copies` of its
+    server, once the server is stopped."""
+    shutil.rmtree(space, ignore_errors=True)
     for folder in model_copies(space):
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -484,8 +485,7 @@ class EmbeddedTriton:
         if proc is not None:
             self._end(proc, timeout_s)
         if space is not None:
-            shutil.rmtree(space, ignore_errors=True)
-            remove_model_copies(space)
+            remove_space(space)
 
     @staticmethod
     def _end(proc: BaseProcess, timeout_s: float) -> None:

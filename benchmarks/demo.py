@@ -68,7 +68,7 @@ def table(runs: list[PolicyRun], outside_ms: float = 0.0) -> Table:
         view.add_column(col, justify="right")
     for r in runs:
         saving = 1.0 - r.energy_per_inference_j / base.energy_per_inference_j
-        p99 = f"{r.p99_ms:.1f}" if r.p99_ms <= r.slo_ms else f"[red]{r.p99_ms:.1f}[/red]"
+        p99 = f"{r.p99_ms:.1f}" if r.meets_slo else f"[red]{r.p99_ms:.1f}[/red]"
         view.add_row(
             r.policy,
             f"{r.achieved_rps:.1f}",
@@ -194,6 +194,7 @@ def run_cnn(args: argparse.Namespace, console: Console) -> None:
         f"model, later runs use the cached table; each policy gets {args.warmup_s:g} s of the "
         f"load unmeasured, then {args.duration_s:g} s measured"
     )
+    ladder = get_profile(args.gpu).clocks_mhz
     with Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -222,7 +223,7 @@ def run_cnn(args: argparse.Namespace, console: Console) -> None:
             ),
             progress=progress,
             warmup_s=args.warmup_s,
-            best_fixed_clocks=get_profile(args.gpu).clocks_mhz if args.best_fixed else (),
+            best_fixed_clocks=ladder if args.best_fixed else (),
         )
     console.print(table(runs, args.slo_outside_ms))
     for r in runs:
@@ -230,7 +231,7 @@ def run_cnn(args: argparse.Namespace, console: Console) -> None:
             console.print(
                 f"{BEST_FIXED}: the best single clock in hindsight on these arrivals, "
                 f"{r.fixed_mhz} MHz (fixed:{r.fixed_mhz}), searched among the GPU's "
-                f"{len(get_profile(args.gpu).clocks_mhz)} clocks in {r.fixed_runs} more runs"
+                f"{len(ladder)} clocks in {r.fixed_runs} more runs"
                 + (" (max's run stands for the top)" if "max" in policies else "")
                 + (
                     ""

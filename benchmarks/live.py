@@ -57,7 +57,7 @@ from simulator.bestfixed import STRIDE, cheapest_meeting
 # it as "outside the sidecar"); a client measures them as part of each request's latency.
 DEMO_OUTSIDE_MS = 1.5
 BEST_FIXED = "best-fixed"
-FIXED_WARMUP_S = 2.0  # unmeasured load before each fixed clock's run (at most warmup_s)
+FIXED_WARMUP_S = 2.0  # before each fixed clock's run, the warm-up's first seconds unmeasured
 BEST_FIXED_MAX_RUNS = 16  # a bisection of a ladder of 187 clocks takes 8
 
 
@@ -106,6 +106,11 @@ class PolicyRun:
     fixed_mhz: int | None = None  # best-fixed: the clock chosen
     fixed_runs: int = 0  # best-fixed: how many fixed clocks the search ran
     fixed_complete: bool = True  # best-fixed: False where the search stopped at its budget
+
+    @property
+    def meets_slo(self) -> bool:
+        """Whether the run's p99 is within its SLO."""
+        return self.p99_ms <= self.slo_ms
 
 
 def percentile_ms(latencies_s: Sequence[float], q: float) -> float:
@@ -233,7 +238,7 @@ def best_fixed_step(
 
     def meets(i: int) -> bool:
         r = run(i)
-        return r is not None and r.p99_ms <= r.slo_ms
+        return r is not None and r.meets_slo
 
     def cost(i: int) -> float:
         r = run(i)
@@ -266,7 +271,7 @@ async def _best_fixed(
             break
         runs[needed] = await run_fixed(needed)
         ran += 1
-    meeting = [c for c, r in runs.items() if r.p99_ms <= r.slo_ms] or [max(runs)]
+    meeting = [c for c, r in runs.items() if r.meets_slo] or [max(runs)]
     clock = min(meeting, key=lambda c: runs[c].energy_per_inference_j)
     return replace(
         runs[clock], policy=BEST_FIXED, fixed_mhz=clock, fixed_runs=ran, fixed_complete=False
@@ -307,12 +312,7 @@ def compare_live(
         if warmup_s > 0
         else []
     )
-    fixed_warmup_s = min(warmup_s, FIXED_WARMUP_S)
-    fixed_warmup_times = (
-        list(schedule(rate_rps, fixed_warmup_s, "poisson", np.random.default_rng(seed + 1)))
-        if fixed_warmup_s > 0
-        else []
-    )
+    fixed_warmup_times = [t for t in warmup_times if t < FIXED_WARMUP_S]  # its first seconds
     classes = [RequestClass("demo", slo_ms=slo_ms)]
     data = np.ones((1, INPUT_WIDTH), dtype=np.float32)
 

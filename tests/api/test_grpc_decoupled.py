@@ -11,7 +11,6 @@ import contextlib
 import multiprocessing as mp
 import os
 import queue
-import shutil
 import signal
 import sysconfig
 import tempfile
@@ -26,7 +25,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from api.config import from_options
-from api.embedded import free_port, remove_model_copies
+from api.embedded import free_port, remove_space
 from tests.api.live import LiveSidecar
 
 
@@ -102,8 +101,7 @@ def decoupled_triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple
         if proc.pid is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
-        shutil.rmtree(space, ignore_errors=True)
-        remove_model_copies(space)
+        remove_space(space)
 
 
 def _stream(url: str, counts: list[int]) -> list[tuple[str, int]]:
