@@ -2,9 +2,10 @@
 same load under ``max``, ``default``, ``seed``, ``slack`` and ``adaptive`` (the default policy),
 a table of energy and latency, a plot (``--gpus 2``: one sidecar in front of two simulated
 GPUs, each with its own Triton, requests placed as ``--placement`` says). Then a generative run
-beside it: an emulated LLM engine
-on a simulated H100, the same streamed load under ``max`` and the token policy ``tokens``,
-joules per output token and the p99 TTFT and TPOT against their SLOs."""
+beside it: an emulated LLM engine on a simulated H100, the same streamed load under ``max``,
+``default`` (the GPU's own boost) and the token policy ``tokens``, joules per output token
+and the p99 TTFT and TPOT against their SLOs. Each part ends with the best single clock in
+hindsight on its own arrivals (``best-fixed``), searched live."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import argparse
 import math
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from rich.console import Console
@@ -131,6 +133,27 @@ def generative_table(runs: list[GenPolicyRun]) -> Table:
     return view
 
 
+def print_best_fixed(
+    console: Console, runs: Sequence[PolicyRun | GenPolicyRun], clocks: int, max_ran: bool
+) -> None:
+    """The line under a table that says which clock ``best-fixed`` is and how it was found."""
+    for r in runs:
+        if r.policy != BEST_FIXED or r.fixed_mhz is None:
+            continue
+        console.print(
+            f"{BEST_FIXED}: the best single clock in hindsight on these arrivals, "
+            f"{r.fixed_mhz} MHz (fixed:{r.fixed_mhz}), searched among the GPU's "
+            f"{clocks} clocks in {r.fixed_runs} more runs"
+            + (" (max's run stands for the top)" if max_ran else "")
+            + (
+                ""
+                if r.fixed_complete
+                else "; the search stopped at its budget, so this is the cheapest of its "
+                "runs that met the SLO, and a better clock may lie above it"
+            )
+        )
+
+
 def run_generative(args: argparse.Namespace, console: Console) -> None:
     """The generative part of the demo: its own stack, a table, a CSV and a plot."""
     work = GenWorkload(
@@ -144,6 +167,7 @@ def run_generative(args: argparse.Namespace, console: Console) -> None:
         seed=args.seed,
     )
     policies = [p.strip() for p in args.gen_policies.split(",") if p.strip()]
+    ladder = get_profile(args.gen_gpu).clocks_mhz
     console.print(
         f"starting a second stack (Triton + simulated {args.gen_gpu} + sidecar) serving simllm, "
         f"an emulated LLM engine; each policy gets {work.warmup_s:g} s of the load unmeasured, "
@@ -173,8 +197,10 @@ def run_generative(args: argparse.Namespace, console: Console) -> None:
             state_dir=Path(state),
             progress=progress,
             engine_profile=args.gen_engine_profile,
+            best_fixed_clocks=ladder if args.gen_best_fixed else (),
         )
     console.print(generative_table(runs))
+    print_best_fixed(console, runs, len(ladder), "max" in policies)
     csv_path = genlive.write_csv(runs, args.out_dir / "demo_generative.csv")
     png_path = genlive.plot(runs, args.out_dir / "demo_generative.png")
     console.print(f"wrote {csv_path} and {png_path}")
@@ -226,20 +252,7 @@ def run_cnn(args: argparse.Namespace, console: Console) -> None:
             best_fixed_clocks=ladder if args.best_fixed else (),
         )
     console.print(table(runs, args.slo_outside_ms))
-    for r in runs:
-        if r.policy == BEST_FIXED and r.fixed_mhz is not None:
-            console.print(
-                f"{BEST_FIXED}: the best single clock in hindsight on these arrivals, "
-                f"{r.fixed_mhz} MHz (fixed:{r.fixed_mhz}), searched among the GPU's "
-                f"{len(ladder)} clocks in {r.fixed_runs} more runs"
-                + (" (max's run stands for the top)" if "max" in policies else "")
-                + (
-                    ""
-                    if r.fixed_complete
-                    else "; the search stopped at its budget, so this is the cheapest of its "
-                    "runs that met the SLO, and a better clock may lie above it"
-                )
-            )
+    print_best_fixed(console, runs, len(ladder), "max" in policies)
     write_csv(runs, args.out_dir / "demo.csv")
     console.print(f"wrote {args.out_dir / 'demo.csv'} and {plot(runs, args.out_dir / 'demo.png')}")
 
@@ -280,7 +293,15 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--gen-warmup-s", type=float, default=30.0, help="unmeasured, per policy")
     gen.add_argument("--gen-input-tokens", type=int, default=1000, help="mean (stddev: 1/5)")
     gen.add_argument("--gen-output-tokens", type=int, default=64, help="mean (stddev: 1/4)")
-    gen.add_argument("--gen-policies", default="max,tokens")
+    gen.add_argument("--gen-policies", default="max,default,tokens")
+    gen.add_argument(
+        "--gen-best-fixed",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="after the policies, search the GPU's clocks for the best single clock in "
+        f"hindsight on the same streams (about eight more runs, each after "
+        f"{genlive.FIXED_WARMUP_S:g} s unmeasured)",
+    )
     gen.add_argument("--ttft-ms", type=float, default=500.0, help="p99 TTFT SLO")
     gen.add_argument("--tpot-ms", type=float, default=30.0, help="p99 TPOT SLO")
     gen.add_argument(

@@ -13,6 +13,12 @@ before it has seen enough finished streams, as it would have in a sidecar servin
 Then the measured window: energy read at its start and after the last token, joules per
 output token over the tokens that left in that window (whichever request they belong to), and
 the tails over the requests sent in it.
+
+Then, given the GPU's clocks, the best single clock in hindsight (``best-fixed``), searched as
+the CNN demo searches it (:func:`benchmarks.live.best_fixed`: a bisection for the lowest clock
+whose p99 TTFT and p99 TPOT both meet their SLOs, then up while joules per output token fall),
+each clock's run sending the measured window's streams after only the warm-up's last
+``FIXED_WARMUP_S``; ``max``'s run stands for the top clock.
 """
 
 from __future__ import annotations
@@ -23,13 +29,19 @@ import math
 import secrets
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
-from benchmarks.live import percentile_interval_ms, set_policy
+from benchmarks.live import (
+    BEST_FIXED,
+    best_fixed,
+    percentile_interval_ms,
+    plot_label,
+    set_policy,
+)
 from benchmarks.sidecar import running
 from loadgen.engine import new_session, schedule
 from loadgen.generative import TokenSloSpec, per_request
@@ -39,6 +51,10 @@ from loadgen.stream import GENERATE_STREAM, GenTarget, TimedStream
 from loadgen.synthetic import GenRequest, LengthSpec, RequestSource
 
 MODEL = "simllm"
+# Before each fixed clock's run, the warm-up's last seconds unmeasured: a locked clock learns
+# nothing, and a stream lives about 2 s (TTFT under 0.5 s, 64 tokens at under 30 ms each), so
+# by then the engine holds as many streams as in the measured window.
+FIXED_WARMUP_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -85,10 +101,24 @@ class GenPolicyRun:
     energy_per_token_j: float
     mean_clock_mhz: float
     clocks_seen: int
+    fixed_mhz: int | None = None  # best-fixed: the clock chosen
+    fixed_runs: int = 0  # best-fixed: how many fixed clocks the search ran
+    fixed_complete: bool = True  # best-fixed: False where the search stopped at its budget
 
     @property
-    def meets_slos(self) -> bool:
+    def meets_slo(self) -> bool:
+        """Whether both p99s, TTFT and TPOT, are within their SLOs."""
         return self.p99_ttft_ms <= self.ttft_slo_ms and self.p99_tpot_ms <= self.tpot_slo_ms
+
+    @property
+    def cost_j(self) -> float:
+        """What the search for the best single clock minimises: joules per output token."""
+        return self.energy_per_token_j
+
+    def as_best_fixed(self, clock_mhz: int, runs: int, complete: bool) -> Self:
+        return replace(
+            self, policy=BEST_FIXED, fixed_mhz=clock_mhz, fixed_runs=runs, fixed_complete=complete
+        )
 
 
 @dataclass
@@ -157,34 +187,44 @@ async def run_policies(
     policies: Sequence[str],
     work: GenWorkload,
     progress: Callable[[str, int, int], None] | None = None,
+    best_fixed_clocks: Sequence[int] = (),
+    fixed_warmup_s: float = FIXED_WARMUP_S,
 ) -> list[GenPolicyRun]:
-    """The workload through each policy on the sidecar at ``url`` (``host:port``)."""
+    """The workload through each policy on the sidecar at ``url`` (``host:port``); then, where
+    ``best_fixed_clocks`` (the GPU's) are given, the search for ``best-fixed`` on the same
+    arrivals (its run appended, named so; ``max``'s run stands for the top clock), each fixed
+    clock's run after the warm-up's last ``fixed_warmup_s`` only."""
     times, requests = work.requests()
     hints: dict[str, Any] = {"client_id": "demo", "ttft_ms": work.ttft_ms, "tpot_ms": work.tpot_ms}
     target = GenTarget(f"http://{url}", GENERATE_STREAM, MODEL, hints)
     metrics_url = f"http://{url}/metrics"
-    runs = []
     async with new_session(timeout_s=600.0) as session:
-        for policy in policies:
+
+        async def measure(policy: str, warmup_s: float) -> GenPolicyRun:
+            """One run: the last ``warmup_s`` of the warm-up's arrivals unmeasured, then the
+            measured window's (the same for every run)."""
+            skip_s = work.warmup_s - warmup_s
+            first = next((i for i, t in enumerate(times) if t >= skip_s), len(times))
+            sent_times = [t - skip_s for t in times[first:]]
             await set_policy(session, url, admin_token, policy)
             await asyncio.sleep(0.5)  # let the clock settle
             clock = ClockSampler(session, metrics_url, period_s=0.2)
             marks: dict[str, float | None] = {}
 
-            async def mark(clock: ClockSampler = clock, marks: dict[str, float | None] = marks
-                           ) -> None:  # fmt: skip
-                await asyncio.sleep(work.warmup_s)
+            async def mark() -> None:
+                await asyncio.sleep(warmup_s)
                 marks["energy_j"] = await read_energy_j(session, metrics_url)
                 marks["start_s"] = time.perf_counter()
                 clock.start()
 
             tick = None
             if progress is not None:
-                tick = lambda n, p=policy: progress(p, n, len(times))  # noqa: E731
-            started = time.perf_counter()
+                tick = lambda n: progress(policy, n, len(sent_times))  # noqa: E731
             marker = asyncio.create_task(mark())
             try:
-                streams = await open_loop(session, target, requests, times, on_done=tick)
+                streams = await open_loop(
+                    session, target, requests[first:], sent_times, on_done=tick
+                )
                 await marker
             finally:
                 marker.cancel()
@@ -193,13 +233,25 @@ async def run_policies(
             after = await read_energy_j(session, metrics_url)
             before, start_s = marks.get("energy_j"), marks.get("start_s") or end_s
             window = Window(
-                streams=[s for s in streams if s.start_s >= started + work.warmup_s],
+                streams=streams[sum(t < warmup_s for t in sent_times) :],
                 token_times_s=[t for s in streams for t in s.token_times_s],
                 start_s=start_s,
                 end_s=end_s,
                 energy_j=after - before if after is not None and before is not None else None,
             )
-            runs.append(policy_run(policy, work, window, clock))
+            return policy_run(policy, work, window, clock)
+
+        runs = [await measure(policy, work.warmup_s) for policy in policies]
+        if best_fixed_clocks:
+            known = {max(best_fixed_clocks): r for r in runs if r.policy == "max"}
+            warmup_s = min(work.warmup_s, fixed_warmup_s)
+            runs.append(
+                await best_fixed(
+                    sorted(set(best_fixed_clocks)),
+                    lambda mhz: measure(f"fixed:{mhz}", warmup_s),
+                    known,
+                )
+            )
     return runs
 
 
@@ -211,10 +263,12 @@ def compare_generative(
     state_dir: Path,
     progress: Callable[[str, int, int], None] | None = None,
     engine_profile: Path | None = None,
+    best_fixed_clocks: Sequence[int] = (),
 ) -> list[GenPolicyRun]:
     """Start the embedded default on simulated ``gpu`` and run the same workload under each
     policy (the token policy holding the workload's SLOs, and planning with ``engine_profile``
-    when given instead of the embedded engine's own)."""
+    when given instead of the embedded engine's own); then, given the GPU's clocks, search
+    them for ``best-fixed``."""
     work = work or GenWorkload()
     token = secrets.token_urlsafe(16)
     flags = [
@@ -224,7 +278,7 @@ def compare_generative(
     if engine_profile is not None:
         flags += ["--engine-profile", str(engine_profile)]
     with running(flags, state_dir=state_dir, admin_token=token, starts=3) as sc:
-        return asyncio.run(run_policies(sc.url, token, policies, work, progress))
+        return asyncio.run(run_policies(sc.url, token, policies, work, progress, best_fixed_clocks))
 
 
 def write_csv(runs: Sequence[GenPolicyRun], path: Path) -> Path:
@@ -242,7 +296,7 @@ def plot(runs: Sequence[GenPolicyRun], path: Path) -> Path:
     from time2clock.plot import pyplot
 
     plt = pyplot()
-    names = [r.policy for r in runs]
+    names = [plot_label(r.policy, r.fixed_mhz) for r in runs]
     colors = [f"C{i}" for i in range(len(runs))]
     fig, axes = plt.subplots(1, 3, figsize=(12, 4))
     nan = math.nan

@@ -29,7 +29,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, Self, TypeVar
 
 import aiohttp
 import numpy as np
@@ -111,6 +111,16 @@ class PolicyRun:
     def meets_slo(self) -> bool:
         """Whether the run's p99 is within its SLO."""
         return self.p99_ms <= self.slo_ms
+
+    @property
+    def cost_j(self) -> float:
+        """What the search for the best single clock minimises: joules per inference."""
+        return self.energy_per_inference_j
+
+    def as_best_fixed(self, clock_mhz: int, runs: int, complete: bool) -> Self:
+        return replace(
+            self, policy=BEST_FIXED, fixed_mhz=clock_mhz, fixed_runs=runs, fixed_complete=complete
+        )
 
 
 def percentile_ms(latencies_s: Sequence[float], q: float) -> float:
@@ -220,8 +230,26 @@ async def _run_one(
     )
 
 
+class FixedRun(Protocol):
+    """A live run at one locked clock, as the search for the best single clock sees it."""
+
+    @property
+    def meets_slo(self) -> bool: ...
+
+    @property
+    def cost_j(self) -> float: ...  # energy per unit of work: an inference, an output token
+
+    def as_best_fixed(self, clock_mhz: int, runs: int, complete: bool) -> Self:
+        """This run as ``best-fixed``: the clock chosen, how many fixed clocks the search ran,
+        and whether it finished (False: it stopped at its budget)."""
+        ...
+
+
+R = TypeVar("R", bound=FixedRun)
+
+
 def best_fixed_step(
-    clocks_mhz: Sequence[int], runs: Mapping[int, PolicyRun]
+    clocks_mhz: Sequence[int], runs: Mapping[int, FixedRun], stride: int = STRIDE
 ) -> tuple[int | None, int]:
     """One walk of :func:`simulator.bestfixed.cheapest_meeting` over ``clocks_mhz`` (ascending)
     with the fixed runs made so far (by clock): the first clock it asks for and has no run of
@@ -230,7 +258,7 @@ def best_fixed_step(
     that clock and walking again is the search, one live run at a time."""
     missing: list[int] = []
 
-    def run(i: int) -> PolicyRun | None:
+    def run(i: int) -> FixedRun | None:
         found = runs.get(clocks_mhz[i])
         if found is None and not missing:
             missing.append(clocks_mhz[i])
@@ -242,40 +270,43 @@ def best_fixed_step(
 
     def cost(i: int) -> float:
         r = run(i)
-        return math.inf if r is None else r.energy_per_inference_j
+        return math.inf if r is None else r.cost_j
 
-    _, chosen = cheapest_meeting(len(clocks_mhz), meets=meets, cost=cost, stride=STRIDE)
+    _, chosen = cheapest_meeting(len(clocks_mhz), meets=meets, cost=cost, stride=stride)
     return (missing[0] if missing else None), chosen
 
 
-async def _best_fixed(
+async def best_fixed(
     clocks_mhz: Sequence[int],
-    run_fixed: Callable[[int], Awaitable[PolicyRun]],
-    known: Mapping[int, PolicyRun],
+    run_fixed: Callable[[int], Awaitable[R]],
+    known: Mapping[int, R],
     max_runs: int = BEST_FIXED_MAX_RUNS,
-) -> PolicyRun:
+    stride: int = STRIDE,
+) -> R:
     """The best single clock among ``clocks_mhz`` (ascending; ``known``: runs already made, by
-    clock), each clock run at most once (:func:`best_fixed_step`); its run renamed
-    ``best-fixed``, with the clock and the number of fixed clocks the search ran. After
-    ``max_runs`` (the walk up from the lowest clock that meets the SLO can be long where the
-    GPU's energy-optimal clock is far above it) the search stops, and the cheapest run that
-    meets the SLO is chosen (``fixed_complete`` False)."""
+    clock), each clock run at most once (:func:`best_fixed_step`); its run as ``best-fixed``,
+    with the clock and the number of fixed clocks the search ran. After ``max_runs`` (the walk
+    up from the lowest clock that meets the SLO can be long where the GPU's energy-optimal clock
+    is far above it) the search stops, and the cheapest run that meets the SLO is chosen
+    (``fixed_complete`` False)."""
     runs = dict(known)
     ran = 0
     while True:
-        needed, chosen = best_fixed_step(clocks_mhz, runs)
+        needed, chosen = best_fixed_step(clocks_mhz, runs, stride)
         if needed is None:
-            best = runs[clocks_mhz[chosen]]
-            return replace(best, policy=BEST_FIXED, fixed_mhz=clocks_mhz[chosen], fixed_runs=ran)
+            return runs[clocks_mhz[chosen]].as_best_fixed(clocks_mhz[chosen], ran, True)
         if ran == max_runs:
             break
         runs[needed] = await run_fixed(needed)
         ran += 1
     meeting = [c for c, r in runs.items() if r.meets_slo] or [max(runs)]
-    clock = min(meeting, key=lambda c: runs[c].energy_per_inference_j)
-    return replace(
-        runs[clock], policy=BEST_FIXED, fixed_mhz=clock, fixed_runs=ran, fixed_complete=False
-    )
+    clock = min(meeting, key=lambda c: runs[c].cost_j)
+    return runs[clock].as_best_fixed(clock, ran, False)
+
+
+def plot_label(policy: str, fixed_mhz: int | None) -> str:
+    """A run's name under its bar: ``best-fixed`` with the clock it found."""
+    return policy if fixed_mhz is None else f"{policy}\n{fixed_mhz} MHz"
 
 
 def gpu_shares(samples: Sequence[Sample]) -> str:
@@ -347,7 +378,7 @@ def compare_live(
                     known = {max(best_fixed_clocks): r for r in runs if r.policy == "max"}
                     ladder = sorted(set(best_fixed_clocks))
                     runs.append(
-                        await _best_fixed(
+                        await best_fixed(
                             ladder, lambda mhz: measure(f"fixed:{mhz}", fixed_warmup_times), known
                         )
                     )
@@ -372,7 +403,7 @@ def plot(runs: Sequence[PolicyRun], path: Path) -> Path:
 
     plt = pyplot()
 
-    names = [r.policy if r.fixed_mhz is None else f"{r.policy}\n{r.fixed_mhz} MHz" for r in runs]
+    names = [plot_label(r.policy, r.fixed_mhz) for r in runs]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     left.bar(
         names, [r.energy_per_inference_j for r in runs], color=[f"C{i}" for i in range(len(runs))]

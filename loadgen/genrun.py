@@ -134,13 +134,19 @@ async def open_loop(
     clock: Callable[[], float] = time.perf_counter,
 ) -> list[TimedStream]:
     """``requests[i]`` at ``send_times_s[i]`` (s from now), each as its own task; waits for
-    them all."""
-    out: list[TimedStream] = []
+    them all, and returns their streams in the order they were sent (``[i]`` is request i's,
+    whenever it ended)."""
+    out: list[TimedStream | None] = [None] * len(send_times_s)
+    done = 0
 
     async def one(request_index: int) -> None:
-        out.append(await stream_once(session, target, requests[request_index], clock=clock))
+        nonlocal done
+        out[request_index] = await stream_once(
+            session, target, requests[request_index], clock=clock
+        )
+        done += 1
         if on_done is not None:
-            on_done(len(out))
+            on_done(done)
 
     start = clock()
     tasks: list[asyncio.Task[None]] = []
@@ -150,7 +156,7 @@ async def open_loop(
             await asyncio.sleep(delay)
         tasks.append(asyncio.create_task(one(i)))
     await asyncio.gather(*tasks)
-    return out
+    return [s for s in out if s is not None]  # every task has ended: none is left None
 
 
 def send_times(load: GenLoad) -> list[float]:

@@ -13,9 +13,10 @@ import httpx
 import pytest
 from rich.console import Console
 
-from benchmarks.demo import generative_table
+from benchmarks.demo import generative_table, print_best_fixed
 from benchmarks.genai_agreement import Settings, measure
 from benchmarks.genlive import GenWorkload, run_policies
+from benchmarks.live import BEST_FIXED
 from benchmarks.sidecar import SidecarProcess, running
 from loadgen.__main__ import main as loadgen_main
 from loadgen.genai import JSON_EXPORT
@@ -109,3 +110,27 @@ def test_the_demos_generative_comparison_live(stack: SidecarProcess) -> None:
         f"http://{stack.url}/admin/state", headers={"Authorization": f"Bearer {TOKEN}"}
     ).json()
     assert state["policy"] == "tokens" and state["feedback"][0]["gap_samples"] > 0
+
+
+def test_the_demos_generative_best_fixed_search_live(stack: SidecarProcess) -> None:
+    """The search for the best single clock on the same streams: over three clocks whose lowest
+    meets SLOs this loose, the bisection runs the middle and the lowest (``max``'s run stands
+    for the top), chooses the lowest, and that clock is the one the GPU ran."""
+    work = GenWorkload(
+        rate_rps=4.0, duration_s=3.0, warmup_s=2.0, input_tokens=LengthSpec(300, 50.0),
+        output_tokens=LengthSpec(16, 4.0), ttft_ms=5000.0, tpot_ms=1000.0,
+    )  # fmt: skip
+    ladder = [345, 1005, 1980]  # the H100 profile's lowest clock, one between, its top
+    runs = asyncio.run(
+        run_policies(stack.url, TOKEN, ["max"], work, best_fixed_clocks=ladder, fixed_warmup_s=0.5)
+    )
+    assert [r.policy for r in runs] == ["max", BEST_FIXED]
+    best = runs[1]
+    assert best.fixed_mhz == 345 and best.fixed_runs == 2 and best.fixed_complete
+    assert best.mean_clock_mhz == 345 and best.meets_slo
+    # the fixed runs measure the same streams as the policies, after the warm-up's last 0.5 s
+    assert best.sent == runs[0].sent > 0 and best.completed == best.sent
+    assert best.output_tokens > 0 and best.energy_per_token_j > 0
+    console = Console(record=True, width=200)
+    print_best_fixed(console, runs, len(ladder), max_ran=True)
+    assert "345 MHz (fixed:345)" in console.export_text()
