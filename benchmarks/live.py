@@ -249,7 +249,7 @@ R = TypeVar("R", bound=FixedRun)
 
 
 def best_fixed_step(
-    clocks_mhz: Sequence[int], runs: Mapping[int, FixedRun], stride: int = STRIDE
+    clocks_mhz: Sequence[int], runs: Mapping[int, FixedRun]
 ) -> tuple[int | None, int]:
     """One walk of :func:`simulator.bestfixed.cheapest_meeting` over ``clocks_mhz`` (ascending)
     with the fixed runs made so far (by clock): the first clock it asks for and has no run of
@@ -272,7 +272,7 @@ def best_fixed_step(
         r = run(i)
         return math.inf if r is None else r.cost_j
 
-    _, chosen = cheapest_meeting(len(clocks_mhz), meets=meets, cost=cost, stride=stride)
+    _, chosen = cheapest_meeting(len(clocks_mhz), meets=meets, cost=cost, stride=STRIDE)
     return (missing[0] if missing else None), chosen
 
 
@@ -281,7 +281,6 @@ async def best_fixed(
     run_fixed: Callable[[int], Awaitable[R]],
     known: Mapping[int, R],
     max_runs: int = BEST_FIXED_MAX_RUNS,
-    stride: int = STRIDE,
 ) -> R:
     """The best single clock among ``clocks_mhz`` (ascending; ``known``: runs already made, by
     clock), each clock run at most once (:func:`best_fixed_step`); its run as ``best-fixed``,
@@ -292,7 +291,7 @@ async def best_fixed(
     runs = dict(known)
     ran = 0
     while True:
-        needed, chosen = best_fixed_step(clocks_mhz, runs, stride)
+        needed, chosen = best_fixed_step(clocks_mhz, runs)
         if needed is None:
             return runs[clocks_mhz[chosen]].as_best_fixed(clocks_mhz[chosen], ran, True)
         if ran == max_runs:
