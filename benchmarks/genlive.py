@@ -243,13 +243,10 @@ async def run_policies(
 
         runs = [await measure(policy, work.warmup_s) for policy in policies]
         if best_fixed_clocks:
-            known = {max(best_fixed_clocks): r for r in runs if r.policy == "max"}
             warmup_s = min(work.warmup_s, fixed_warmup_s)
             runs.append(
                 await best_fixed(
-                    sorted(set(best_fixed_clocks)),
-                    lambda mhz: measure(f"fixed:{mhz}", warmup_s),
-                    known,
+                    best_fixed_clocks, lambda mhz: measure(f"fixed:{mhz}", warmup_s), runs
                 )
             )
     return runs

@@ -234,6 +234,9 @@ class FixedRun(Protocol):
     """A live run at one locked clock, as the search for the best single clock sees it."""
 
     @property
+    def policy(self) -> str: ...
+
+    @property
     def meets_slo(self) -> bool: ...
 
     @property
@@ -279,16 +282,21 @@ def best_fixed_step(
 async def best_fixed(
     clocks_mhz: Sequence[int],
     run_fixed: Callable[[int], Awaitable[R]],
-    known: Mapping[int, R],
+    policy_runs: Sequence[R] = (),
     max_runs: int = BEST_FIXED_MAX_RUNS,
 ) -> R:
-    """The best single clock among ``clocks_mhz`` (ascending; ``known``: runs already made, by
-    clock), each clock run at most once (:func:`best_fixed_step`); its run as ``best-fixed``,
+    """The best single clock among ``clocks_mhz`` (the GPU's ladder, in any order), each clock
+    run at most once (:func:`best_fixed_step`); among ``policy_runs`` (the policies' runs on
+    the same arrivals) ``max``'s stands for the top clock. Returns its run as ``best-fixed``,
     with the clock and the number of fixed clocks the search ran. After ``max_runs`` (the walk
     up from the lowest clock that meets the SLO can be long where the GPU's energy-optimal clock
     is far above it) the search stops, and the cheapest run that meets the SLO is chosen
     (``fixed_complete`` False)."""
-    runs = dict(known)
+    clocks_mhz = sorted(set(clocks_mhz))
+    runs: dict[int, R] = {}
+    for run in policy_runs:
+        if run.policy == "max":
+            runs[clocks_mhz[-1]] = run
     ran = 0
     while True:
         needed, chosen = best_fixed_step(clocks_mhz, runs)
@@ -373,12 +381,11 @@ def compare_live(
 
                 runs = [await measure(policy, warmup_times) for policy in policies]
                 if best_fixed_clocks:
-                    # max locks the top clock: its run is the top's
-                    known = {max(best_fixed_clocks): r for r in runs if r.policy == "max"}
-                    ladder = sorted(set(best_fixed_clocks))
                     runs.append(
                         await best_fixed(
-                            ladder, lambda mhz: measure(f"fixed:{mhz}", fixed_warmup_times), known
+                            best_fixed_clocks,
+                            lambda mhz: measure(f"fixed:{mhz}", fixed_warmup_times),
+                            runs,
                         )
                     )
                 return runs

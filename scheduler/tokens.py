@@ -879,7 +879,11 @@ class TokenPolicy:
         long_tokens = sum(tokens for _, tokens in self._prompts)
         short_from = now_s - p.short_window_s
         short_tokens = sum(tokens for at, tokens in self._prompts if at >= short_from)
-        long_rate = long_tokens / min(p.window_s, elapsed)
+        # The long rate counts at least short_window_s: at the start a few arrivals over a
+        # fraction of a second are not a rate, and the static clock's integrals (which take
+        # the long rate alone) would charge every early stream a clock that cannot keep up at
+        # all but the top ones for its whole life (the short rate still sees them at once).
+        long_rate = long_tokens / min(p.window_s, max(elapsed, p.short_window_s))
         if not short:
             return long_rate
         return max(long_rate, short_tokens / min(p.short_window_s, elapsed))

@@ -5,6 +5,7 @@ search can be checked against the same search that knows every run."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 
@@ -63,8 +64,8 @@ def test_the_live_search_chooses_what_the_full_search_does_running_each_clock_on
         asked.append(clock)
         return make(clock)
 
-    known = {CLOCKS[-1]: make(CLOCKS[-1])}  # max's run stands for the top clock
-    best = asyncio.run(best_fixed(CLOCKS, run_fixed, known, max_runs=100))
+    top = replace(make(CLOCKS[-1]), policy="max")  # max's run stands for the top clock
+    best = asyncio.run(best_fixed(CLOCKS[::-1], run_fixed, [top], max_runs=100))
     assert best.policy == BEST_FIXED and best.fixed_mhz == CLOCKS[expected]
     assert best.fixed_complete
     assert best.p99_ms == full[CLOCKS[expected]].p99_ms
@@ -83,8 +84,10 @@ def test_a_search_past_its_budget_keeps_the_cheapest_run_that_met_the_slo() -> N
         asked.append(clock)
         return fake_run(clock, lowest_mhz=lowest_mhz, optimum_mhz=optimum_mhz)
 
-    top = fake_run(CLOCKS[-1], lowest_mhz=lowest_mhz, optimum_mhz=optimum_mhz)
-    best = asyncio.run(best_fixed(CLOCKS, run_fixed, {CLOCKS[-1]: top}, max_runs=12))
+    top = replace(
+        fake_run(CLOCKS[-1], lowest_mhz=lowest_mhz, optimum_mhz=optimum_mhz), policy="max"
+    )
+    best = asyncio.run(best_fixed(CLOCKS, run_fixed, [top], max_runs=12))
     assert not best.fixed_complete and best.fixed_runs == len(asked) == 12
     assert max(asked) < optimum_mhz  # cut on the way up
     made = [fake_run(c, lowest_mhz=lowest_mhz, optimum_mhz=optimum_mhz) for c in asked] + [top]

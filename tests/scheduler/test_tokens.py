@@ -649,3 +649,24 @@ def test_only_lone_prompts_at_a_landed_clock_are_learned_from() -> None:
     policy.on_release(4, 11.03, 11.03, 1000)  # that change has not landed yet
     policy.on_token(4, 11.2)
     assert policy.state()["prefill_samples"] == 1
+
+
+def test_the_starts_first_arrivals_are_not_a_rate_for_the_static_clock() -> None:
+    """A few prompts in the first fraction of a second: the need's rate sees them at once, but
+    the long rate (the static clock's) counts at least short_window_s, so the first streams'
+    counterfactual TPOTs are not those of clocks that could not keep up, and the static clock
+    is the one a steady load gives without them."""
+    policy = make_policy(static_min_samples=20, confident_samples=20)
+    for rid in range(6):  # 6 prompts of 1,500 tokens within 50 ms of the first
+        policy.on_release(rid, rid * 0.01, rid * 0.01, 1500)
+    now = 0.2
+    assert policy._prompt_rate(now) == pytest.approx(9000 / policy.params.period_s)
+    assert policy._prompt_rate(now, short=False) == pytest.approx(9000 / 5.0)
+    plant = Plant(make_policy(static_min_samples=20, confident_samples=20))
+    plant.run(0.05, **dict(STEADY, rate_hz=120.0, prompt=1500))  # type: ignore[arg-type]
+    plant.run(10.0, **STEADY)  # type: ignore[arg-type]
+    start = [v for at, v in plant.policy._fixed_tpots if at < 1.0]
+    assert start and np.max(start) < 100.0  # ms: no stream charged a clock that cannot keep up
+    steady = Plant(make_policy(static_min_samples=20, confident_samples=20))
+    steady.run(10.0, **STEADY)  # type: ignore[arg-type]
+    assert plant.policy.static_mhz == steady.policy.static_mhz
