@@ -48,7 +48,8 @@ whose mean clocks were nearest ``f``. Before ``min_samples`` streams finished, `
   stream, the TPOT it would have had at each clock is its measured TPOT times the model's mean
   gap over its life at that clock over the model's mean gap at the clocks that ran (the gap at
   every clock integrated over time, at the sequences running and the prompt rate over
-  ``window_s``: a mean, not the guard against a rising load the need takes). It is the best
+  ``window_s``, counted over at least ``short_window_s``: a mean, not the guard against a rising
+  load the need takes). It is the best
   single clock in hindsight over the recent past, as the model sees it. A fixed clock absorbs
   the short spikes of a steady load (a stream's TPOT is a mean over its life), and on an engine
   whose energy per token rises with the clock, following each spike up for ``hold_s`` costs
