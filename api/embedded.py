@@ -14,7 +14,11 @@ Triton runs in a child process that the sidecar starts, waits for, and stops on 
 The child leads a process group of its own, which holds everything Triton starts (its backend
 stubs, their helpers), and watches its parent from a thread: when the sidecar is gone (even
 ``kill -9``), Triton is stopped in order if that takes at most ``ORPHAN_GRACE_S``, and then every
-process left in the group is killed, so a killed sidecar leaves nothing running.
+process left in the group is killed, so a killed sidecar leaves nothing running. Where the two
+are killed together (a whole tree ``kill -9``-ed, a host's OOM killer), nothing is left to
+remove Triton's workspace (a copy of Triton) and its copies of the models: each workspace names
+the processes it belongs to (``OWNER_FILE``), and every embedded start first removes those whose
+processes are all gone (:func:`sweep_stale_spaces`).
 """
 
 from __future__ import annotations
@@ -63,6 +67,8 @@ SHM_DIR = Path("/dev/shm")
 # Triton copies a model loaded with its files (as PyTriton loads every model) into a
 # ``folderXXXXXX`` directory here; the directory is hard-coded in Triton's core, not $TMPDIR.
 TRITON_COPIES_DIR = Path("/tmp")
+SPACE_PREFIX = "triton-"  # the embedded Triton's workspace: a directory of the temp dir
+OWNER_FILE = "owner"  # in a workspace: "pid start-time" of each process it belongs to
 
 
 @dataclass(frozen=True)
@@ -267,6 +273,62 @@ def remove_space(space: Path) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def process_start(pid: int) -> str | None:
+    """When process ``pid`` started (clock ticks since boot, field 22 of Linux's
+    ``/proc/PID/stat``), None if there is no such process or it has ended (a zombie): with the
+    pid it names one process, even after the pid is reused."""
+    with contextlib.suppress(OSError, IndexError):
+        fields = _stat_fields(Path(f"/proc/{pid}"))
+        if fields[0] not in ("Z", "X"):
+            return fields[19]
+    return None
+
+
+def _stat_fields(proc_dir: Path) -> list[str]:
+    """The fields of a process's ``/proc/PID/stat`` after its name (the state first)."""
+    return (proc_dir / "stat").read_text().rsplit(")", 1)[1].split()
+
+
+def claim_space(space: Path, pid: int) -> None:
+    """Record that ``space`` belongs to process ``pid`` (while any of its processes lives, no
+    sweep removes it)."""
+    start = process_start(pid)
+    if start is not None:
+        with (space / OWNER_FILE).open("a") as handle:
+            handle.write(f"{pid} {start}\n")
+
+
+def _owners_gone(space: Path) -> bool:
+    """Whether every process ``space`` names is gone (False where it names none it can read:
+    not ours, or still being made)."""
+    try:
+        lines = (space / OWNER_FILE).read_text().splitlines()
+    except OSError:
+        return False
+    owners = [line.split() for line in lines if line.strip()]
+    if not owners or any(len(owner) != 2 or not owner[0].isdigit() for owner in owners):
+        return False
+    return all(process_start(int(pid)) != start for pid, start in owners)
+
+
+def sweep_stale_spaces(root: Path | None = None) -> list[Path]:
+    """Remove the embedded Tritons' workspaces in ``root`` (the temp dir) whose processes are
+    all gone, with their copies of the models (:func:`remove_space`); returns them."""
+    removed = []
+    for space in sorted((root or Path(tempfile.gettempdir())).glob(f"{SPACE_PREFIX}*")):
+        if space.is_dir() and _owners_gone(space):
+            copies = len(model_copies(space))
+            remove_space(space)
+            log.info(
+                "removed %s, the workspace of an embedded Triton whose processes are gone "
+                "(killed together), with %d copies of its models",
+                space,
+                copies,
+            )
+            removed.append(space)
+    return removed
+
+
 def _group_members(pgid: int) -> list[int]:
     """The live processes of process group ``pgid`` (Linux ``/proc``; zombies are not)."""
     members = []
@@ -274,7 +336,7 @@ def _group_members(pgid: int) -> list[int]:
         if not entry.name.isdigit():
             continue
         with contextlib.suppress(OSError, IndexError, ValueError):
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            fields = _stat_fields(entry)
             if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
                 members.append(int(entry.name))
     return members
@@ -413,6 +475,7 @@ class EmbeddedTriton:
         retried the same way.
         """
         require_embedded()
+        sweep_stale_spaces()
         for attempt in range(1, attempts + 1):
             if self._closed:
                 raise RuntimeError("embedded Triton is closed")
@@ -430,7 +493,8 @@ class EmbeddedTriton:
         ctx = mp.get_context("spawn")
         # A short path: Triton's models talk over Unix sockets in the workspace, whose paths
         # may not pass 107 bytes.
-        self._space = Path(tempfile.mkdtemp(prefix="triton-"))
+        self._space = Path(tempfile.mkdtemp(prefix=SPACE_PREFIX))
+        claim_space(self._space, os.getpid())
         proc = ctx.Process(
             target=_serve,
             name="embedded-triton",
@@ -446,6 +510,8 @@ class EmbeddedTriton:
         )
         proc.start()  # one that failed to start is never stopped (joining it would raise)
         self._proc = proc
+        if proc.pid is not None:
+            claim_space(self._space, proc.pid)
         try:
             self._wait_ready(time.monotonic() + self.start_timeout_s)
         except BaseException:
