@@ -49,12 +49,11 @@ whose mean clocks were nearest ``f``. Before ``min_samples`` streams finished, `
   gap over its life at that clock over the model's mean gap at the clocks that ran (the gap at
   every clock integrated over time, at the sequences running and the prompt rate over
   ``window_s``, counted over at least ``short_window_s``: a mean, not the guard against a rising
-  load the need takes). It is the best
-  single clock in hindsight over the recent past, as the model sees it. A fixed clock absorbs
-  the short spikes of a steady load (a stream's TPOT is a mean over its life), and on an engine
-  whose energy per token rises with the clock, following each spike up for ``hold_s`` costs
-  more than the fixed clock does; so above the static clock a need is held only as long as a
-  spike lasts.
+  load the need takes). It is the best single clock in hindsight over the recent past, as the
+  model sees it. A fixed clock absorbs the short spikes of a steady load (a stream's TPOT is a
+  mean over its life), and on an engine whose energy per token rises with the clock, following
+  each spike up for ``hold_s`` costs more than the fixed clock does; so above the static clock
+  a need is held only as long as a spike lasts.
 * The *energy floor*: the clock of least energy per output token by the prior's joules, at the
   sequences each clock would hold (a decode step's joules over its sequences, plus the prompts'
   joules per output token). A lower clock is both slower and costlier, so the base never goes
