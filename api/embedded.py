@@ -265,28 +265,32 @@ def model_copies(space: Path) -> list[Path]:
     return found
 
 
-def remove_space(space: Path) -> None:
+def remove_space(space: Path) -> list[Path]:
     """Remove ``space`` (PyTriton's workspace, a copy of Triton) and :func:`model_copies` of its
-    server, once the server is stopped."""
+    server, once the server is stopped; returns the copies."""
     shutil.rmtree(space, ignore_errors=True)
-    for folder in model_copies(space):
+    copies = model_copies(space)
+    for folder in copies:
         shutil.rmtree(folder, ignore_errors=True)
+    return copies
 
 
 def process_start(pid: int) -> str | None:
     """When process ``pid`` started (clock ticks since boot, field 22 of Linux's
     ``/proc/PID/stat``), None if there is no such process or it has ended (a zombie): with the
     pid it names one process, even after the pid is reused."""
+    fields = _live_stat(Path(f"/proc/{pid}"))
+    return fields[19] if fields is not None else None
+
+
+def _live_stat(proc_dir: Path) -> list[str] | None:
+    """The fields of a process's ``/proc/PID/stat`` after its name (the state first); None if
+    there is no such process or it has ended (a zombie)."""
     with contextlib.suppress(OSError, IndexError):
-        fields = _stat_fields(Path(f"/proc/{pid}"))
-        if fields[0] not in ("Z", "X"):
-            return fields[19]
+        fields = (proc_dir / "stat").read_text().rsplit(")", 1)[1].split()
+        if len(fields) > 19 and fields[0] not in ("Z", "X"):
+            return fields
     return None
-
-
-def _stat_fields(proc_dir: Path) -> list[str]:
-    """The fields of a process's ``/proc/PID/stat`` after its name (the state first)."""
-    return (proc_dir / "stat").read_text().rsplit(")", 1)[1].split()
 
 
 def claim_space(space: Path, pid: int) -> None:
@@ -317,8 +321,7 @@ def sweep_stale_spaces(root: Path | None = None) -> list[Path]:
     removed = []
     for space in sorted((root or Path(tempfile.gettempdir())).glob(f"{SPACE_PREFIX}*")):
         if space.is_dir() and _owners_gone(space):
-            copies = len(model_copies(space))
-            remove_space(space)
+            copies = len(remove_space(space))
             log.info(
                 "removed %s, the workspace of an embedded Triton whose processes are gone "
                 "(killed together), with %d copies of its models",
@@ -335,10 +338,9 @@ def _group_members(pgid: int) -> list[int]:
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            fields = _stat_fields(entry)
-            if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-                members.append(int(entry.name))
+        fields = _live_stat(entry)
+        if fields is not None and fields[2] == str(pgid):
+            members.append(int(entry.name))
     return members
 
 

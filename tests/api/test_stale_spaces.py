@@ -16,6 +16,7 @@ import pytest
 import api.embedded as embedded
 from api.embedded import (
     OWNER_FILE,
+    SPACE_PREFIX,
     claim_space,
     model_copies,
     process_start,
@@ -39,7 +40,7 @@ def gone_pid() -> int:
 def space_with_copy(root: Path, copies: Path, name: str, owners: str | None) -> tuple[Path, Path]:
     """A workspace named ``name`` with ``owners`` as its owner file (None: none) and one copy of
     a model whose ``config.pbtxt`` names it, as Triton's do."""
-    space = root / f"triton-{name}"
+    space = root / f"{SPACE_PREFIX}{name}"
     (space / "ws").mkdir(parents=True)
     if owners is not None:
         (space / OWNER_FILE).write_text(owners)
@@ -131,5 +132,5 @@ def test_a_triton_killed_with_its_sidecar_is_swept_at_the_next_start(tmp_path: P
         if sidecar.poll() is None:
             sidecar.kill()
             sidecar.wait(10)
-        if space is not None and space.name.startswith("triton-"):
+        if space is not None and space.name.startswith(SPACE_PREFIX):
             remove_space(space)
