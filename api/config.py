@@ -371,6 +371,8 @@ _FEEDBACK_HELP = {
     "even the top leaves near misses",
     "quiet_s": "adaptive: seconds without a completion after which a class no longer keeps "
     "the idle clock up",
+    "count_drop": "adaptive: the energy floor counts the clock change a busy period ends with "
+    "at the floor (needs idle_power_top_w)",
 }
 
 _TOKENS_HELP = {

@@ -167,12 +167,19 @@ class EnergyModel:
         hold_s: float = 0.0,
         room_s: float | None = None,
         share: float = 1.0,
+        drop_j: FloatArray | None = None,
     ) -> int:
         """The lowest clock (index) whose energy per request above ``idle_power_w``, at the
-        batch the load forms there (:meth:`batch_at`), is within ``tolerance`` of the least."""
+        batch the load forms there (:meth:`batch_at`), is within ``tolerance`` of the least.
+
+        ``drop_j``: what a busy period's end costs at each clock (the GPU idles there until the
+        drop to the idle clock lands), charged to a batch at the chance that none arrives
+        while it runs (then its end is the busy period's)."""
         batch = self.batch_at(rate_rps, hold_s, room_s, share)
         energy = self._at(self.execution_j, batch)
         time_s = self._at(self.times_ms, batch) / 1000.0
+        if drop_j is not None:
+            energy = energy + np.exp(-rate_rps * time_s) * drop_j
         above = (energy - idle_power_w * time_s) / batch
         best = float(above.min())
         return int(np.argmax(above <= best + tolerance * abs(best)))
@@ -283,9 +290,21 @@ class AdaptivePolicy(SlackPolicy):
                     self.feedback.floor_tolerance,
                     *self._hold_room_s(s, model, plan),
                     self.params.safety,
+                    self._drop_j(),
                 ),
             )
         return self.clocks_mhz[known[1]]
+
+    def _drop_j(self) -> FloatArray | None:
+        """At each clock, the energy idling there for a clock change costs over idling at the
+        lowest clock (:meth:`_idle_power_w`): the end of each busy period, until the drop to
+        the idle clock lands. None where the idle power at the top clock is not known."""
+        if not self.feedback.count_drop or self._idle_power_w(self.clocks_mhz[0]) is None:
+            return None
+        lowest = self._idle_power_w(self.clocks_mhz[0]) or 0.0
+        extra_w = np.array([(self._idle_power_w(c) or 0.0) - lowest for c in self.clocks_mhz])
+        out: FloatArray = extra_w * self.params.change_delay_ms / 1000.0
+        return out
 
     def _hold_room_s(
         self, s: SchedulerView, model: str, plan: ModelPlan

@@ -138,7 +138,9 @@ class FeedbackParams:
     ``overshoot``: how far past the top clock (in log speed) the level may run while even the
     top leaves near misses (see the module docstring). ``quiet_s``: a class with no completion
     for this long no longer keeps the idle clock up (its tail was measured under load that has
-    gone).
+    gone). ``count_drop``: the energy floor counts what a busy period's end costs at each clock
+    (the GPU idles there until the drop to the idle clock lands, a clock change later), where
+    the idle power at the top clock is known.
     """
 
     target: float = 0.99
@@ -165,6 +167,7 @@ class FeedbackParams:
     batch_hold: float = 0.8
     hold_while_busy: bool = True
     rest_while_holding: bool = True
+    count_drop: bool = True
 
     def __post_init__(self) -> None:
         if not 0.5 <= self.target < 1.0:

@@ -233,6 +233,46 @@ def test_the_energy_floor_counts_the_batches_the_load_forms() -> None:
     assert energy.floor_index(0.0, 30.0, tolerance=0.5) <= energy.floor_index(0.0, 30.0)
 
 
+def test_the_floor_counts_the_drop_a_busy_period_ends_with() -> None:
+    """A busy period ends at the floor's clock until the drop to the idle clock lands: where a
+    clock change is slow, that idle time at a fast clock costs more than the faster execution
+    saves, and the floor comes down. It weighs less as the load grows: a batch ends a busy
+    period only where nothing arrives while it runs."""
+    table = _batched_table(idle_w=30.0)
+    plan = ModelPlan.of(table, 4, CLOCKS, "mean")
+    energy = EnergyModel(table, plan, CLOCKS)
+    x3 = (np.asarray(CLOCKS, dtype=float) / CLOCKS[-1]) ** 3
+    drop_j = 40.0 * x3 * 0.05  # idle 40 W more at the top clock, for a 50 ms change
+    plain = energy.floor_index(0.0, 30.0)
+    assert energy.floor_index(0.0, 30.0, drop_j=np.zeros(len(CLOCKS))) == plain
+    assert energy.floor_index(0.0, 30.0, drop_j=drop_j) < plain
+    # A load that keeps the GPU busy: a batch almost never ends a busy period.
+    assert energy.floor_index(1e4, 30.0, drop_j=drop_j) == energy.floor_index(1e4, 30.0)
+
+
+def test_the_drop_is_counted_where_the_idle_power_at_the_top_is_known() -> None:
+    slow = SlackParams(change_delay_ms=50.0)
+    unknown = AdaptivePolicy(CLOCKS, slow, FeedbackParams(idle_power_w=30.0))
+    assert unknown._drop_j() is None
+    known = FeedbackParams(idle_power_w=30.0, idle_power_top_w=70.0)
+    policy = AdaptivePolicy(CLOCKS, slow, known)
+    drop_j = policy._drop_j()
+    assert drop_j is not None
+    lowest = (CLOCKS[0] / CLOCKS[-1]) ** 3  # the idle power's cubic law, at the lowest clock
+    assert drop_j[0] == 0.0 and drop_j[-1] == pytest.approx(40.0 * (1.0 - lowest) * 0.05)
+    assert np.all(np.diff(drop_j) >= 0.0)
+    assert AdaptivePolicy(CLOCKS, slow, replace(known, count_drop=False))._drop_j() is None
+    # On a table whose execution is cheapest fast, the slow change brings the floor down.
+    floors: dict[bool, int] = {}
+    for count in (False, True):
+        p = AdaptivePolicy(CLOCKS, slow, replace(known, count_drop=count))
+        s = make_scheduler(p, _batched_table(idle_w=30.0), serving={MODEL: ModelServing(1, 1)})
+        floor = p.energy_floor_mhz(s, MODEL)
+        assert floor is not None
+        floors[count] = floor
+    assert floors[True] < floors[False]
+
+
 def test_the_class_never_sinks_below_the_energy_floor() -> None:
     policy = AdaptivePolicy(CLOCKS, feedback=FAST)
     s = make_scheduler(policy, make_model_table(), serving={MODEL: ModelServing(1, 1)})

@@ -14,7 +14,8 @@ completion, which changes the order of the two nice clients' requests; the tail 
 step settling as a class's completions add up, and its setpoint at 0.97; the tables' tail
 margins taken as the spread around each clock's own mean, not against the fit; the energy floor
 at the clock of least energy, with no tolerance below it; one arrival to come in ``adaptive``'s
-plan; no clock change kept by a hold where the GPU rests at or above its batch's clock):
+plan; no clock change kept by a hold where the GPU rests at or above its batch's clock; the
+energy floor counting the clock change a busy period ends with):
 every clock change, batch and completion time feeds into them, so a single decision that
 differs shows. A change that means to alter decisions updates them
 (``python -m tests.scheduler.test_plan_decisions`` prints the current ones).
@@ -33,10 +34,10 @@ from simulator.simulate import ModelMix, SimConfig, mix_capacity_rps, simulate
 # sum of latencies ms, median latency ms, largest latency ms)
 BEFORE = {
     ("adaptive", "poisson", 3): (
-        1175, 984, 13, 926, 1177.554163, 1515.786826, 438457.501887, 24.359547, 6449.87883
+        1175, 981, 14, 923, 1178.012253, 1514.95093, 443204.854003, 24.217433, 6460.719407
     ),
     ("adaptive", "bursty", 5): (
-        961, 602, 8, 620, 957.170197, 1525.801853, 203025.763446, 48.13328, 1974.602377
+        961, 616, 9, 613, 956.250409, 1525.216729, 197039.648501, 44.831676, 1966.864769
     ),
     ("slack", "poisson", 3): (
         1175, 1004, 5, 858, 1134.587973, 1519.604874, 364840.404731, 28.619334, 5198.20511
