@@ -35,11 +35,13 @@ $(STAMP): pyproject.toml
 
 # The request path compiled with mypyc (setup.py), in place beside its source, built again
 # whenever a module of it changes. Built in the venv, where numpy's types are there to check
-# against; without a C compiler the pure Python runs and setup.py says so.
+# against; without a C compiler the pure Python runs and setup.py says so. The last build's
+# extensions go first: one left beside a source that no longer compiles would run in its place.
 NATIVE := $(VENV)/.native
 CORE   := $(shell sed -n 's/^    "\([a-z0-9_/]*\.py\)",$$/\1/p' setup.py)
 
 $(NATIVE): $(STAMP) setup.py $(CORE)
+	rm -f sidecar_native__mypyc.*.so $(CORE:.py=.cpython-*.so)
 	$(BIN)/pip install -q --upgrade 'setuptools>=77' wheel
 	$(BIN)/pip install -q --no-build-isolation --no-deps -e .
 	touch $@

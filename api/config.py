@@ -373,6 +373,8 @@ _FEEDBACK_HELP = {
     "the idle clock up",
     "count_drop": "adaptive: the energy floor counts the clock change a busy period ends with "
     "at the floor (needs idle_power_top_w)",
+    "rare_wakes": "adaptive: a quiet class's wake-ups leave the idle clock the whole SLO only "
+    "while they are fewer than the misses the target allows",
 }
 
 _TOKENS_HELP = {

@@ -57,6 +57,7 @@ from time2clock.table import ModelTable
 MAX_CLASSES = 64  # SLO classes tracked at once (clients choose SLOs: the oldest is forgotten)
 TIGHTER = 0.9  # a new table whose plan needs less than this share of the old one's: re-judge
 RATE_STEP = 0.1  # the energy floor is found again when the arrival rate moved by this share
+WAKE_DECAY = 0.002  # the share of arrivals that wake a quiet model: weight of each (~500)
 FloatArray = npt.NDArray[np.float64]
 
 
@@ -246,6 +247,8 @@ class AdaptivePolicy(SlackPolicy):
         self._idle_since_s: float | None = None
         self._idle_gap_s: float | None = None  # mean idle period, decayed
         self._done_s: dict[tuple[str, float], float] = {}  # class -> its last completion
+        # model -> the share of its arrivals that found the GPU idle and its classes quiet
+        self._woken: dict[str, float] = {}
 
     # -- levels, clocks and floors, per model -----------------------------------------------
 
@@ -631,12 +634,18 @@ class AdaptivePolicy(SlackPolicy):
 
     def on_enqueue(self, s: SchedulerView, request: QueuedRequest, now_s: float) -> int | None:
         self._now_s = now_s
-        if self._idle_since_s is not None:  # an idle period ends: its length, decayed mean
-            gap = now_s - self._idle_since_s
+        since_s = self._idle_since_s
+        if since_s is not None:  # an idle period ends: its length, decayed mean
+            gap = now_s - since_s
             self._idle_gap_s = (
                 gap if self._idle_gap_s is None else 0.9 * self._idle_gap_s + 0.1 * gap
             )
             self._idle_since_s = None
+        model = request.model
+        if self.feedback.rare_wakes and any(m == model for m, _ in self.controllers):
+            woke = since_s is not None and not self._recently_done(model)
+            share = self._woken.get(model, 0.0)
+            self._woken[model] = share + WAKE_DECAY * (float(woke) - share)
         return super().on_enqueue(s, request, now_s)
 
     def _untabled_recently(self, s: SchedulerView) -> bool:
@@ -653,18 +662,25 @@ class AdaptivePolicy(SlackPolicy):
         for the moment it falls quiet counts as quiet)."""
         return self._now_s - done_s < self.feedback.quiet_s - 1e-9
 
+    def _recently_done(self, model: str) -> bool:
+        """Whether one of ``model``'s classes completed a request within ``quiet_s``."""
+        return any(self._recent(done_s) for (m, _), done_s in self._done_s.items() if m == model)
+
     def _recent_scale(self, model: str) -> float:
         """The base speed ``model``'s classes that completed within ``quiet_s`` ask for (1
         before any completed; 0 once all have been quiet that long: their tail says nothing
-        of a request that comes after a pause)."""
+        of a request that comes after a pause). Where requests after such pauses are more
+        than the share of misses the target allows (``rare_wakes``), they reach the tail the
+        classes measure, and the base speed they ask for stays."""
         if model not in {m for m, _ in self.controllers}:
             return 1.0
-        recent = [
-            c.scale
-            for key, c in self.controllers.items()
-            if key[0] == model and self._recent(self._done_s.get(key, -math.inf))
-        ]
-        return max(recent, default=0.0)
+        mine = [(key, c) for key, c in self.controllers.items() if key[0] == model]
+        recent = [c.scale for key, c in mine if self._recent(self._done_s.get(key, -math.inf))]
+        if recent:
+            return max(recent)
+        if self.feedback.rare_wakes and self._woken.get(model, 0.0) > 1.0 - self.feedback.target:
+            return max(c.scale for _, c in mine)
+        return 0.0
 
     def model_scale(self, model: str) -> float | None:
         """The base speed ``model``'s classes ask for, over the top clock's (the fastest of

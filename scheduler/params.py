@@ -140,7 +140,10 @@ class FeedbackParams:
     for this long no longer keeps the idle clock up (its tail was measured under load that has
     gone). ``count_drop``: the energy floor counts what a busy period's end costs at each clock
     (the GPU idles there until the drop to the idle clock lands, a clock change later), where
-    the idle power at the top clock is known.
+    the idle power at the top clock is known. ``rare_wakes``: a quiet class's requests may wake
+    the GPU from as deep as their SLO alone allows only while they are fewer than the share of
+    misses ``target`` allows; more, and they reach the tail the class measures, so they keep the
+    room its base speed leaves (as a class that is not quiet does).
     """
 
     target: float = 0.99
@@ -168,6 +171,7 @@ class FeedbackParams:
     hold_while_busy: bool = True
     rest_while_holding: bool = True
     count_drop: bool = True
+    rare_wakes: bool = True
 
     def __post_init__(self) -> None:
         if not 0.5 <= self.target < 1.0:

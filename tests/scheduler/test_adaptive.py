@@ -461,6 +461,35 @@ def test_a_quiet_class_no_longer_keeps_the_idle_clock_up() -> None:
     assert s.clock_target_mhz == policy.idle_clock_mhz(s) == low
 
 
+def test_wake_ups_more_than_the_target_allows_keep_their_base_room() -> None:
+    """A class at the top clock whose every request comes after a pause of more than
+    ``quiet_s``: at first the GPU idles low once the class is quiet (a wake-up after a pause is
+    rare, its base says nothing of it). Once such wake-ups are more than the share of misses the
+    target allows (1%), they reach the tail the class measures: the class keeps the room its base
+    leaves, none at the top, and the GPU idles there (``rare_wakes``; off, it idles low still)."""
+    slo_ms = 10.0
+    idle: dict[bool, list[int]] = {}
+    for rare in (True, False):
+        policy = AdaptivePolicy(CLOCKS, feedback=replace(FAST, rare_wakes=rare))
+        s, _ = near_misses(policy, slo_ms)
+        seen = idle[rare] = []
+        for _ in range(20):
+            wake = policy.wake_at_s()
+            assert wake is not None
+            s.poll(wake)  # quiet
+            assert s.clock_target_mhz is not None
+            seen.append(s.clock_target_mhz)
+            now = wake + 0.05
+            s.enqueue(make_request(arrival_s=now, slo_ms=slo_ms), now)
+            d = s.next_dispatch(now)
+            assert d is not None
+            s.on_complete(d.request, 0.0099, now + 0.0099)  # a near miss: the class stays up
+        assert (policy._woken.get(MODEL, 0.0) > 0.01) is rare
+    assert idle[True][0] == idle[False][0] < CLOCKS[-1]  # the first pauses: low
+    assert idle[True][-1] == CLOCKS[-1]  # too many to leave out of the tail: the base's room
+    assert idle[False][-1] < CLOCKS[-1]
+
+
 def test_an_energy_probe_lowers_the_idle_clock_with_the_busy_floor() -> None:
     """A class at the top clock keeps the GPU idling at its busy floor. While the energy fit
     probes a clock under that floor, the GPU idles at the probe, and what comes to it runs
