@@ -641,9 +641,9 @@ class AdaptivePolicy(SlackPolicy):
                 gap if self._idle_gap_s is None else 0.9 * self._idle_gap_s + 0.1 * gap
             )
             self._idle_since_s = None
-        model = request.model
-        if self.feedback.rare_wakes and any(m == model for m, _ in self.controllers):
-            woke = since_s is not None and not self._recently_done(model)
+        if self.feedback.rare_wakes:  # the share of arrivals that wake a quiet model
+            model = request.model
+            woke = since_s is not None and self._quiet(model)
             share = self._woken.get(model, 0.0)
             self._woken[model] = share + WAKE_DECAY * (float(woke) - share)
         return super().on_enqueue(s, request, now_s)
@@ -662,9 +662,10 @@ class AdaptivePolicy(SlackPolicy):
         for the moment it falls quiet counts as quiet)."""
         return self._now_s - done_s < self.feedback.quiet_s - 1e-9
 
-    def _recently_done(self, model: str) -> bool:
-        """Whether one of ``model``'s classes completed a request within ``quiet_s``."""
-        return any(self._recent(done_s) for (m, _), done_s in self._done_s.items() if m == model)
+    def _quiet(self, model: str) -> bool:
+        """Whether ``model``'s classes have completed requests, none within ``quiet_s``."""
+        done = [done_s for (m, _), done_s in self._done_s.items() if m == model]
+        return bool(done) and not any(self._recent(done_s) for done_s in done)
 
     def _recent_scale(self, model: str) -> float:
         """The base speed ``model``'s classes that completed within ``quiet_s`` ask for (1
